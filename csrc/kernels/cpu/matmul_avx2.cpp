@@ -1,0 +1,110 @@
+// AVX2 + FMA row-product kernels: the 16 canonical lanes live in two 8-wide registers (lanes 0-7, 8-15),
+// so per row the arithmetic is the canonical order of matmul.h, bit-identical to the scalar twins.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/matmul.h"
+
+namespace strata {
+
+namespace {
+
+inline float reduce16_avx2(__m256 lo, __m256 hi) {
+  __m256 s8 = _mm256_add_ps(lo, hi);
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+
+// 8 weights at column c (c % 8 == 0, c + 8 <= cols).
+struct DecF32 {
+  static __m256 load(const uint8_t* row, int64_t c) { return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + c); }
+};
+struct DecF16 {
+  static __m256 load(const uint8_t* row, int64_t c) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * c)));
+  }
+};
+struct DecBF16 {
+  static __m256 load(const uint8_t* row, int64_t c) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * c));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+};
+
+template <class Dec>
+void rows_plain(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int64_t full = W.cols / 16 * 16;
+  const int64_t padded = (W.cols + 15) / 16 * 16;
+  const TypeTraits* tt = type_traits(W.type);
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t* row = W.data + r * W.row_bytes;
+    __m256 lo[kMaxRowsPerPass], hi[kMaxRowsPerPass];
+    for (int t = 0; t < T; t++) lo[t] = hi[t] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < full; c += 16) {
+      const __m256 w0 = Dec::load(row, c), w1 = Dec::load(row, c + 8);
+      for (int t = 0; t < T; t++) {
+        lo[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * ldx + c), lo[t]);
+        hi[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + t * ldx + c + 8), hi[t]);
+      }
+    }
+    if (padded != full) {  // zero-padded tail, as the canonical order says
+      alignas(32) float wt[16] = {0};
+      tt->dequant(row + (size_t)full * tt->type_size, wt, W.cols - full);
+      const __m256 w0 = _mm256_load_ps(wt), w1 = _mm256_load_ps(wt + 8);
+      for (int t = 0; t < T; t++) {
+        alignas(32) float xt[16] = {0};
+        std::memcpy(xt, x + t * ldx + full, (W.cols - full) * sizeof(float));
+        lo[t] = _mm256_fmadd_ps(w0, _mm256_load_ps(xt), lo[t]);
+        hi[t] = _mm256_fmadd_ps(w1, _mm256_load_ps(xt + 8), hi[t]);
+      }
+    }
+    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16_avx2(lo[t], hi[t]);
+  }
+}
+
+inline __m256 q8x8(const uint8_t* p) {  // 8 int8 -> 8 floats
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+void rows_q8_0(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int64_t nb = W.cols / 32;
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t* row = W.data + r * W.row_bytes;
+    __m256 lo[kMaxRowsPerPass], hi[kMaxRowsPerPass];
+    for (int t = 0; t < T; t++) lo[t] = hi[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+      const uint8_t* blk = row + b * 34;
+      uint16_t h;
+      std::memcpy(&h, blk, 2);
+      const __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
+      const __m256 w0 = _mm256_mul_ps(d, q8x8(blk + 2)), w1 = _mm256_mul_ps(d, q8x8(blk + 10));
+      const __m256 w2 = _mm256_mul_ps(d, q8x8(blk + 18)), w3 = _mm256_mul_ps(d, q8x8(blk + 26));
+      const float* xb = x + b * 32;
+      for (int t = 0; t < T; t++) {
+        const float* xt = xb + t * ldx;
+        lo[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt), lo[t]);
+        hi[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt + 8), hi[t]);
+        lo[t] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xt + 16), lo[t]);
+        hi[t] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xt + 24), hi[t]);
+      }
+    }
+    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16_avx2(lo[t], hi[t]);
+  }
+}
+
+}  // namespace
+
+RowsFn rows_fn_avx2(uint32_t type) {
+  switch (type) {
+    case GGML_F32: return rows_plain<DecF32>;
+    case GGML_F16: return rows_plain<DecF16>;
+    case GGML_BF16: return rows_plain<DecBF16>;
+    case GGML_Q8_0: return rows_q8_0;
+    default: return nullptr;
+  }
+}
+
+}  // namespace strata

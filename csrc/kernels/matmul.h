@@ -1,0 +1,62 @@
+// Matrix x T-row products over ggml-typed weights: y[t][r] = sum_c W[r][c] * x[t][c].
+//
+// Exactness contract (engine spec 2.5): the value of y[t][r] depends only on W's row r and x's row t,
+// never on T, on the other rows, on the thread partition or on the ISA path chosen. Every path
+// decodes a weight block once and accumulates each activation row in one canonical order:
+//   16 float lanes, lane j accumulates the products of columns c = j (mod 16) with fused multiply-add
+//   in increasing c (a zero-padded tail), then the fixed tree s8 = l[j]+l[j+8], s4 = s8[j]+s8[j+4],
+//   s2 = s4[j]+s4[j+2], y = s2[0]+s2[1].
+// A weight value is decoded exactly as the type's scalar dequantizer does. So the AVX2 and AVX-512
+// kernels are bit-identical to the scalar `_ref` twins, which tests check on fresh random inputs.
+#pragma once
+#include <cstdint>
+
+#include "kernels/types.h"
+
+namespace strata {
+
+class ThreadPool;
+
+// A 2-D view of a weight: `rows` rows of `cols` values, each row `row_bytes` bytes apart.
+struct MatView {
+  const uint8_t* data = nullptr;
+  uint32_t type = GGML_F32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  size_t row_bytes = 0;
+};
+
+enum class Isa : int { Scalar = 0, AVX2 = 1, AVX512 = 2 };
+Isa best_isa();             // what this CPU supports
+Isa active_isa();           // what the kernels use now (best_isa() unless forced)
+void force_isa(Isa isa);    // for tests and benches: pick a path; throws if the CPU lacks it
+const char* isa_name(Isa isa);
+
+// Rows [r0, r1) of the product, on the calling thread. T in 1..kMaxRowsPerPass.
+constexpr int kMaxRowsPerPass = 8;
+void matmul_range(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, int64_t r0,
+                  int64_t r1);
+// The whole product, any T >= 1 (split into passes of at most kMaxRowsPerPass activation rows),
+// output rows split over the pool.
+void matmul(ThreadPool& pool, const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy);
+
+// Kernel table entry: one function per (type, ISA). Declared here so per-ISA files can register.
+using RowsFn = void (*)(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, int64_t r0,
+                        int64_t r1);
+RowsFn rows_fn(uint32_t type, Isa isa);  // nullptr if no kernel for that pair
+
+// Per-ISA tables (defined in matmul_ref.cpp, cpu/matmul_avx2.cpp, cpu/matmul_avx512.cpp).
+RowsFn rows_fn_ref(uint32_t type);
+RowsFn rows_fn_avx2(uint32_t type);
+RowsFn rows_fn_avx512(uint32_t type);
+
+// The canonical 16-lane reduction, shared by the scalar twins.
+inline float reduce16(const float* l) {
+  float s8[8], s4[4], s2[2];
+  for (int j = 0; j < 8; j++) s8[j] = l[j] + l[j + 8];
+  for (int j = 0; j < 4; j++) s4[j] = s8[j] + s8[j + 4];
+  for (int j = 0; j < 2; j++) s2[j] = s4[j] + s4[j + 2];
+  return s2[0] + s2[1];
+}
+
+}  // namespace strata

@@ -1,0 +1,43 @@
+// A fixed pool of worker threads with a static work partition.
+// parallel_for(n, fn) splits [0, n) into nthreads contiguous chunks whose bounds depend only on
+// (n, nthreads): which thread computes which element never depends on timing, and no kernel
+// result depends on the partition at all (each output element is computed by one thread, in order).
+#pragma once
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace strata {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int nthreads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return nthreads_; }
+  // fn(begin, end, thread_index) for each non-empty chunk; blocks until all are done.
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn);
+  // Chunk bounds used by parallel_for (exposed for tests and for kernels that pre-split).
+  static void chunk(int64_t n, int parts, int i, int64_t* b, int64_t* e);
+
+ private:
+  void worker(int idx);
+  int nthreads_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_start_, cv_done_;
+  const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
+  int64_t job_n_ = 0;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+// Physical cores of this machine (hyperthread siblings counted once); at least 1.
+int physical_cores();
+
+}  // namespace strata

@@ -1,0 +1,67 @@
+"""One options object shared by the CLI, the Python API, the server and the benches.
+
+Every behaviour switch lives here as an explicit field with a default (never an environment variable).
+`GenerationConfig.validate()` names the bad field and value.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class GenerationConfig:
+    # length
+    max_tokens: int = 256
+    # sampling (temperature 0 = greedy); see csrc/sampling/sampler.h for the exact semantics
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
+    seed: int = 0
+    # speculative decoding
+    draft: str = "none"          # a name in strata_py.drafting.registry, or "none"
+    max_draft: int = 7           # at most max_window - 1
+    min_match: int = 4
+    fixed_t: int = 0             # 0 = the length controller chooses T; >0 = always this T (experiments)
+    stop_at_eos: bool = True
+    extra: dict = field(default_factory=dict)
+
+    def validate(self) -> "GenerationConfig":
+        def bad(name, why):
+            raise ValueError(f"bad option {name}={getattr(self, name)!r}: {why}")
+        if self.max_tokens < 0:
+            bad("max_tokens", "must be >= 0")
+        if not (self.temperature >= 0.0):
+            bad("temperature", "must be >= 0")
+        if self.top_k < 0:
+            bad("top_k", "must be >= 0 (0 = off)")
+        if not (0.0 < self.top_p <= 1.0):
+            bad("top_p", "must be in (0, 1]")
+        if not (0.0 <= self.min_p < 1.0):
+            bad("min_p", "must be in [0, 1)")
+        if not (self.repetition_penalty > 0.0):
+            bad("repetition_penalty", "must be > 0 (1 = off)")
+        if self.penalty_last_n < 0:
+            bad("penalty_last_n", "must be >= 0")
+        if self.seed < 0 or self.seed >= 2**64:
+            bad("seed", "must be in [0, 2**64)")
+        if self.max_draft < 0:
+            bad("max_draft", "must be >= 0")
+        if self.min_match < 1:
+            bad("min_match", "must be >= 1")
+        if self.fixed_t < 0:
+            bad("fixed_t", "must be >= 0")
+        return self
+
+    def replace(self, **kw) -> "GenerationConfig":
+        names = {f.name for f in fields(self)}
+        for k in kw:
+            if k not in names:
+                raise ValueError(f"unknown option {k!r} (known: {', '.join(sorted(names))})")
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d.update(kw)
+        return GenerationConfig(**d).validate()
