@@ -1,0 +1,167 @@
+#include "model/weights.h"
+
+#include "gguf/gguf.h"
+#include "util/common.h"
+
+namespace strata {
+
+namespace {
+
+struct Loader {
+  const GgufFile& f;
+  const HParams& hp;
+
+  const GgufTensor* find(const std::string& name, bool required) const {
+    const GgufTensor* t = f.find(name);
+    if (!t && required) fail<std::invalid_argument>(f.path(), ": missing tensor '", name, "'");
+    return t;
+  }
+  void check_shape(const GgufTensor* t, std::vector<int64_t> want) const {
+    // trailing 1-dims are equivalent ([2048] == [2048, 1])
+    std::vector<int64_t> got = t->ne;
+    while (got.size() > want.size() && got.back() == 1) got.pop_back();
+    while (want.size() > got.size() && want.back() == 1) want.pop_back();
+    if (got != want) {
+      GgufTensor w;
+      w.ne = want;
+      fail<std::invalid_argument>(f.path(), ": tensor '", t->name, "' has shape ", t->shape_str(), ", expected ",
+                                  w.shape_str());
+    }
+  }
+  void check_type(const GgufTensor* t) const {
+    if (!type_supported(t->type))
+      fail<std::invalid_argument>(f.path(), ": tensor '", t->name, "' has type ", type_name(t->type),
+                                  ", which this engine does not support (supported: F32, F16, BF16, Q8_0)");
+  }
+  std::vector<float> vec(const std::string& name, int64_t n) const {
+    const GgufTensor* t = find(name, true);
+    check_shape(t, {n});
+    check_type(t);
+    std::vector<float> v(n);
+    type_traits(t->type)->dequant(t->data, v.data(), n);
+    return v;
+  }
+  MatView mat(const std::string& name, int64_t cols, int64_t rows, bool required = true) const {
+    const GgufTensor* t = find(name, required);
+    if (!t) return MatView{};
+    check_shape(t, {cols, rows});
+    check_type(t);
+    MatView m;
+    m.data = t->data;
+    m.type = t->type;
+    m.rows = rows;
+    m.cols = cols;
+    m.row_bytes = row_bytes(t->type, cols);
+    return m;
+  }
+  std::vector<float> mat_f32(const std::string& name, int64_t cols, int64_t rows) const {
+    MatView m = mat(name, cols, rows);
+    std::vector<float> v((size_t)rows * cols);
+    for (int64_t r = 0; r < rows; r++) type_traits(m.type)->dequant(m.data + r * m.row_bytes, &v[r * cols], cols);
+    return v;
+  }
+  ExpertMat experts(const std::string& name, int64_t cols, int64_t rows) const {
+    const GgufTensor* t = find(name, true);
+    check_shape(t, {cols, rows, hp.n_expert});
+    check_type(t);
+    ExpertMat e;
+    e.all.data = t->data;
+    e.all.type = t->type;
+    e.all.rows = rows * hp.n_expert;
+    e.all.cols = cols;
+    e.all.row_bytes = row_bytes(t->type, cols);
+    e.rows = rows;
+    e.file_offset = f.data_offset() + t->offset;
+    return e;
+  }
+
+  void load_moe(const std::string& p, MoeWeights& m) const {
+    const int64_t H = hp.n_embd;
+    m.gate_inp = mat_f32(p + "ffn_gate_inp.weight", H, hp.n_expert);
+    m.gate_exps = experts(p + "ffn_gate_exps.weight", H, hp.n_ff_exp);
+    m.up_exps = experts(p + "ffn_up_exps.weight", H, hp.n_ff_exp);
+    m.down_exps = experts(p + "ffn_down_exps.weight", hp.n_ff_exp, H);
+    m.has_shexp = hp.n_ff_shexp > 0 && f.find(p + "ffn_gate_shexp.weight") != nullptr;
+    if (m.has_shexp) {
+      m.gate_shexp = mat(p + "ffn_gate_shexp.weight", H, hp.n_ff_shexp);
+      m.up_shexp = mat(p + "ffn_up_shexp.weight", H, hp.n_ff_shexp);
+      m.down_shexp = mat(p + "ffn_down_shexp.weight", hp.n_ff_shexp, H);
+      m.gate_inp_shexp = vec(p + "ffn_gate_inp_shexp.weight", H);
+    }
+  }
+  void load_attn(const std::string& p, AttnWeights& a) const {
+    const int64_t H = hp.n_embd, hd = hp.head_dim;
+    a.wq = mat(p + "attn_q.weight", H, hp.n_head * hd * 2);
+    a.wk = mat(p + "attn_k.weight", H, hp.n_head_kv * hd);
+    a.wv = mat(p + "attn_v.weight", H, hp.n_head_kv * hd);
+    a.wo = mat(p + "attn_output.weight", hp.n_head * hd, H);
+    a.q_norm = vec(p + "attn_q_norm.weight", hd);
+    a.k_norm = vec(p + "attn_k_norm.weight", hd);
+  }
+  void load_dn(const std::string& p, DeltaNetWeights& d) const {
+    const int64_t H = hp.n_embd, nv = hp.ssm_dt_rank, nk = hp.ssm_n_group;
+    const bool has_qkv = f.find(p + "attn_qkv.weight") != nullptr;
+    const bool has_in = f.find(p + "ssm_in.weight") != nullptr;
+    if (!has_qkv && !has_in)
+      fail<std::invalid_argument>(f.path(), ": missing tensor '", p, "attn_qkv.weight' (or legacy '", p, "ssm_in.weight')");
+    d.legacy = !has_qkv;
+    if (d.legacy) {
+      d.ssm_in = mat(p + "ssm_in.weight", H, hp.conv_dim() + hp.ssm_d_inner);
+    } else {
+      d.wqkv = mat(p + "attn_qkv.weight", H, hp.conv_dim());
+      d.wgate = mat(p + "attn_gate.weight", H, hp.ssm_d_inner);
+    }
+    d.ssm_ba = mat(p + "ssm_ba.weight", H, 2 * nv);
+    (void)nk;
+    d.conv = mat_f32(p + "ssm_conv1d.weight", hp.ssm_d_conv, hp.conv_dim());
+    d.dt_bias = vec(p + "ssm_dt.bias", nv);
+    d.ssm_a = vec(p + "ssm_a", nv);
+    d.norm = vec(p + "ssm_norm.weight", hp.dv());
+    d.ssm_out = mat(p + "ssm_out.weight", hp.ssm_d_inner, H);
+  }
+};
+
+}  // namespace
+
+Weights Weights::load(const GgufFile& f, HParams& hp) {
+  Loader L{f, hp};
+  Weights w;
+  const GgufTensor* emb = L.find("token_embd.weight", true);
+  if (emb->ne.size() != 2 || emb->ne[0] != hp.n_embd)
+    fail<std::invalid_argument>(f.path(), ": tensor 'token_embd.weight' has shape ", emb->shape_str(),
+                                ", expected [", hp.n_embd, ", n_vocab]");
+  hp.n_vocab = emb->ne[1];
+  w.token_embd = L.mat("token_embd.weight", hp.n_embd, hp.n_vocab);
+  w.output_norm = L.vec("output_norm.weight", hp.n_embd);
+  w.output = L.mat("output.weight", hp.n_embd, hp.n_vocab, false);
+  if (!w.output.data) w.output = w.token_embd;
+
+  w.layers.resize(hp.n_layer);
+  for (int64_t i = 0; i < hp.n_layer; i++) {
+    const std::string p = cat("blk.", i, ".");
+    LayerWeights& l = w.layers[i];
+    l.recurrent = hp.recurrent[i];
+    l.attn_norm = L.vec(p + "attn_norm.weight", hp.n_embd);
+    l.post_attention_norm = L.vec(p + "post_attention_norm.weight", hp.n_embd);
+    if (l.recurrent) L.load_dn(p, l.dn);
+    else L.load_attn(p, l.attn);
+    L.load_moe(p, l.moe);
+  }
+  if (hp.n_nextn > 0) {
+    const std::string p = cat("blk.", hp.n_layer, ".");
+    MtpWeights& m = w.mtp;
+    m.present = true;
+    m.eh_proj = L.mat(p + "nextn.eh_proj.weight", 2 * hp.n_embd, hp.n_embd);
+    m.enorm = L.vec(p + "nextn.enorm.weight", hp.n_embd);
+    m.hnorm = L.vec(p + "nextn.hnorm.weight", hp.n_embd);
+    m.shared_head_norm = L.vec(p + "nextn.shared_head_norm.weight", hp.n_embd);
+    m.layer.recurrent = false;
+    m.layer.attn_norm = L.vec(p + "attn_norm.weight", hp.n_embd);
+    m.layer.post_attention_norm = L.vec(p + "post_attention_norm.weight", hp.n_embd);
+    L.load_attn(p, m.layer.attn);
+    L.load_moe(p, m.layer.moe);
+  }
+  return w;
+}
+
+}  // namespace strata
