@@ -63,6 +63,15 @@ struct FBuf {
     n = count;
   }
   float* data() { return p; }
+  float& operator[](size_t i) { return p[i]; }
 };
 
+}  // namespace strata
+
+#include <chrono>
+namespace strata {
+struct Timer {
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+};
 }  // namespace strata

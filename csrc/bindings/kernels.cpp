@@ -1,0 +1,82 @@
+// Kernel entry points for tests and benches: dequantize, and the row products on a chosen ISA path.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <vector>
+
+#include "kernels/matmul.h"
+#include "util/common.h"
+#include "util/threads.h"
+
+namespace nb = nanobind;
+using namespace strata;
+
+using U8 = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
+using F2 = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+static Isa parse_isa(const std::string& s) {
+  if (s == "scalar" || s == "ref") return Isa::Scalar;
+  if (s == "avx2") return Isa::AVX2;
+  if (s == "avx512") return Isa::AVX512;
+  fail<std::invalid_argument>("unknown ISA '", s, "' (scalar, avx2, avx512)");
+}
+
+void init_kernels(nb::module_& m) {
+  m.def("best_isa", [] { return std::string(isa_name(best_isa())); });
+  m.def("active_isa", [] { return std::string(isa_name(active_isa())); });
+  m.def("force_isa", [](const std::string& s) { force_isa(parse_isa(s)); }, nb::arg("isa"),
+        "Select the kernel path (tests and benches). Raises if this CPU lacks it.");
+  m.def("type_info", [](const std::string& name) {
+    for (uint32_t id = 0; id < 64; id++) {
+      const TypeTraits* t = type_traits(id);
+      if (t && name == t->name) return nb::make_tuple(t->id, t->block_size, t->type_size, t->dequant != nullptr);
+    }
+    fail<std::invalid_argument>("unknown ggml type '", name, "'");
+  });
+  m.def(
+      "dequantize",
+      [](U8 data, const std::string& type, int64_t n) {
+        const TypeTraits* t = nullptr;
+        for (uint32_t id = 0; id < 64 && !t; id++)
+          if (type_traits(id) && type == type_traits(id)->name) t = type_traits(id);
+        STRATA_CHECK(t && t->dequant, "dequantize: unsupported type '", type, "'");
+        STRATA_CHECK(n % t->block_size == 0, "dequantize: n = ", n, " is not a multiple of ", t->block_size);
+        STRATA_CHECK((int64_t)data.size() == n / t->block_size * t->type_size, "dequantize: ", data.size(),
+                     " bytes for ", n, " values of ", type);
+        float* out = new float[n];
+        t->dequant(data.data(), out, n);
+        nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+        return nb::ndarray<nb::numpy, float, nb::ndim<1>>(out, {(size_t)n}, owner);
+      },
+      nb::arg("data"), nb::arg("type"), nb::arg("n"));
+  m.def(
+      "matmul",
+      [](U8 w, const std::string& type, int64_t rows, int64_t cols, F2 x, const std::string& isa, int threads) {
+        const TypeTraits* t = nullptr;
+        for (uint32_t id = 0; id < 64 && !t; id++)
+          if (type_traits(id) && type == type_traits(id)->name) t = type_traits(id);
+        STRATA_CHECK(t && t->dequant, "matmul: unsupported type '", type, "'");
+        STRATA_CHECK((int64_t)x.shape(1) == cols, "matmul: x has ", x.shape(1), " columns, expected ", cols);
+        MatView W{w.data(), t->id, rows, cols, row_bytes(t->id, cols)};
+        STRATA_CHECK((int64_t)w.size() == (int64_t)W.row_bytes * rows, "matmul: weight has ", w.size(), " bytes, expected ",
+                     W.row_bytes * rows);
+        const int T = (int)x.shape(0);
+        float* out = new float[(size_t)T * rows];
+        const Isa prev = active_isa();
+        force_isa(parse_isa(isa));
+        try {
+          ThreadPool pool(threads);
+          matmul(pool, W, x.data(), cols, T, out, rows);
+        } catch (...) {
+          force_isa(prev);
+          delete[] out;
+          throw;
+        }
+        force_isa(prev);
+        nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+        return nb::ndarray<nb::numpy, float, nb::ndim<2>>(out, {(size_t)T, (size_t)rows}, owner);
+      },
+      nb::arg("w"), nb::arg("type"), nb::arg("rows"), nb::arg("cols"), nb::arg("x"), nb::arg("isa") = "avx512",
+      nb::arg("threads") = 1, "y[T, rows] = x[T, cols] @ W^T on the chosen kernel path.");
+}

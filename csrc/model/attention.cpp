@@ -1,0 +1,80 @@
+// Gated full attention (spec qwen3next.md 1.4): q and gate interleaved per head in attn_q, zero-centred
+// q/k norms before partial NeoX RoPE, GQA (query head h reads KV head h / (n_head / n_head_kv)),
+// causal softmax with scale 1/sqrt(head_dim), output * sigmoid(gate), then attn_output.
+#include <cmath>
+#include <vector>
+
+#include "model/layers.h"
+#include "model/ops.h"
+#include "strata.h"
+
+namespace strata {
+
+void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const float* x, int T, int64_t pos0,
+                     float* out) {
+  const HParams& hp = m.hp();
+  const int64_t H = hp.n_embd, hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv, group = nh / nkv;
+  STRATA_CHECK(pos0 + T <= kv.n_ctx, "attention: positions ", pos0, "..", pos0 + T - 1, " exceed the context ", kv.n_ctx);
+  thread_local FBuf qg, kb, vb, att;
+  qg.resize((size_t)T * nh * hd * 2);   // [T][nh][q(hd) | gate(hd)]
+  kb.resize((size_t)T * nkv * hd);      // [T][nkv][hd]
+  vb.resize((size_t)T * nkv * hd);
+  att.resize((size_t)T * nh * hd);      // [T][nh][hd]
+  ThreadPool& pool = m.pool();
+  matmul(pool, w.wq, x, H, T, qg.data(), nh * hd * 2);
+  matmul(pool, w.wk, x, H, T, kb.data(), nkv * hd);
+  matmul(pool, w.wv, x, H, T, vb.data(), nkv * hd);
+
+  // norms + RoPE, then write this window's cells before any row reads
+  for (int t = 0; t < T; t++) {
+    const int64_t pos = pos0 + t;
+    for (int64_t h = 0; h < nh; h++) {
+      float* q = qg.data() + ((size_t)t * nh + h) * hd * 2;
+      rmsnorm(q, w.q_norm.data(), hd, hp.rms_eps, q);
+      rope_neox(q, hp.n_rot, pos, hp.rope_theta);
+    }
+    for (int64_t g = 0; g < nkv; g++) {
+      float* k = kb.data() + ((size_t)t * nkv + g) * hd;
+      rmsnorm(k, w.k_norm.data(), hd, hp.rms_eps, k);
+      rope_neox(k, hp.n_rot, pos, hp.rope_theta);
+    }
+    std::copy(kb.data() + (size_t)t * nkv * hd, kb.data() + (size_t)(t + 1) * nkv * hd, kv.k_at(pos));
+    std::copy(vb.data() + (size_t)t * nkv * hd, vb.data() + (size_t)(t + 1) * nkv * hd, kv.v_at(pos));
+  }
+
+  const float scale = 1.f / std::sqrt((float)hd);
+  pool.parallel_for((int64_t)T * nh, [&](int64_t b, int64_t e, int) {
+    std::vector<float> sc;
+    for (int64_t job = b; job < e; job++) {
+      const int64_t t = job / nh, h = job % nh, g = h / group, pos = pos0 + t;
+      const float* q = qg.data() + ((size_t)t * nh + h) * hd * 2;
+      const float* gate = q + hd;
+      sc.resize(pos + 1);
+      float mx = -INFINITY;
+      for (int64_t c = 0; c <= pos; c++) {
+        const float* k = kv.k_at(c) + g * hd;
+        float s = 0.f;
+        for (int64_t d = 0; d < hd; d++) s += q[d] * k[d];
+        sc[c] = s * scale;
+        mx = sc[c] > mx ? sc[c] : mx;
+      }
+      float sum = 0.f;
+      for (int64_t c = 0; c <= pos; c++) {
+        sc[c] = std::exp(sc[c] - mx);
+        sum += sc[c];
+      }
+      const float inv = 1.f / sum;
+      float* o = att.data() + ((size_t)t * nh + h) * hd;
+      for (int64_t d = 0; d < hd; d++) o[d] = 0.f;
+      for (int64_t c = 0; c <= pos; c++) {
+        const float p = sc[c] * inv;
+        const float* v = kv.v_at(c) + g * hd;
+        for (int64_t d = 0; d < hd; d++) o[d] += p * v[d];
+      }
+      for (int64_t d = 0; d < hd; d++) o[d] *= sigmoid(gate[d]);
+    }
+  });
+  matmul(pool, w.wo, att.data(), nh * hd, T, out, H);
+}
+
+}  // namespace strata

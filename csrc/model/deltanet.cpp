@@ -1,0 +1,138 @@
+// Gated DeltaNet (spec qwen3next.md 1.5): projections (current attn_qkv + attn_gate, or legacy fused
+// ssm_in grouped per key head), causal depthwise conv + SiLU over q|k|v, l2norm(q, k), q / sqrt(dk),
+// g = ssm_a * softplus(a + dt_bias) (ssm_a = -exp(A_log)), beta = sigmoid(b), value head h reads key
+// head h / (nv / nk), the delta rule (deltanet_state.h), gated RMSNorm * silu(z), then ssm_out.
+#include <cmath>
+#include <cstring>
+
+#include "model/layers.h"
+#include "model/ops.h"
+#include "strata.h"
+
+namespace strata {
+
+void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st, const float* x, int T, DnMode mode,
+                    float* out) {
+  const HParams& hp = m.hp();
+  const int64_t H = hp.n_embd, nk = st.nk, nv = st.nv, dk = st.dk, dv = st.dv, r = nv / nk;
+  const int64_t key_dim = nk * dk, d_inner = nv * dv, cd = st.conv_dim, K = st.d_conv;
+  thread_local FBuf raw, z, ba, hist, conv, o, y, fused;
+  raw.resize((size_t)T * cd);       // [T][conv_dim] pre-conv q|k|v
+  z.resize((size_t)T * d_inner);    // [T][nv][dv]
+  ba.resize((size_t)T * 2 * nv);    // [T][nk][b(r) | a(r)]
+  hist.resize((size_t)(K - 1 + T) * cd);
+  conv.resize((size_t)T * cd);
+  o.resize((size_t)T * d_inner);
+  y.resize((size_t)T * d_inner);
+  ThreadPool& pool = m.pool();
+
+  if (!w.legacy) {
+    matmul(pool, w.wqkv, x, H, T, raw.data(), cd);
+    matmul(pool, w.wgate, x, H, T, z.data(), d_inner);
+  } else {
+    // ssm_in rows: per key head g: [q(dk) | k(dk) | v(r*dv) | z(r*dv)]; regroup into q_all | k_all | v_all and z
+    const int64_t gw = 2 * dk + 2 * r * dv;
+    fused.resize((size_t)T * nk * gw);
+    matmul(pool, w.ssm_in, x, H, T, fused.data(), nk * gw);
+    for (int t = 0; t < T; t++)
+      for (int64_t g = 0; g < nk; g++) {
+        const float* src = fused.data() + ((size_t)t * nk + g) * gw;
+        float* dst = raw.data() + (size_t)t * cd;
+        std::memcpy(dst + g * dk, src, dk * sizeof(float));
+        std::memcpy(dst + key_dim + g * dk, src + dk, dk * sizeof(float));
+        std::memcpy(dst + 2 * key_dim + g * r * dv, src + 2 * dk, r * dv * sizeof(float));
+        std::memcpy(z.data() + (size_t)t * d_inner + g * r * dv, src + 2 * dk + r * dv, r * dv * sizeof(float));
+      }
+  }
+  matmul(pool, w.ssm_ba, x, H, T, ba.data(), 2 * nv);
+
+  // causal conv over [committed history ++ this window's raw rows]; w.conv is [cd][K], tap K-1 = current row
+  std::memcpy(hist.data(), st.conv.data(), (size_t)(K - 1) * cd * sizeof(float));
+  std::memcpy(hist.data() + (size_t)(K - 1) * cd, raw.data(), (size_t)T * cd * sizeof(float));
+  for (int t = 0; t < T; t++)
+    for (int64_t c = 0; c < cd; c++) {
+      float s = 0.f;
+      for (int64_t j = 0; j < K; j++) s += w.conv[c * K + j] * hist[(size_t)(t + j) * cd + c];
+      conv[(size_t)t * cd + c] = silu(s);
+    }
+
+  // per-row gates and normalised q, k (q, k, v are views into conv)
+  thread_local FBuf eg, beta;
+  eg.resize((size_t)T * nv);
+  beta.resize((size_t)T * nv);
+  const float qscale = 1.f / std::sqrt((float)dk);
+  for (int t = 0; t < T; t++) {
+    float* row = conv.data() + (size_t)t * cd;
+    for (int64_t g = 0; g < nk; g++) {
+      float* q = row + g * dk;
+      l2norm(q, dk, 1e-6f);
+      for (int64_t i = 0; i < dk; i++) q[i] = q[i] * qscale;
+      l2norm(row + key_dim + g * dk, dk, 1e-6f);
+    }
+    for (int64_t g = 0; g < nk; g++)
+      for (int64_t j = 0; j < r; j++) {
+        const int64_t h = g * r + j;
+        const float b = ba[(size_t)t * 2 * nv + g * 2 * r + j];
+        const float a = ba[(size_t)t * 2 * nv + g * 2 * r + r + j];
+        beta[t * nv + h] = sigmoid(b);
+        eg[t * nv + h] = std::exp(w.ssm_a[h] * softplus(a + w.dt_bias[h]));
+      }
+  }
+
+  // the recurrence: heads are independent, rows sequential within a head
+  pool.parallel_for(nv, [&](int64_t hb, int64_t he, int) {
+    std::vector<float> mbuf(dv);
+    for (int64_t h = hb; h < he; h++) {
+      const size_t hs = (size_t)h * dk * dv;
+      float* S = st.S.data() + hs;
+      float* Sw = st.S_work.data() + hs;
+      if (mode == DnMode::Window) std::memcpy(Sw, S, dk * dv * sizeof(float));
+      for (int t = 0; t < T; t++) {
+        const float* row = conv.data() + (size_t)t * cd;
+        const float* q = row + (h / r) * dk;
+        const float* k = row + key_dim + (h / r) * dk;
+        const float* v = row + 2 * key_dim + h * dv;
+        float* Sc = (mode == DnMode::InPlace || (mode == DnMode::Partial && t == 0)) ? S : Sw;
+        dn_update(Sc, k, v, eg[t * nv + h], beta[t * nv + h], dk, dv, mbuf.data());
+        dn_read(Sc, q, dk, dv, o.data() + (size_t)t * d_inner + h * dv);
+        if (mode == DnMode::Partial && t == 0) std::memcpy(Sw, S, dk * dv * sizeof(float));
+      }
+    }
+  });
+
+  if (mode == DnMode::InPlace) {
+    for (int t = 0; t < T; t++) st.push_conv(raw.data() + (size_t)t * cd);
+    st.work_rows = 0;
+  } else {
+    // save replay inputs for the fold
+    for (int t = 0; t < T; t++) {
+      const float* row = conv.data() + (size_t)t * cd;
+      std::memcpy(&st.k_rows[(size_t)t * key_dim], row + key_dim, key_dim * sizeof(float));
+      std::memcpy(&st.v_rows[(size_t)t * d_inner], row + 2 * key_dim, d_inner * sizeof(float));
+      std::memcpy(&st.eg_rows[(size_t)t * nv], eg.data() + (size_t)t * nv, nv * sizeof(float));
+      std::memcpy(&st.beta_rows[(size_t)t * nv], beta.data() + (size_t)t * nv, nv * sizeof(float));
+      std::memcpy(&st.raw_rows[(size_t)t * cd], raw.data() + (size_t)t * cd, cd * sizeof(float));
+    }
+    if (mode == DnMode::Partial) {
+      st.push_conv(raw.data());
+      st.work_first = 1;
+      st.work_rows = T - 1;
+    } else {
+      st.work_first = 0;
+      st.work_rows = T;
+    }
+  }
+
+  // gated RMSNorm per value head (weight not zero-centred), times silu(z)
+  for (int t = 0; t < T; t++)
+    for (int64_t h = 0; h < nv; h++) {
+      const float* oh = o.data() + (size_t)t * d_inner + h * dv;
+      const float* zh = z.data() + (size_t)t * d_inner + h * dv;
+      float* yh = y.data() + (size_t)t * d_inner + h * dv;
+      rmsnorm(oh, w.norm.data(), dv, hp.rms_eps, yh);
+      for (int64_t i = 0; i < dv; i++) yh[i] = yh[i] * silu(zh[i]);
+    }
+  matmul(pool, w.ssm_out, y.data(), d_inner, T, out, H);
+}
+
+}  // namespace strata

@@ -1,0 +1,39 @@
+// Elementwise and per-row operations of the Qwen3-Next graph, in float32, in the operation order of the
+// transformers reference.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+namespace strata {
+
+// y = (x * rsqrt(mean(x^2) + eps)) * w   (GGUF norms already carry the +1 of the zero-centred form)
+inline void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* y) {
+  float ss = 0.f;
+  for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+  const float r = 1.f / std::sqrt(ss / (float)n + eps);
+  for (int64_t i = 0; i < n; i++) y[i] = (x[i] * r) * w[i];
+}
+inline float silu(float x) { return x / (1.f + std::exp(-x)); }
+inline float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
+inline float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }  // torch's threshold 20
+// x * rsqrt(sum(x^2) + eps), the l2norm of the HF / FLA delta rule
+inline void l2norm(float* x, int64_t n, float eps) {
+  float ss = 0.f;
+  for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+  const float r = 1.f / std::sqrt(ss + eps);
+  for (int64_t i = 0; i < n; i++) x[i] = x[i] * r;
+}
+// NeoX rotation of the first n_rot dims of one head at position pos: pairs (i, i + n_rot/2).
+inline void rope_neox(float* x, int64_t n_rot, int64_t pos, float theta) {
+  const int64_t half = n_rot / 2;
+  for (int64_t i = 0; i < half; i++) {
+    const float inv_freq = (float)(1.0 / std::pow((double)theta, (double)(2 * i) / (double)n_rot));
+    const float ang = (float)pos * inv_freq;
+    const float c = (float)std::cos((double)ang), s = (float)std::sin((double)ang);
+    const float a = x[i], b = x[i + half];
+    x[i] = a * c - b * s;
+    x[i + half] = b * c + a * s;
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,87 @@
+// Qwen3-Next, top to bottom (spec qwen3next.md 1.3):
+//   x = token_embd[tokens]
+//   per layer:  x = x + Mixer(rmsnorm(x; attn_norm))            Mixer = Gated DeltaNet | gated attention
+//               x = x + MoE(rmsnorm(x; post_attention_norm))
+//   h = rmsnorm(x; output_norm);  logits = output · h
+#include <cstring>
+
+#include "model/layers.h"
+#include "model/ops.h"
+#include "strata.h"
+
+namespace strata {
+
+namespace {
+uint64_t fnv1a(uint64_t h, const void* p, size_t n) {
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+}  // namespace
+
+std::shared_ptr<Model> Model::load(const std::string& path, const ModelOptions& opt) {
+  STRATA_CHECK(opt.threads >= 0, "bad option threads=", opt.threads, ": must be >= 0 (0 = physical cores)");
+  auto m = std::make_shared<Model>();
+  m->file_ = GgufFile::open(path);
+  m->hp_ = HParams::from_gguf(*m->file_);
+  m->w_ = Weights::load(*m->file_, m->hp_);
+  m->pool_ = std::make_unique<ThreadPool>(opt.threads ? opt.threads : physical_cores());
+  uint64_t h = 1469598103934665603ull;
+  const uint64_t size = m->file_->file_size();
+  h = fnv1a(h, &size, sizeof size);
+  for (const auto& t : m->file_->tensors()) {
+    h = fnv1a(h, t.name.data(), t.name.size());
+    h = fnv1a(h, &t.type, sizeof t.type);
+    h = fnv1a(h, &t.offset, sizeof t.offset);
+    h = fnv1a(h, t.ne.data(), t.ne.size() * sizeof(int64_t));
+  }
+  const std::string s = m->hp_.summary();
+  m->fingerprint_ = fnv1a(h, s.data(), s.size());
+  return m;
+}
+
+void forward(const Model& m, Session& s, const int32_t* tokens, int T, int64_t pos0, bool in_place, bool partial,
+             bool last_only, float* logits, float* hidden) {
+  const HParams& hp = m.hp();
+  const Weights& W = m.weights();
+  const int64_t H = hp.n_embd;
+  thread_local FBuf x, h, mix;
+  x.resize((size_t)T * H);    // residual stream [T][H]
+  h.resize((size_t)T * H);    // normed
+  mix.resize((size_t)T * H);  // block output
+
+  const TypeTraits* et = type_traits(W.token_embd.type);
+  for (int t = 0; t < T; t++)
+    et->dequant(W.token_embd.data + (size_t)tokens[t] * W.token_embd.row_bytes, x.data() + (size_t)t * H, H);
+
+  const DnMode mode = in_place ? DnMode::InPlace : partial ? DnMode::Partial : DnMode::Window;
+  for (int64_t il = 0; il < hp.n_layer; il++) {
+    const LayerWeights& L = W.layers[il];
+    for (int t = 0; t < T; t++) rmsnorm(x.data() + t * H, L.attn_norm.data(), H, hp.rms_eps, h.data() + t * H);
+    if (L.recurrent) {
+      DeltaNetState& st = s.dn_[s.layer_slot_[il]];
+      if (s.pend_n_ > 0) {  // lazy fold of the last window's kept rows, before this layer overwrites them
+        Timer tm;
+        st.fold(s.pend_first_, s.pend_n_);
+        s.fold_s_ += tm.seconds();
+      }
+      deltanet_layer(m, L.dn, st, h.data(), T, mode, mix.data());
+    } else {
+      attention_layer(m, L.attn, s.kv_[s.layer_slot_[il]], h.data(), T, pos0, mix.data());
+    }
+    for (int64_t i = 0; i < (int64_t)T * H; i++) x[i] = x[i] + mix[i];
+    for (int t = 0; t < T; t++)
+      rmsnorm(x.data() + t * H, L.post_attention_norm.data(), H, hp.rms_eps, h.data() + t * H);
+    moe_layer(m, L.moe, h.data(), T, mix.data());
+    for (int64_t i = 0; i < (int64_t)T * H; i++) x[i] = x[i] + mix[i];
+  }
+  s.pend_n_ = 0;
+
+  const int first = last_only ? T - 1 : 0;
+  const int n = T - first;
+  for (int t = first; t < T; t++)
+    rmsnorm(x.data() + t * H, W.output_norm.data(), H, hp.rms_eps, hidden + (size_t)(t - first) * H);
+  matmul(m.pool(), W.output, hidden, H, n, logits, hp.n_vocab);
+}
+
+}  // namespace strata

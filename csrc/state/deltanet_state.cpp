@@ -1,0 +1,82 @@
+#include "state/deltanet_state.h"
+
+#include <cstring>
+
+namespace strata {
+
+void DeltaNetState::init(int64_t nk_, int64_t nv_, int64_t dk_, int64_t dv_, int64_t d_conv_, int max_window) {
+  nk = nk_;
+  nv = nv_;
+  dk = dk_;
+  dv = dv_;
+  d_conv = d_conv_;
+  conv_dim = 2 * nk * dk + nv * dv;
+  S.assign((size_t)nv * dk * dv, 0.f);
+  S_work.assign(S.size(), 0.f);
+  conv.assign((size_t)(d_conv - 1) * conv_dim, 0.f);
+  k_rows.assign((size_t)max_window * nk * dk, 0.f);
+  v_rows.assign((size_t)max_window * nv * dv, 0.f);
+  eg_rows.assign((size_t)max_window * nv, 0.f);
+  beta_rows.assign((size_t)max_window * nv, 0.f);
+  raw_rows.assign((size_t)max_window * conv_dim, 0.f);
+  work_first = work_rows = 0;
+}
+
+void DeltaNetState::reset() {
+  std::fill(S.begin(), S.end(), 0.f);
+  std::fill(conv.begin(), conv.end(), 0.f);
+  work_first = work_rows = 0;
+}
+
+void DeltaNetState::push_conv(const float* raw) {
+  const int64_t h = d_conv - 1;
+  if (h <= 0) return;
+  std::memmove(conv.data(), conv.data() + conv_dim, (size_t)(h - 1) * conv_dim * sizeof(float));
+  std::memcpy(conv.data() + (h - 1) * conv_dim, raw, (size_t)conv_dim * sizeof(float));
+}
+
+void DeltaNetState::fold(int64_t first, int64_t n) {
+  if (n <= 0) return;
+  if (first == work_first && n == work_rows) {
+    S.swap(S_work);  // S_work ran exactly these rows from S: it is the folded state
+  } else {
+    std::vector<float> m(dv);
+    const int64_t r = nv / nk;
+    for (int64_t i = first; i < first + n; i++)
+      for (int64_t h = 0; h < nv; h++)
+        dn_update(&S[(size_t)h * dk * dv], &k_rows[((size_t)i * nk + h / r) * dk], &v_rows[((size_t)i * nv + h) * dv],
+                  eg_rows[i * nv + h], beta_rows[i * nv + h], dk, dv, m.data());
+  }
+  for (int64_t i = first; i < first + n; i++) push_conv(&raw_rows[(size_t)i * conv_dim]);
+  work_rows = 0;
+}
+
+void dn_update(float* S, const float* k, const float* v, float eg, float beta, int64_t dk, int64_t dv,
+               float* m) {
+  for (int64_t j = 0; j < dv; j++) m[j] = 0.f;
+  for (int64_t a = 0; a < dk; a++) {
+    float* row = S + a * dv;
+    const float ka = k[a];
+    for (int64_t j = 0; j < dv; j++) {
+      row[j] = row[j] * eg;
+      m[j] = m[j] + row[j] * ka;
+    }
+  }
+  for (int64_t j = 0; j < dv; j++) m[j] = (v[j] - m[j]) * beta;  // delta
+  for (int64_t a = 0; a < dk; a++) {
+    float* row = S + a * dv;
+    const float ka = k[a];
+    for (int64_t j = 0; j < dv; j++) row[j] = row[j] + ka * m[j];
+  }
+}
+
+void dn_read(const float* S, const float* q, int64_t dk, int64_t dv, float* o) {
+  for (int64_t j = 0; j < dv; j++) o[j] = 0.f;
+  for (int64_t a = 0; a < dk; a++) {
+    const float* row = S + a * dv;
+    const float qa = q[a];
+    for (int64_t j = 0; j < dv; j++) o[j] = o[j] + row[j] * qa;
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,45 @@
+// Gated DeltaNet state of one layer: the recurrence S (per value head, dk x dv, fp32) and the conv
+// history (the last d_conv-1 pre-conv rows). Neither is positional.
+//
+// Rollback contract (engine spec 3): a T = 1 step and a prompt window update S and the history in the
+// step ("in place"). A verify window with T > 1 never writes the committed S or history: its rows run
+// on S_work (a copy) and each row's replay inputs are saved (l2-normed k, v, exp(g), beta, raw pre-conv
+// row). fold(first, n) replays saved rows first..first+n-1 into S with the very same update function
+// (dn_update), so the folded state is bit-identical to serial stepping; when the fold covers every row
+// that ran on S_work, S_work already *is* that state and is swapped in instead.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace strata {
+
+struct DeltaNetState {
+  int64_t nk = 0, nv = 0, dk = 0, dv = 0, conv_dim = 0, d_conv = 0;
+  std::vector<float> S;       // committed [nv][dk][dv]
+  std::vector<float> conv;    // committed [d_conv-1][conv_dim], oldest row first
+  std::vector<float> S_work;  // window scratch [nv][dk][dv]
+  // Replay inputs of the last window, one slot per row (max_window rows).
+  std::vector<float> k_rows;     // [row][nk][dk]   (after l2norm)
+  std::vector<float> v_rows;     // [row][nv][dv]   (after conv + SiLU)
+  std::vector<float> eg_rows;    // [row][nv]       exp(g)
+  std::vector<float> beta_rows;  // [row][nv]
+  std::vector<float> raw_rows;   // [row][conv_dim] pre-conv
+  int64_t work_first = 0, work_rows = 0;  // saved rows work_first..work_first+work_rows-1 ran on S_work
+
+  void init(int64_t nk_, int64_t nv_, int64_t dk_, int64_t dv_, int64_t d_conv_, int max_window);
+  void reset();
+  // Replays saved rows [first, first+n) into S and shifts their raw rows into the history.
+  void fold(int64_t first, int64_t n);
+  // Shifts one raw pre-conv row into the committed history.
+  void push_conv(const float* raw);
+};
+
+// One delta-rule update of one value head, the only place S is updated:
+//   S <- S * eg;  m = S^T k;  delta = beta * (v - m);  S <- S + k delta^T
+// S is [dk][dv] with dv contiguous. m_scratch has dv floats.
+void dn_update(float* S, const float* k, const float* v, float eg, float beta, int64_t dk, int64_t dv,
+               float* m_scratch);
+// o = S^T q for one head.
+void dn_read(const float* S, const float* q, int64_t dk, int64_t dv, float* o);
+
+}  // namespace strata

@@ -1,0 +1,305 @@
+// The window transaction (engine spec 2) and checkpoints. State types and their rollback contracts:
+//   KvCache (kv_cache.h): by counter.   DeltaNetState (deltanet_state.h): replay inputs + fold.
+//   Sampler state: none kept; sample() derives penalties from committed tokens + this window's inputs.
+//
+// run / commit as a state machine:
+//   1. run(T): refuse if a commit is pending. A pending lazy fold is applied per layer inside the
+//      forward, before that layer's new projections overwrite the saved rows.
+//   2. T == 1 or T > max_window (prompt window): DeltaNet rows update committed state in the step.
+//      Otherwise (verify window): rows run on S_work (Partial: row 0 in place), replay inputs saved.
+//   3. commit(keep): refuse keep outside 1..T, or keep < T for a prompt window. Verify windows fold the
+//      kept rows now (Eager) or record them for the next run (Lazy / Partial: keep-1 rows from row 1).
+//   4. position += keep; committed tokens += the first keep inputs.
+#include <cstdio>
+#include <fstream>
+
+#include "strata.h"
+
+namespace strata {
+
+Session::Session(std::shared_ptr<const Model> model, const SessionOptions& opt) : model_(std::move(model)), opt_(opt) {
+  const HParams& hp = model_->hp();
+  STRATA_CHECK(opt_.n_ctx >= 1, "bad option n_ctx=", opt_.n_ctx, ": must be >= 1");
+  STRATA_CHECK(opt_.n_ctx <= hp.n_ctx_train, "bad option n_ctx=", opt_.n_ctx, ": the model's context is ", hp.n_ctx_train);
+  STRATA_CHECK(opt_.max_window >= 1 && opt_.max_window <= 64, "bad option max_window=", opt_.max_window,
+               ": must be in 1..64");
+  layer_slot_.resize(hp.n_layer);
+  for (int64_t il = 0; il < hp.n_layer; il++) {
+    if (hp.recurrent[il]) {
+      layer_slot_[il] = (int)dn_.size();
+      dn_.emplace_back();
+      dn_.back().init(hp.ssm_n_group, hp.ssm_dt_rank, hp.dk(), hp.dv(), hp.ssm_d_conv, opt_.max_window);
+    } else {
+      layer_slot_[il] = (int)kv_.size();
+      kv_.emplace_back();
+      kv_.back().init(opt_.n_ctx, hp.n_head_kv * hp.head_dim);
+    }
+  }
+}
+
+const float* Session::run(const int32_t* tokens, int T, bool last_only) {
+  const HParams& hp = model_->hp();
+  if (last_T_ > 0)
+    fail<std::logic_error>("run() while a commit is pending: call commit(keep) for the previous window of ", last_T_,
+                           " rows first");
+  STRATA_CHECK(T >= 1, "run(): empty window (T = 0)");
+  for (int i = 0; i < T; i++)
+    STRATA_CHECK(tokens[i] >= 0 && tokens[i] < hp.n_vocab, "run(): token id ", tokens[i], " at row ", i,
+                 " is outside the vocabulary [0, ", hp.n_vocab, ")");
+  STRATA_CHECK(pos_ + T <= opt_.n_ctx, "run(): ", T, " tokens at position ", pos_, " exceed the context of ",
+               opt_.n_ctx, " tokens");
+  const bool prompt = T > opt_.max_window;
+  const bool in_place = T == 1 || prompt;
+  const bool partial = !in_place && opt_.fold == FoldMode::Partial;
+  const int n_out = last_only ? 1 : T;
+  logits_.resize((size_t)n_out * hp.n_vocab);
+  hidden_.resize((size_t)n_out * hp.n_embd);
+  fold_s_ = 0;
+  forward(*model_, *this, tokens, T, pos_, in_place, partial, last_only, logits_.data(), hidden_.data());
+  last_T_ = T;
+  last_prompt_ = prompt;
+  last_in_place_ = in_place;
+  last_last_only_ = last_only;
+  last_tokens_.assign(tokens, tokens + T);
+  last_rows_ = n_out;
+  return logits_.data();
+}
+
+std::vector<int32_t> Session::sample(const SamplingParams& p) const {
+  if (last_T_ == 0) fail<std::logic_error>("sample(): no window to finish (call run first)");
+  if (last_last_only_ && last_T_ > 1)
+    fail<std::logic_error>("sample(): the last run kept only the last row's logits; run with all rows to sample each");
+  p.validate();
+  std::vector<int32_t> out(last_T_);
+  if (last_last_only_) {  // one row: the last input, at position pos_ + T - 1
+    std::vector<int32_t> hist(tokens_);
+    hist.insert(hist.end(), last_tokens_.begin(), last_tokens_.end() - 1);
+    sample_rows(logits_.data(), 1, model_->hp().n_vocab, p, hist.data(), (int64_t)hist.size(),
+                last_tokens_.data() + last_T_ - 1, pos_ + last_T_ - 1, out.data() + last_T_ - 1);
+    out.erase(out.begin(), out.end() - 1);
+    return out;
+  }
+  sample_rows(logits_.data(), last_T_, model_->hp().n_vocab, p, tokens_.data(), (int64_t)tokens_.size(),
+              last_tokens_.data(), pos_, out.data());
+  return out;
+}
+
+void Session::commit(int keep) {
+  if (last_T_ == 0) fail<std::logic_error>("commit(", keep, ") with no window to commit (call run first)");
+  STRATA_CHECK(keep >= 1 && keep <= last_T_, "commit(", keep, "): keep must be in 1..", last_T_, " (rows of the last run)");
+  if (last_prompt_ && keep != last_T_)
+    fail<std::invalid_argument>("commit(", keep, "): a prompt window of ", last_T_, " rows (more than max_window = ",
+                                opt_.max_window, ") commits all its rows");
+  if (!last_in_place_) {
+    const int64_t first = opt_.fold == FoldMode::Partial ? 1 : 0;
+    const int64_t n = keep - first;
+    if (opt_.fold == FoldMode::Eager) {
+      Timer tm;
+      for (auto& st : dn_) st.fold(first, n);
+      fold_s_ += tm.seconds();
+    } else {
+      pend_first_ = first;
+      pend_n_ = n;
+    }
+  }
+  tokens_.insert(tokens_.end(), last_tokens_.begin(), last_tokens_.begin() + keep);
+  pos_ += keep;
+  last_T_ = 0;
+}
+
+void Session::flush() {
+  if (pend_n_ > 0) {
+    Timer tm;
+    for (auto& st : dn_) st.fold(pend_first_, pend_n_);
+    fold_s_ += tm.seconds();
+  }
+  pend_n_ = 0;
+}
+
+void Session::reset() {
+  pos_ = 0;
+  tokens_.clear();
+  last_T_ = 0;
+  pend_n_ = 0;
+  for (auto& st : dn_) st.reset();
+}
+
+Checkpoint Session::checkpoint() {
+  if (last_T_ > 0) fail<std::logic_error>("checkpoint() while a commit is pending: commit the last window first");
+  flush();
+  Checkpoint cp;
+  cp.fingerprint = model_->fingerprint();
+  cp.n_ctx = opt_.n_ctx;
+  cp.position = pos_;
+  cp.tokens = tokens_;
+  for (auto& kv : kv_) {
+    cp.k.emplace_back(kv.k.begin(), kv.k.begin() + (size_t)pos_ * kv.width);
+    cp.v.emplace_back(kv.v.begin(), kv.v.begin() + (size_t)pos_ * kv.width);
+  }
+  for (auto& st : dn_) {
+    cp.S.push_back(st.S);
+    cp.conv.push_back(st.conv);
+  }
+  return cp;
+}
+
+void Session::restore(const Checkpoint& cp) {
+  if (cp.fingerprint != model_->fingerprint())
+    fail<std::invalid_argument>("restore(): the checkpoint belongs to a different model");
+  STRATA_CHECK(cp.position <= opt_.n_ctx, "restore(): checkpoint position ", cp.position, " exceeds this session's context ",
+               opt_.n_ctx);
+  STRATA_CHECK(cp.k.size() == kv_.size() && cp.S.size() == dn_.size() && (int64_t)cp.tokens.size() == cp.position,
+               "restore(): checkpoint layout does not match this model");
+  for (size_t i = 0; i < kv_.size(); i++) {
+    STRATA_CHECK(cp.k[i].size() == (size_t)cp.position * kv_[i].width && cp.v[i].size() == cp.k[i].size(),
+                 "restore(): checkpoint KV size mismatch in attention layer ", i);
+  }
+  for (size_t i = 0; i < dn_.size(); i++)
+    STRATA_CHECK(cp.S[i].size() == dn_[i].S.size() && cp.conv[i].size() == dn_[i].conv.size(),
+                 "restore(): checkpoint DeltaNet size mismatch in layer ", i);
+  for (size_t i = 0; i < kv_.size(); i++) {
+    std::copy(cp.k[i].begin(), cp.k[i].end(), kv_[i].k.begin());
+    std::copy(cp.v[i].begin(), cp.v[i].end(), kv_[i].v.begin());
+  }
+  for (size_t i = 0; i < dn_.size(); i++) {
+    dn_[i].S = cp.S[i];
+    dn_[i].conv = cp.conv[i];
+    dn_[i].work_rows = 0;
+  }
+  pos_ = cp.position;
+  tokens_ = cp.tokens;
+  last_T_ = 0;
+  pend_n_ = 0;
+}
+
+namespace {
+constexpr char kCpMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'C', 'P'};
+constexpr uint32_t kCpVersion = 1;
+uint64_t fnv(uint64_t h, const void* p, size_t n) {
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+struct Writer {
+  std::string buf;
+  template <class T>
+  void pod(const T& v) { buf.append(reinterpret_cast<const char*>(&v), sizeof v); }
+  template <class T>
+  void vec(const std::vector<T>& v) {
+    pod<uint64_t>(v.size());
+    buf.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+  }
+};
+struct Reader {
+  const std::string& buf;
+  const std::string& path;
+  size_t off = 0;
+  void need(size_t n) {
+    if (n > buf.size() - off) fail<std::invalid_argument>(path, ": damaged checkpoint (truncated at byte ", off, ")");
+  }
+  template <class T>
+  T pod() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, buf.data() + off, sizeof v);
+    off += sizeof v;
+    return v;
+  }
+  template <class T>
+  std::vector<T> vec() {
+    uint64_t n = pod<uint64_t>();
+    if (n > buf.size()) fail<std::invalid_argument>(path, ": damaged checkpoint (bad array length)");
+    need(n * sizeof(T));
+    std::vector<T> v(n);
+    std::memcpy(v.data(), buf.data() + off, n * sizeof(T));
+    off += n * sizeof(T);
+    return v;
+  }
+};
+}  // namespace
+
+void Session::save(const std::string& path) {
+  Checkpoint cp = checkpoint();
+  Writer w;
+  w.buf.append(kCpMagic, 8);
+  w.pod(kCpVersion);
+  w.pod(cp.fingerprint);
+  w.pod(cp.n_ctx);
+  w.pod(cp.position);
+  w.vec(cp.tokens);
+  w.pod<uint64_t>(cp.k.size());
+  for (size_t i = 0; i < cp.k.size(); i++) {
+    w.vec(cp.k[i]);
+    w.vec(cp.v[i]);
+  }
+  w.pod<uint64_t>(cp.S.size());
+  for (size_t i = 0; i < cp.S.size(); i++) {
+    w.vec(cp.S[i]);
+    w.vec(cp.conv[i]);
+  }
+  const uint64_t sum = fnv(1469598103934665603ull, w.buf.data(), w.buf.size());
+  w.pod(sum);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) fail<std::runtime_error>(path, ": cannot write checkpoint");
+    f.write(w.buf.data(), (std::streamsize)w.buf.size());
+    if (!f) fail<std::runtime_error>(path, ": write failed");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail<std::runtime_error>(path, ": cannot rename ", tmp);
+}
+
+void Session::load(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail<std::invalid_argument>(path, ": cannot open checkpoint");
+  std::string buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (buf.size() < 8 + 4 + 8 + 8 || std::memcmp(buf.data(), kCpMagic, 8) != 0)
+    fail<std::invalid_argument>(path, ": not a strata checkpoint (bad magic)");
+  const uint64_t want = fnv(1469598103934665603ull, buf.data(), buf.size() - 8);
+  uint64_t got;
+  std::memcpy(&got, buf.data() + buf.size() - 8, 8);
+  if (want != got) fail<std::invalid_argument>(path, ": damaged checkpoint (checksum mismatch)");
+  Reader r{buf, path, 8};
+  const uint32_t ver = r.pod<uint32_t>();
+  if (ver != kCpVersion) fail<std::invalid_argument>(path, ": checkpoint version ", ver, " (expected ", kCpVersion, ")");
+  Checkpoint cp;
+  cp.fingerprint = r.pod<uint64_t>();
+  if (cp.fingerprint != model_->fingerprint())
+    fail<std::invalid_argument>(path, ": checkpoint was saved from a different model");
+  cp.n_ctx = r.pod<int64_t>();
+  cp.position = r.pod<int64_t>();
+  cp.tokens = r.vec<int32_t>();
+  const uint64_t nk = r.pod<uint64_t>();
+  for (uint64_t i = 0; i < nk && i < 4096; i++) {
+    cp.k.push_back(r.vec<float>());
+    cp.v.push_back(r.vec<float>());
+  }
+  const uint64_t ns = r.pod<uint64_t>();
+  for (uint64_t i = 0; i < ns && i < 4096; i++) {
+    cp.S.push_back(r.vec<float>());
+    cp.conv.push_back(r.vec<float>());
+  }
+  restore(cp);
+}
+
+std::map<std::string, std::vector<float>> Session::export_state() {
+  if (last_T_ > 0) fail<std::logic_error>("export_state() while a commit is pending");
+  flush();
+  std::map<std::string, std::vector<float>> out;
+  const HParams& hp = model_->hp();
+  for (int64_t il = 0; il < hp.n_layer; il++) {
+    const std::string p = cat("layer.", il, ".");
+    if (hp.recurrent[il]) {
+      const DeltaNetState& st = dn_[layer_slot_[il]];
+      out[p + "S"] = st.S;
+      out[p + "conv"] = st.conv;
+    } else {
+      const KvCache& kv = kv_[layer_slot_[il]];
+      out[p + "k"].assign(kv.k.begin(), kv.k.begin() + (size_t)pos_ * kv.width);
+      out[p + "v"].assign(kv.v.begin(), kv.v.begin() + (size_t)pos_ * kv.width);
+    }
+  }
+  return out;
+}
+
+}  // namespace strata

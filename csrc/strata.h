@@ -1,0 +1,135 @@
+// strata: the narrow C++ API.
+//
+// The engine is the loaded Model (immutable after load, shareable); a Session is one mutable inference
+// timeline over it. A session advances by windows (engine spec 2):
+//   1. run(tokens[T])    computes all layers for T rows at positions pos0..pos0+T-1 and returns per-row
+//                        next-token logits [T, n_vocab]; committed state is untouched except where
+//                        noted in each state type's rollback contract.
+//   2. sample(params)    (optional, "finish") applies the logit processors per row and picks one token
+//                        per row with the position-keyed RNG.
+//   3. commit(keep)      makes the first keep rows history; the position advances by keep.
+// Exactly one commit per run; run with a commit pending, commit with no run, keep out of 1..T, and a
+// partial commit of a prompt window (T > max_window) are errors that leave the session usable.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "model/hparams.h"
+#include "model/weights.h"
+#include "sampling/sampler.h"
+#include "state/deltanet_state.h"
+#include "state/kv_cache.h"
+#include "util/common.h"
+#include "util/threads.h"
+
+namespace strata {
+
+struct ModelOptions {
+  int threads = 0;  // 0 = physical cores
+};
+
+class Model {
+ public:
+  static std::shared_ptr<Model> load(const std::string& path, const ModelOptions& opt = {});
+  const HParams& hp() const { return hp_; }
+  const Weights& weights() const { return w_; }
+  const GgufFile& file() const { return *file_; }
+  ThreadPool& pool() const { return *pool_; }
+  int threads() const { return pool_->size(); }
+  // Identifies the model a checkpoint belongs to: hash of the file size, tensor table and hyperparameters.
+  uint64_t fingerprint() const { return fingerprint_; }
+
+ private:
+  std::shared_ptr<GgufFile> file_;
+  HParams hp_;
+  Weights w_;
+  std::unique_ptr<ThreadPool> pool_;
+  uint64_t fingerprint_ = 0;
+};
+
+enum class FoldMode { Lazy = 0, Eager = 1, Partial = 2 };
+
+struct SessionOptions {
+  int64_t n_ctx = 4096;    // context (KV cells); at most the model's trained context
+  int max_window = 8;      // largest verify window; longer runs are prompt windows (commit all)
+  FoldMode fold = FoldMode::Lazy;
+};
+
+// Committed state at one position, flushed (no pending fold). Restore is bit-identical.
+struct Checkpoint {
+  uint64_t fingerprint = 0;
+  int64_t n_ctx = 0;
+  int64_t position = 0;
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> k, v;      // per attention layer: cells [0, position)
+  std::vector<std::vector<float>> S, conv;   // per DeltaNet layer
+};
+
+class Session {
+ public:
+  Session(std::shared_ptr<const Model> model, const SessionOptions& opt);
+
+  int64_t position() const { return pos_; }
+  int64_t n_ctx() const { return opt_.n_ctx; }
+  const SessionOptions& options() const { return opt_; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }  // committed tokens
+  bool pending_commit() const { return last_T_ > 0; }
+  int64_t pending_fold() const { return pend_n_; }
+
+  // Runs T rows; returns logits [T, n_vocab] (or [1, n_vocab] for the last row when last_only).
+  const float* run(const int32_t* tokens, int T, bool last_only = false);
+  int last_T() const { return last_T_; }
+  const float* logits() const { return logits_.data(); }
+  const float* hidden() const { return hidden_.data(); }  // [rows, H] post-final-norm of the last run
+  int64_t logits_rows() const { return last_rows_; }
+  int64_t logits_cols() const { return model_->hp().n_vocab; }
+  int64_t hidden_cols() const { return model_->hp().n_embd; }
+  // Finish: processors + choice for every row of the last run (needs all-row logits).
+  std::vector<int32_t> sample(const SamplingParams& p) const;
+  void commit(int keep);
+
+  void flush();  // applies a pending lazy fold now
+  Checkpoint checkpoint();
+  void restore(const Checkpoint& cp);
+  void save(const std::string& path);
+  void load(const std::string& path);
+  void reset();
+
+  // Debug export of committed state (flushes a pending fold first).
+  std::map<std::string, std::vector<float>> export_state();
+
+  // Per-phase timing of the last run (seconds), for benches.
+  double last_fold_seconds() const { return fold_s_; }
+
+ private:
+  friend void forward(const Model&, Session&, const int32_t*, int, int64_t, bool, bool, bool, float*, float*);
+  std::shared_ptr<const Model> model_;
+  SessionOptions opt_;
+  int64_t pos_ = 0;
+  std::vector<int32_t> tokens_;
+  std::vector<KvCache> kv_;            // per attention layer
+  std::vector<DeltaNetState> dn_;      // per DeltaNet layer
+  std::vector<int> layer_slot_;        // layer -> index into kv_ or dn_
+  // last window
+  int last_T_ = 0;
+  bool last_prompt_ = false;
+  bool last_in_place_ = false;
+  bool last_last_only_ = false;
+  int64_t last_rows_ = 0;
+  std::vector<int32_t> last_tokens_;
+  std::vector<float> logits_, hidden_;
+  int64_t pend_first_ = 0, pend_n_ = 0;  // pending lazy fold: saved rows [first, first+n)
+  double fold_s_ = 0;
+};
+
+// The graph: embeds tokens, runs every layer over T rows at pos0, final norm, output head.
+// in_place: DeltaNet rows update committed state in the step (T = 1 and prompt windows);
+// partial: row 0 updates committed state, rows 1.. run on S_work.
+void forward(const Model& m, Session& s, const int32_t* tokens, int T, int64_t pos0, bool in_place, bool partial,
+             bool last_only, float* logits, float* hidden);
+
+}  // namespace strata
