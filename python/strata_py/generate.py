@@ -1,0 +1,213 @@
+"""Text generation: the `generate()` API and the `python -m strata_py.generate` CLI.
+
+    python -m strata_py.generate "def parse_args("                      # shipped default model
+    python -m strata_py.generate --model M.gguf --file prompt.txt --max-tokens 200 --temperature 0.8 --seed 1
+    echo "import os" | python -m strata_py.generate --stats
+
+Text streams as it is produced (never splitting a UTF-8 character); Ctrl-C stops cleanly and keeps what
+was produced. Every option is a field of GenerationConfig (config.py), shared with the server and benches.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Iterator
+
+from .config import GenerationConfig
+from .speculative import LoopStats, decode, prefill
+from .tokenizer import StreamDecoder
+
+
+def _resolve(config: GenerationConfig | None, options: dict) -> GenerationConfig:
+    cfg = config or GenerationConfig()
+    return cfg.replace(**options) if options else cfg.validate()
+
+
+def make_proposer(model, cfg: GenerationConfig):
+    """The drafter named by cfg.draft, through the registry (None for 'none')."""
+    if cfg.draft == "none":
+        return None
+    from .drafting import create  # registry of drafters
+    return create(cfg.draft, model=model, cfg=cfg)
+
+
+def generate_ids(model, prompt_ids: list[int], config: GenerationConfig | None = None, *, stats: LoopStats | None = None,
+                 session=None, proposer=None, n_ctx: int | None = None, **options) -> Iterator[int]:
+    """Yield generated token ids for a tokenized prompt (plain or speculative decoding, same output)."""
+    import time
+
+    cfg = _resolve(config, options)
+    stats = stats if stats is not None else LoopStats()
+    tok = model.tokenizer
+    ids = list(prompt_ids)
+    if not ids:  # an empty prompt starts from the document separator
+        start = tok.bos_id if tok.bos_id is not None else tok.eos_id
+        if start is None:
+            raise ValueError("empty prompt and the model has no BOS/EOS token to start from")
+        ids = [start]
+    if session is None:
+        need = len(ids) + cfg.max_tokens
+        if n_ctx is None:
+            n_ctx = min(model.n_ctx_train, max(4096, need))
+        session = model.session(n_ctx=n_ctx)
+    if len(ids) > session.n_ctx:
+        raise ValueError(f"prompt of {len(ids)} tokens exceeds the context of {session.n_ctx} tokens")
+    if proposer is None:
+        proposer = make_proposer(model, cfg)
+    stats.prompt_tokens = len(ids)
+    t0 = time.perf_counter()
+    prefill(session, ids[:-1])
+    stats.prefill_s = time.perf_counter() - t0
+    eog = set(tok.eog_ids) if cfg.stop_at_eos else set()
+    choose = getattr(proposer, "choose_drafts", None)
+    yield from decode(session, ids[-1], cfg, eog, stats, proposer, choose)
+
+
+def generate(model, prompt: str, config: GenerationConfig | None = None, *, stats: LoopStats | None = None,
+             **options) -> Iterator[str]:
+    """Yield text pieces continuing `prompt` (options: any GenerationConfig field, e.g. max_tokens=64).
+
+    End-of-generation tokens end the text and are not yielded. Pass a LoopStats to receive the metrics.
+    """
+    ids = model.tokenizer.encode(prompt)
+    dec = StreamDecoder(model.tokenizer, skip_special=True)
+    eog = set(model.tokenizer.eog_ids)
+    for t in generate_ids(model, ids, config, stats=stats, **options):
+        if t in eog:
+            break
+        piece = dec.push(t)
+        if piece:
+            yield piece
+    tail = dec.flush()
+    if tail:
+        yield tail
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = GenerationConfig()
+    ap = argparse.ArgumentParser(prog="python -m strata_py.generate", description="Generate text with a Qwen3-Next GGUF.")
+    ap.add_argument("prompt", nargs="?", help="prompt text (or --file, or standard input)")
+    ap.add_argument("--model", "-m", help="GGUF file (default: the model shipped in the package)")
+    ap.add_argument("--file", "-f", help="read the prompt from this file")
+    ap.add_argument("--max-tokens", "-n", type=int, default=d.max_tokens)
+    ap.add_argument("--temperature", "--temp", type=float, default=d.temperature, help="0 = greedy")
+    ap.add_argument("--top-k", type=int, default=d.top_k)
+    ap.add_argument("--top-p", type=float, default=d.top_p)
+    ap.add_argument("--min-p", type=float, default=d.min_p)
+    ap.add_argument("--repetition-penalty", type=float, default=d.repetition_penalty)
+    ap.add_argument("--presence-penalty", type=float, default=d.presence_penalty)
+    ap.add_argument("--frequency-penalty", type=float, default=d.frequency_penalty)
+    ap.add_argument("--penalty-last-n", type=int, default=d.penalty_last_n)
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--threads", "-t", type=int, default=None, help="default: physical cores")
+    ap.add_argument("--ctx", type=int, default=None, help="context size (default: prompt + max tokens, >= 4096)")
+    ap.add_argument("--draft", default=d.draft, help="speculative drafter: none, suffix, auto")
+    ap.add_argument("--max-draft", type=int, default=d.max_draft)
+    ap.add_argument("--min-match", type=int, default=d.min_match)
+    ap.add_argument("--stats", action="store_true", help="print speed and drafting metrics (stderr)")
+    ap.add_argument("--stats-json", metavar="FILE", help="write the metrics as JSON")
+    ap.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats) instead of streaming")
+    return ap
+
+
+def _stats_table(stats: dict, model) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="strata", show_header=True)
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    rows = [("model", str(model.path.name)), ("threads", str(model.threads)),
+            ("prompt tokens", str(stats["prompt_tokens"])), ("prefill tok/s", f"{stats['prefill_tok_s']:.1f}"),
+            ("generated tokens", str(stats["generated_tokens"])), ("decode tok/s", f"{stats['decode_tok_s']:.1f}"),
+            ("windows", str(stats["windows"])), ("window ms mean / p50 / p99",
+             f"{stats['window_ms_mean']:.2f} / {stats['window_ms_p50']:.2f} / {stats['window_ms_p99']:.2f}")]
+    if stats["drafted"]:
+        rows += [("drafted / accepted", f"{stats['drafted']} / {stats['accepted']}"),
+                 ("acceptance", f"{stats['acceptance']:.3f}"), ("E[keep] realised", f"{stats['e_keep']:.2f}"),
+                 ("T histogram", " ".join(f"{k}:{v}" for k, v in stats["t_hist"].items()))]
+    for extra in ("draft", "controller"):
+        if extra in stats:
+            for k, v in stats[extra].items():
+                rows.append((f"{extra}.{k}", str(v)))
+    rows.append(("stop", stats["stop"]))
+    for r in rows:
+        t.add_row(*r)
+    Console(stderr=True).print(t)
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(argv)
+    try:
+        cfg = GenerationConfig(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
+                               min_p=a.min_p, repetition_penalty=a.repetition_penalty,
+                               presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty,
+                               penalty_last_n=a.penalty_last_n, seed=a.seed, draft=a.draft, max_draft=a.max_draft,
+                               min_match=a.min_match).validate()
+        if a.prompt is not None and a.file:
+            raise ValueError("give the prompt as an argument or with --file, not both")
+        if a.file:
+            with open(a.file, encoding="utf-8") as f:
+                prompt = f.read()
+        elif a.prompt is not None:
+            prompt = a.prompt
+        elif not sys.stdin.isatty():
+            prompt = sys.stdin.read()
+        else:
+            raise ValueError("no prompt: pass it as an argument, with --file, or on standard input")
+        from .model import Model
+        model = Model.load(a.model, threads=a.threads)
+    except (ValueError, FileNotFoundError, RuntimeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    stats = LoopStats()
+    pieces: list[str] = []
+    interrupted = False
+    try:
+        if not a.json:
+            sys.stdout.write(prompt)
+            sys.stdout.flush()
+        ids = model.tokenizer.encode(prompt)
+        from .tokenizer import StreamDecoder
+        dec = StreamDecoder(model.tokenizer, skip_special=True)
+        eog = set(model.tokenizer.eog_ids)
+        token_ids: list[int] = []
+        for t in generate_ids(model, ids, cfg, stats=stats, n_ctx=a.ctx):
+            token_ids.append(t)
+            if t in eog:
+                break
+            piece = dec.push(t)
+            if piece:
+                pieces.append(piece)
+                if not a.json:
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+        tail = dec.flush()
+        if tail:
+            pieces.append(tail)
+            if not a.json:
+                sys.stdout.write(tail)
+    except KeyboardInterrupt:
+        interrupted = True
+        stats.stop = "interrupted"
+    except ValueError as e:
+        print(f"\nerror: {e}", file=sys.stderr)
+        return 2
+    sd = stats.as_dict()
+    if a.json:
+        print(json.dumps({"prompt": prompt, "text": "".join(pieces), "stats": sd}))
+    else:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    if a.stats:
+        _stats_table(sd, model)
+    if a.stats_json:
+        with open(a.stats_json, "w") as f:
+            json.dump(sd, f, indent=1)
+    return 130 if interrupted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

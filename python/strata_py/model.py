@@ -1,0 +1,213 @@
+"""The Python API over the C++ core: Model (immutable after load) and Session (one timeline).
+
+    model = Model.load("model.gguf", threads=2)      # or Model.load() for the shipped default model
+    s = model.session()
+    logits = s.run(model.tokenizer.encode("def f("))  # [T, n_vocab] raw next-token logits per row
+    s.commit(len(...))                                 # make the rows history
+
+A session advances by windows: run(tokens) -> optional sample(...) -> commit(keep). See csrc/strata.h for
+the transaction contract and each state type's rollback rule.
+"""
+from __future__ import annotations
+
+import hashlib
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from . import _core
+from .config import GenerationConfig
+from .tokenizer import Tokenizer
+
+DEFAULT_MODEL_NAME = "strata-default-q8_0.gguf"
+
+
+def default_model_path() -> Path:
+    """The GGUF shipped inside the package (strata_py/data/)."""
+    return Path(str(resources.files("strata_py") / "data" / DEFAULT_MODEL_NAME))
+
+
+def _expected_sha256(path: Path) -> str | None:
+    sums = path.with_name("SHA256SUMS")
+    if not sums.exists():
+        return None
+    for line in sums.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("*") == path.name:
+            return parts[0]
+    return None
+
+
+def verify_default_model(path: Path) -> str:
+    """SHA-256 of the shipped model, checked against data/SHA256SUMS; raises RuntimeError on mismatch."""
+    want = _expected_sha256(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    got = h.hexdigest()
+    if want is None:
+        raise RuntimeError(f"{path}: no checksum recorded in {path.with_name('SHA256SUMS')}")
+    if got != want:
+        raise RuntimeError(f"{path}: SHA-256 {got} does not match the recorded {want}; the shipped model is damaged")
+    return got
+
+
+def sampling_params(cfg: GenerationConfig) -> "_core.SamplingParams":
+    """The C++ sampler settings for a GenerationConfig."""
+    p = _core.SamplingParams()
+    p.temperature = cfg.temperature
+    p.top_k = cfg.top_k
+    p.top_p = cfg.top_p
+    p.min_p = cfg.min_p
+    p.repetition_penalty = cfg.repetition_penalty
+    p.presence_penalty = cfg.presence_penalty
+    p.frequency_penalty = cfg.frequency_penalty
+    p.penalty_last_n = cfg.penalty_last_n
+    p.seed = cfg.seed
+    p.validate()
+    return p
+
+
+class Model:
+    """A loaded, validated qwen3next GGUF with its tokenizer. Immutable; sessions share it."""
+
+    def __init__(self, core: "_core.Model", tokenizer: Tokenizer, path: Path):
+        self._core = core
+        self.tokenizer = tokenizer
+        self.path = path
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, *, threads: int | None = None) -> "Model":
+        """Open a GGUF (default: the shipped model, checksum-verified). threads=None uses the physical cores.
+
+        Raises ValueError naming the file, tensor or key for a malformed or unsupported file.
+        """
+        if threads is not None and threads < 1:
+            raise ValueError(f"bad option threads={threads}: must be >= 1")
+        if path is None:
+            path = default_model_path()
+            if not path.exists():
+                raise FileNotFoundError(f"{path}: the default model is not installed with this package")
+            verify_default_model(path)
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such model file")
+        core = _core.Model.load(str(path), threads or 0)
+        tok = Tokenizer.from_metadata(_core.gguf_metadata(str(path)))
+        if tok.n_vocab > core.config["n_vocab"]:
+            raise ValueError(f"{path}: tokenizer has {tok.n_vocab} tokens but token_embd has {core.config['n_vocab']} rows")
+        return cls(core, tok, path)
+
+    @property
+    def config(self) -> dict:
+        """Hyperparameters read from the GGUF (n_vocab, n_embd, n_layer, ..., recurrent per layer)."""
+        return self._core.config
+
+    @property
+    def n_vocab(self) -> int:
+        return self._core.config["n_vocab"]
+
+    @property
+    def n_ctx_train(self) -> int:
+        return self._core.config["n_ctx_train"]
+
+    @property
+    def threads(self) -> int:
+        return self._core.threads
+
+    @property
+    def has_mtp(self) -> bool:
+        return self._core.has_mtp
+
+    def session(self, *, n_ctx: int | None = None, max_window: int = 8, fold: str = "lazy") -> "Session":
+        """A new timeline at position 0. n_ctx defaults to min(4096, the model's context).
+
+        fold: how a verify window's kept DeltaNet rows become history: "lazy" (default, at the next run),
+        "eager" (inside commit) or "partial" (row 0 in the step, the rest at the next run).
+        """
+        if n_ctx is None:
+            n_ctx = min(4096, self.n_ctx_train)
+        return Session(self, _core.Session(self._core, n_ctx, max_window, fold))
+
+    def load_session(self, path: str | Path, **kw) -> "Session":
+        """A session restored from a file written by Session.save (refused if from another model or damaged)."""
+        s = self.session(**kw)
+        s._core.load(str(path))
+        return s
+
+    def __repr__(self) -> str:
+        return f"Model({str(self.path)!r}, {self._core.summary()}, threads={self.threads})"
+
+
+class Session:
+    """One inference timeline: run(tokens) -> [sample(cfg)] -> commit(keep), one commit per run."""
+
+    def __init__(self, model: Model, core: "_core.Session"):
+        self.model = model
+        self._core = core
+
+    @property
+    def position(self) -> int:
+        """Committed tokens so far (the position the next run starts at)."""
+        return self._core.position
+
+    @property
+    def n_ctx(self) -> int:
+        return self._core.n_ctx
+
+    @property
+    def max_window(self) -> int:
+        return self._core.max_window
+
+    @property
+    def tokens(self) -> list[int]:
+        """The committed token ids."""
+        return self._core.tokens
+
+    def run(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
+        """Process `tokens` as rows at the current position; float32 logits [T, n_vocab] (raw, before any
+        logit processor), or [1, n_vocab] for the last row with last_only. T <= max_window is a verify
+        window (any keep may be committed); longer runs are prompt windows that must commit all rows."""
+        arr = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64))
+        if arr.ndim != 1:
+            raise ValueError(f"run(): tokens must be a 1-D sequence of ids, got shape {arr.shape}")
+        if arr.size and (arr.min() < 0 or arr.max() >= 2**31):
+            raise ValueError(f"run(): token ids out of range: min {arr.min()}, max {arr.max()}")
+        return self._core.run(arr.astype(np.int32), last_only)
+
+    def sample(self, cfg: GenerationConfig | "_core.SamplingParams" | None = None) -> np.ndarray:
+        """Finish the last window: logit processors + choice per row (int32 [T]); row i at position pos0+i+1."""
+        if cfg is None:
+            cfg = GenerationConfig()
+        params = sampling_params(cfg) if isinstance(cfg, GenerationConfig) else cfg
+        return self._core.sample(params)
+
+    def commit(self, keep: int) -> None:
+        """Make the first `keep` rows of the last run history; the position advances by keep."""
+        self._core.commit(int(keep))
+
+    def hidden(self) -> np.ndarray:
+        """Post-final-norm hidden states of the last run's output rows [rows, n_embd]."""
+        return self._core.hidden()
+
+    def checkpoint(self):
+        """In-memory snapshot of the committed state (a pending lazy fold is applied first)."""
+        return self._core.checkpoint()
+
+    def restore(self, cp) -> None:
+        """Return to a checkpoint of this model; continuing is bit-identical to never having left it."""
+        self._core.restore(cp)
+
+    def save(self, path: str | Path) -> None:
+        """Write the committed state to a file (atomically); Model.load_session reads it back."""
+        self._core.save(str(path))
+
+    def export_state(self) -> dict[str, np.ndarray]:
+        """Debug export: per layer `layer.N.k`/`.v` (KV cells below the position) or `.S`/`.conv`."""
+        return self._core.export_state()
+
+    def reset(self) -> None:
+        self._core.reset()

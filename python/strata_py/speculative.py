@@ -1,0 +1,133 @@
+"""The decode loop: one C++ window per iteration, plain (T = 1) or speculative (T = 1 + drafts).
+
+Vocabulary (engine spec 2.3): a window's inputs are the **root** (the last emitted, not yet processed token)
+and the **drafts**. Output row i is the token chosen for position pos0+i+1 by the same processors and the
+same position-keyed RNG that serial decoding uses, so:
+  1. run([root] + drafts)        all rows in one forward pass
+  2. out = sample()              per-row processors + choice (greedy argmax, or sampling keyed by position)
+  3. accept: walk i = 0..T-2 while out[i] == inputs[i+1]; first mismatch at i -> keep = i+1.
+     All match -> keep = T and out[T-1] is the **bonus** token.
+     An end-of-generation token in out[0..keep-1] cuts the prefix right after it.
+  4. commit(keep); emit out[0..keep-1]; the last emitted token is the next root.
+For a deterministic draft this is the Leviathan/Chen rule with a point-mass draft: every emitted token is
+exactly the token serial decoding would have produced, greedy or sampled (same seed).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Protocol, Sequence
+
+from .config import GenerationConfig
+
+
+class Proposer(Protocol):
+    """What the loop needs from a drafter: drafts for the current context, and the outcome."""
+
+    def propose(self, context: Sequence[int], max_drafts: int) -> list[int]: ...
+
+    def observe(self, drafts: Sequence[int], accepted: int) -> None: ...
+
+
+@dataclass
+class LoopStats:
+    """Counters of one request (engine spec 8); times in seconds."""
+    prompt_tokens: int = 0
+    prefill_s: float = 0.0
+    generated: int = 0
+    decode_s: float = 0.0
+    windows: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    t_hist: dict = field(default_factory=dict)
+    window_ms: list = field(default_factory=list)
+    stop: str = ""
+
+    def as_dict(self) -> dict:
+        wm = sorted(self.window_ms)
+        pct = (lambda q: wm[min(len(wm) - 1, int(q * len(wm)))] if wm else 0.0)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "prefill_s": self.prefill_s,
+            "prefill_tok_s": self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0,
+            "generated_tokens": self.generated,
+            "decode_s": self.decode_s,
+            "decode_tok_s": self.generated / self.decode_s if self.decode_s > 0 else 0.0,
+            "windows": self.windows,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance": self.accepted / self.drafted if self.drafted else 0.0,
+            "e_keep": self.generated / self.windows if self.windows else 0.0,
+            "t_hist": {str(k): v for k, v in sorted(self.t_hist.items())},
+            "window_ms_mean": sum(wm) / len(wm) if wm else 0.0,
+            "window_ms_p50": pct(0.5),
+            "window_ms_p99": pct(0.99),
+            "stop": self.stop,
+        }
+
+
+def accept(inputs: Sequence[int], out: Sequence[int], eog: set[int]) -> int:
+    """How many rows to keep (= tokens to emit): the verified prefix, cut after an end-of-generation token."""
+    T = len(inputs)
+    keep = T
+    for i in range(T - 1):
+        if out[i] != inputs[i + 1]:
+            keep = i + 1
+            break
+    for i in range(keep):
+        if out[i] in eog:
+            return i + 1
+    return keep
+
+
+def prefill(session, ids: Sequence[int], chunk: int = 512) -> None:
+    """Commit `ids` in prompt windows of at most `chunk` rows (only the last row's logits are formed)."""
+    for i in range(0, len(ids), chunk):
+        part = ids[i:i + chunk]
+        session.run(part, last_only=True)
+        session.commit(len(part))
+
+
+def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: LoopStats,
+           proposer: Proposer | None = None, choose_drafts: Callable[[int], int] | None = None) -> Iterator[int]:
+    """Yield emitted token ids until max_tokens, an end-of-generation token, or the context is full.
+
+    choose_drafts(available) -> how many drafts to ask for (the length controller); default: all available.
+    """
+    max_window = session.max_window
+    context = list(session.tokens) + [root]
+    while stats.generated < cfg.max_tokens:
+        room = min(cfg.max_tokens - stats.generated, session.n_ctx - session.position, max_window)
+        if room < 1:
+            stats.stop = "context"
+            return
+        drafts: list[int] = []
+        if proposer is not None and room > 1:
+            want = room - 1 if choose_drafts is None else min(room - 1, choose_drafts(room - 1))
+            if want > 0:
+                drafts = list(proposer.propose(context, want))[:want]
+        inputs = [root] + drafts
+        t0 = time.perf_counter()
+        session.run(inputs)
+        out = session.sample(cfg)
+        keep = accept(inputs, out, eog)
+        session.commit(keep)
+        dt = time.perf_counter() - t0
+        stats.decode_s += dt
+        stats.windows += 1
+        stats.window_ms.append(dt * 1e3)
+        stats.t_hist[len(inputs)] = stats.t_hist.get(len(inputs), 0) + 1
+        stats.drafted += len(drafts)
+        stats.accepted += keep - 1
+        if proposer is not None and drafts:
+            proposer.observe(drafts, keep - 1)
+        for i in range(keep):
+            tok = int(out[i])
+            stats.generated += 1
+            yield tok
+            if tok in eog and cfg.stop_at_eos:
+                stats.stop = "eog"
+                return
+        context.extend(int(t) for t in out[:keep])
+        root = int(out[keep - 1])
+    stats.stop = "max_tokens"

@@ -1,0 +1,205 @@
+"""Synthetic Qwen3-Next GGUFs: random valid weights, deterministic from the seed, at named sizes.
+
+    python -m strata_py.synth NAME OUT.gguf --type f32|f16|bf16|q8_0 --seed S [--mtp] [--expert-gib G]
+
+Sizes: `tiny` (tests), `bench` (hidden 1024, 24 layers 3:1, 128 experts top-8 + shared expert), `stream`
+(the bench shape with as many experts as make `--expert-gib` GiB of expert weights). Weights are drawn
+directly as valid blocks of the target type (a random fp16 scale and random int8 codes for Q8_0), with a
+magnitude of about 1/sqrt(row length) so activations stay in range over many layers. Every file carries
+a valid byte-level BPE tokenizer (256 byte tokens + `<|endoftext|>`, padded), so our CLI and llama.cpp
+both load it. The file is written to OUT.tmp and renamed on success.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+from . import convert as cv
+
+SIZES = {
+    "tiny": dict(n_vocab=320, n_embd=256, n_layer=4, n_head=4, n_head_kv=2, head_dim=64, rope_dim=16,
+                 n_expert=8, n_expert_used=2, n_ff_exp=256, n_ff_shexp=256, nk=2, nv=4, dk=64, dv=64, n_ctx=4096),
+    "bench": dict(n_vocab=32768, n_embd=1024, n_layer=24, n_head=8, n_head_kv=2, head_dim=128, rope_dim=32,
+                  n_expert=128, n_expert_used=8, n_ff_exp=256, n_ff_shexp=256, nk=8, nv=16, dk=128, dv=128,
+                  n_ctx=32768),
+}
+SIZES["stream"] = dict(SIZES["bench"])
+TYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0}
+
+
+def hparams(name: str, expert_gib: float | None = None) -> cv.Hparams:
+    if name not in SIZES:
+        raise ValueError(f"unknown synthetic size {name!r} (known: {', '.join(SIZES)})")
+    d = dict(SIZES[name])
+    if name == "stream":
+        if not expert_gib or expert_gib <= 0:
+            raise ValueError("size 'stream' needs --expert-gib > 0 (expert bytes to generate, in GiB)")
+        per_expert = 3 * d["n_embd"] * d["n_ff_exp"] * 34 / 32  # Q8_0 bytes per expert per layer
+        d["n_expert"] = max(d["n_expert_used"], int(expert_gib * 2**30 / (per_expert * d["n_layer"])))
+    return cv.Hparams(n_ff=d["n_ff_exp"] * d["n_expert_used"], eps=1e-6, rope_theta=1e7, conv_kernel=4, interval=4,
+                      tie=False, bos_token_id=None, eos_token_id=None, pad_token_id=None, **d)
+
+
+def _corpus() -> list[str]:
+    """A fixed training text for the synthetic tokenizer (stable across Python versions)."""
+    import codecs
+    import keyword
+    import this  # noqa: F401  (prints the Zen once on first import; harmless)
+
+    zen = codecs.decode(this.s, "rot13")
+    code = "\n".join(f"def {k}_{i}(x, y=None):\n    return x + {i}\n" for i, k in enumerate(keyword.kwlist))
+    return [zen, code] * 4
+
+
+def _tokenizer_metadata(hp: cv.Hparams) -> dict:
+    """A byte-level BPE: 256 byte symbols + merges learnt from a fixed text, `<|endoftext|>`, UNUSED padding."""
+    import contextlib
+    import io
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    size = min(hp.n_vocab, 1024)
+    trainer = trainers.BpeTrainer(vocab_size=size, special_tokens=["<|endoftext|>"], initial_alphabet=ByteLevel.alphabet(),
+                                  show_progress=False)
+    with contextlib.redirect_stdout(io.StringIO()):
+        tok.train_from_iterator(_corpus(), trainer)
+    with tempfile.TemporaryDirectory() as d:
+        tok.save(os.path.join(d, "tokenizer.json"))
+        eot = tok.token_to_id("<|endoftext|>")
+        Path(d, "tokenizer_config.json").write_text(json.dumps(
+            {"eos_token": "<|endoftext|>", "bos_token": None, "add_bos_token": False}))
+        return cv.read_vocab(Path(d), dataclasses.replace(hp, eos_token_id=eot))
+
+
+def _weight(rng: np.random.Generator, shape: tuple[int, ...], qt: QT) -> np.ndarray:
+    """Random valid data of type qt for a tensor of numpy shape (..., rows, cols)."""
+    cols = shape[-1]
+    n = int(np.prod(shape))
+    scale = 1.0 / np.sqrt(cols)
+    if qt == QT.Q8_0:
+        nb = n // 32
+        blocks = np.empty((nb, 34), dtype=np.uint8)
+        d = (scale * 1.7 / 127.0 * rng.uniform(0.5, 1.5, size=nb)).astype(np.float16)
+        blocks[:, :2] = d.view(np.uint8).reshape(nb, 2)
+        blocks[:, 2:] = rng.integers(-127, 128, size=(nb, 32), dtype=np.int8).view(np.uint8)
+        return blocks.reshape(*shape[:-1], cols // 32 * 34)
+    x = (rng.standard_normal(n, dtype=np.float32) * np.float32(scale)).reshape(shape)
+    return gguf.quants.quantize(x, qt) if qt != QT.F32 else x
+
+
+def write(name: str, out_path, out_type: str = "q8_0", seed: int = 0, mtp: bool = False,
+          expert_gib: float | None = None) -> Path:
+    if out_type not in TYPES:
+        raise ValueError(f"bad option --type {out_type!r} (supported here: {', '.join(TYPES)})")
+    hp = hparams(name, expert_gib)
+    qt = TYPES[out_type]
+    rng = np.random.default_rng(seed)
+    out_path = Path(out_path)
+    tmp = out_path.with_name(out_path.name + ".tmp")
+    w = gguf.GGUFWriter(str(tmp), cv.ARCH)
+    n_mtp = 1 if mtp else 0
+    cv._add_metadata(w, cv.model_metadata(hp, out_type, f"strata-synth-{name}-s{seed}", n_mtp))
+    cv._add_metadata(w, _tokenizer_metadata(hp))
+    H, E = hp.n_embd, hp.n_expert
+
+    def mat(tname, rows, cols, typ=qt):
+        w.add_tensor(tname, _weight(rng, (rows, cols), typ), raw_dtype=typ)
+
+    def f32(tname, arr):
+        w.add_tensor(tname, np.ascontiguousarray(arr, dtype=np.float32))
+
+    def norm(tname, n):
+        f32(tname, 1.0 + 0.1 * rng.standard_normal(n))
+
+    def attention(p):
+        mat(p + "attn_q.weight", hp.n_head * hp.head_dim * 2, H)
+        mat(p + "attn_k.weight", hp.n_head_kv * hp.head_dim, H)
+        mat(p + "attn_v.weight", hp.n_head_kv * hp.head_dim, H)
+        mat(p + "attn_output.weight", H, hp.n_head * hp.head_dim)
+        norm(p + "attn_q_norm.weight", hp.head_dim)
+        norm(p + "attn_k_norm.weight", hp.head_dim)
+
+    def moe(p):
+        f32(p + "ffn_gate_inp.weight", rng.standard_normal((E, H)) / np.sqrt(H))
+        for nm, rows, cols in (("gate", hp.n_ff_exp, H), ("up", hp.n_ff_exp, H), ("down", H, hp.n_ff_exp)):
+            w.add_tensor(p + f"ffn_{nm}_exps.weight", _weight(rng, (E, rows, cols), qt), raw_dtype=qt)
+        mat(p + "ffn_gate_shexp.weight", hp.n_ff_shexp, H)
+        mat(p + "ffn_up_shexp.weight", hp.n_ff_shexp, H)
+        mat(p + "ffn_down_shexp.weight", H, hp.n_ff_shexp)
+        f32(p + "ffn_gate_inp_shexp.weight", rng.standard_normal(H) / np.sqrt(H))
+
+    mat("token_embd.weight", hp.n_vocab, H)
+    norm("output_norm.weight", H)
+    mat("output.weight", hp.n_vocab, H)
+    for i in range(hp.n_layer):
+        p = f"blk.{i}."
+        norm(p + "attn_norm.weight", H)
+        norm(p + "post_attention_norm.weight", H)
+        if hp.is_full_attention(i):
+            attention(p)
+        else:
+            mat(p + "attn_qkv.weight", hp.conv_dim, H)
+            mat(p + "attn_gate.weight", hp.value_dim, H)
+            mat(p + "ssm_ba.weight", 2 * hp.nv, H)
+            f32(p + "ssm_conv1d.weight", 0.5 * rng.standard_normal((hp.conv_dim, hp.conv_kernel)))
+            f32(p + "ssm_dt.bias", rng.uniform(-1, 1, hp.nv))
+            f32(p + "ssm_a", -np.exp(rng.uniform(-2, 1, hp.nv)))
+            f32(p + "ssm_norm.weight", 1.0 + 0.1 * rng.standard_normal(hp.dv))
+            mat(p + "ssm_out.weight", H, hp.value_dim)
+        moe(p)
+    if mtp:
+        p = f"blk.{hp.n_layer}."
+        mat(p + "nextn.eh_proj.weight", H, 2 * H)
+        norm(p + "nextn.enorm.weight", H)
+        norm(p + "nextn.hnorm.weight", H)
+        norm(p + "nextn.shared_head_norm.weight", H)
+        norm(p + "attn_norm.weight", H)
+        norm(p + "post_attention_norm.weight", H)
+        attention(p)
+        moe(p)
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, out_path)
+    except BaseException:
+        w.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return out_path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m strata_py.synth", description=__doc__.split("\n\n")[0])
+    ap.add_argument("name", choices=sorted(SIZES))
+    ap.add_argument("out")
+    ap.add_argument("--type", default="q8_0", choices=sorted(TYPES))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mtp", action="store_true", help="include an MTP block (blk.{n_layer}.nextn.*)")
+    ap.add_argument("--expert-gib", type=float, default=None, help="stream size: GiB of expert weights")
+    a = ap.parse_args(argv)
+    try:
+        p = write(a.name, a.out, a.type, a.seed, a.mtp, a.expert_gib)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {p} ({p.stat().st_size / 2**20:.1f} MiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
