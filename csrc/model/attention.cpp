@@ -43,11 +43,14 @@ void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const fl
   }
 
   const float scale = 1.f / std::sqrt((float)hd);
+  // thread_local buffers are per thread: hand the workers plain pointers
+  const float* qgp = qg.data();
+  float* attp = att.data();
   pool.parallel_for((int64_t)T * nh, [&](int64_t b, int64_t e, int) {
     std::vector<float> sc;
     for (int64_t job = b; job < e; job++) {
       const int64_t t = job / nh, h = job % nh, g = h / group, pos = pos0 + t;
-      const float* q = qg.data() + ((size_t)t * nh + h) * hd * 2;
+      const float* q = qgp + ((size_t)t * nh + h) * hd * 2;
       const float* gate = q + hd;
       sc.resize(pos + 1);
       float mx = -INFINITY;
@@ -64,7 +67,7 @@ void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const fl
         sum += sc[c];
       }
       const float inv = 1.f / sum;
-      float* o = att.data() + ((size_t)t * nh + h) * hd;
+      float* o = attp + ((size_t)t * nh + h) * hd;
       for (int64_t d = 0; d < hd; d++) o[d] = 0.f;
       for (int64_t c = 0; c <= pos; c++) {
         const float p = sc[c] * inv;

@@ -79,7 +79,12 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
       }
   }
 
-  // the recurrence: heads are independent, rows sequential within a head
+  // the recurrence: heads are independent, rows sequential within a head.
+  // thread_local buffers are per thread: hand the workers plain pointers.
+  const float* convp = conv.data();
+  const float* egp = eg.data();
+  const float* betap = beta.data();
+  float* op = o.data();
   pool.parallel_for(nv, [&](int64_t hb, int64_t he, int) {
     std::vector<float> mbuf(dv);
     for (int64_t h = hb; h < he; h++) {
@@ -88,13 +93,13 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
       float* Sw = st.S_work.data() + hs;
       if (mode == DnMode::Window) std::memcpy(Sw, S, dk * dv * sizeof(float));
       for (int t = 0; t < T; t++) {
-        const float* row = conv.data() + (size_t)t * cd;
+        const float* row = convp + (size_t)t * cd;
         const float* q = row + (h / r) * dk;
         const float* k = row + key_dim + (h / r) * dk;
         const float* v = row + 2 * key_dim + h * dv;
         float* Sc = (mode == DnMode::InPlace || (mode == DnMode::Partial && t == 0)) ? S : Sw;
-        dn_update(Sc, k, v, eg[t * nv + h], beta[t * nv + h], dk, dv, mbuf.data());
-        dn_read(Sc, q, dk, dv, o.data() + (size_t)t * d_inner + h * dv);
+        dn_update(Sc, k, v, egp[t * nv + h], betap[t * nv + h], dk, dv, mbuf.data());
+        dn_read(Sc, q, dk, dv, op + (size_t)t * d_inner + h * dv);
         if (mode == DnMode::Partial && t == 0) std::memcpy(Sw, S, dk * dv * sizeof(float));
       }
     }
