@@ -15,17 +15,62 @@ namespace strata {
 
 namespace {
 
-// SwiGLU expert over n gathered rows: out[n][H] = down(silu(gate x) * up x)
-void swiglu(ThreadPool& pool, const MatView& gate, const MatView& up, const MatView& down, const float* x, int n,
-            int64_t H, float* out) {
-  const int64_t F = gate.rows;
-  thread_local FBuf g, u;
-  g.resize((size_t)n * F);
-  u.resize((size_t)n * F);
-  matmul(pool, gate, x, H, n, g.data(), F);
-  matmul(pool, up, x, H, n, u.data(), F);
-  for (int64_t i = 0; i < (int64_t)n * F; i++) g[i] = silu(g[i]) * u[i];
-  matmul(pool, down, g.data(), F, n, out, H);
+// One expert's SwiGLU over its gathered rows; the experts of a window run as one job list so the pool is
+// woken twice per layer (gate+up, then down) instead of three times per expert.
+struct ExpertJob {
+  MatView gate, up, down;
+  const float* x;  // [n][H] gathered rows
+  int n;
+  float* act;      // [n][F]
+  float* out;      // [n][H]
+};
+
+// rows [r0, r1) of W for all n rows of x (passes of at most kMaxRowsPerPass)
+void rows_all(const MatView& W, const float* x, int64_t ldx, int n, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  for (int t0 = 0; t0 < n; t0 += kMaxRowsPerPass) {
+    const int tn = n - t0 < kMaxRowsPerPass ? n - t0 : kMaxRowsPerPass;
+    matmul_range(W, x + t0 * ldx, ldx, tn, y + t0 * ldy, ldy, r0, r1);
+  }
+}
+
+void run_experts(ThreadPool& pool, std::vector<ExpertJob>& jobs, int64_t H) {
+  if (jobs.empty()) return;
+  const int64_t F = jobs[0].gate.rows;
+  // gate and up: global row g = job * 2F + (0..F-1 gate | F..2F-1 up)
+  thread_local FBuf upbuf;
+  int64_t total_act = 0;
+  for (auto& j : jobs) total_act += (int64_t)j.n * F;
+  upbuf.resize((size_t)total_act);
+  std::vector<float*> ups(jobs.size());
+  {
+    float* p = upbuf.data();
+    for (size_t i = 0; i < jobs.size(); i++) {
+      ups[i] = p;
+      p += (size_t)jobs[i].n * F;
+    }
+  }
+  const int64_t per = 2 * F;
+  pool.parallel_for((int64_t)jobs.size() * per, [&](int64_t b, int64_t e, int) {
+    for (int64_t g = b; g < e;) {
+      const int64_t j = g / per, r = g % per;
+      const int64_t end = std::min(e, (j + 1) * per);
+      const int64_t r_end = r + (end - g);
+      ExpertJob& J = jobs[j];
+      if (r < F) rows_all(J.gate, J.x, H, J.n, J.act, F, r, std::min(r_end, F));
+      if (r_end > F) rows_all(J.up, J.x, H, J.n, ups[j], F, std::max(r, F) - F, r_end - F);
+      g = end;
+    }
+  });
+  for (size_t i = 0; i < jobs.size(); i++)
+    for (int64_t k = 0; k < (int64_t)jobs[i].n * F; k++) jobs[i].act[k] = silu(jobs[i].act[k]) * ups[i][k];
+  pool.parallel_for((int64_t)jobs.size() * H, [&](int64_t b, int64_t e, int) {
+    for (int64_t g = b; g < e;) {
+      const int64_t j = g / H, r = g % H;
+      const int64_t end = std::min(e, (j + 1) * H);
+      rows_all(jobs[j].down, jobs[j].act, F, jobs[j].n, jobs[j].out, H, r, r + (end - g));
+      g = end;
+    }
+  });
 }
 
 }  // namespace
@@ -64,29 +109,45 @@ void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float
     }
   }
 
-  // experts: the union over rows, each expert run once over the rows that chose it
+  // experts: the union over rows, each expert run once over the rows that chose it (+ the shared expert
+  // over all rows), as one job list
+  const int64_t F = hp.n_ff_exp;
   slot_out.resize((size_t)T * k * H);
-  xg.resize((size_t)T * H);
-  yg.resize((size_t)T * H);
+  xg.resize((size_t)T * k * H);
+  yg.resize((size_t)T * k * F);
   std::vector<int32_t> order((size_t)T * k);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return sel[a] < sel[b]; });
+  std::vector<ExpertJob> jobs;
+  std::vector<std::pair<size_t, int>> job_slots;  // (first index into order, n)
   for (size_t i = 0; i < order.size();) {
     const int32_t e = sel[order[i]];
     size_t j = i;
-    int n = 0;
-    for (; j < order.size() && sel[order[j]] == e; j++, n++)
-      std::memcpy(xg.data() + (size_t)n * H, x + (size_t)(order[j] / k) * H, H * sizeof(float));
-    swiglu(pool, w.gate_exps.expert(e), w.up_exps.expert(e), w.down_exps.expert(e), xg.data(), n, H, yg.data());
-    for (int q = 0; q < n; q++)
-      std::memcpy(slot_out.data() + (size_t)order[i + q] * H, yg.data() + (size_t)q * H, H * sizeof(float));
+    for (; j < order.size() && sel[order[j]] == e; j++)
+      std::memcpy(xg.data() + j * H, x + (size_t)(order[j] / k) * H, H * sizeof(float));
+    jobs.push_back({w.gate_exps.expert(e), w.up_exps.expert(e), w.down_exps.expert(e), xg.data() + i * H, (int)(j - i),
+                    yg.data() + i * F, nullptr});
+    job_slots.push_back({i, (int)(j - i)});
     i = j;
   }
-
+  thread_local FBuf ygather, sh_act;
+  ygather.resize((size_t)T * k * H);
+  for (size_t q = 0; q < jobs.size(); q++) jobs[q].out = ygather.data() + job_slots[q].first * H;
   if (w.has_shexp) {
     sh.resize((size_t)T * H);
-    swiglu(pool, w.gate_shexp, w.up_shexp, w.down_shexp, x, T, H, sh.data());
+    sh_act.resize((size_t)T * hp.n_ff_shexp);
+    if (hp.n_ff_shexp == F) {
+      jobs.push_back({w.gate_shexp, w.up_shexp, w.down_shexp, x, T, sh_act.data(), sh.data()});
+    }
   }
+  run_experts(pool, jobs, H);
+  if (w.has_shexp && hp.n_ff_shexp != F) {
+    std::vector<ExpertJob> sj{{w.gate_shexp, w.up_shexp, w.down_shexp, x, T, sh_act.data(), sh.data()}};
+    run_experts(pool, sj, H);
+  }
+  for (size_t i = 0; i < order.size(); i++)
+    std::memcpy(slot_out.data() + (size_t)order[i] * H, ygather.data() + i * H, H * sizeof(float));
+
   for (int t = 0; t < T; t++) {
     float* o = out + (size_t)t * H;
     for (int64_t i = 0; i < H; i++) o[i] = 0.f;

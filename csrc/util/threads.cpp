@@ -1,11 +1,23 @@
 #include "util/threads.h"
 
+#include <immintrin.h>
+
 #include <fstream>
 #include <set>
 #include <string>
 #include <utility>
 
 namespace strata {
+
+namespace {
+constexpr int kSpinIters = 4000;  // polls before a worker sleeps on the condition variable
+// Poll politely: a few pause instructions, then give the core away, so a loaded machine (more runnable
+// threads than cores) does not starve the thread we are waiting for.
+inline void cpu_relax(int i) {
+  if ((i & 15) != 15) _mm_pause();
+  else std::this_thread::yield();
+}
+}  // namespace
 
 ThreadPool::ThreadPool(int nthreads) : nthreads_(nthreads < 1 ? 1 : nthreads) {
   for (int i = 1; i < nthreads_; i++) threads_.emplace_back(&ThreadPool::worker, this, i);
@@ -14,9 +26,9 @@ ThreadPool::ThreadPool(int nthreads) : nthreads_(nthreads < 1 ? 1 : nthreads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
-  cv_start_.notify_all();
+  cv_.notify_all();
   for (auto& t : threads_) t.join();
 }
 
@@ -32,42 +44,50 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     fn(0, n, 0);
     return;
   }
+  std::lock_guard<std::mutex> call(call_mu_);
   {
     std::lock_guard<std::mutex> lk(mu_);
     job_ = &fn;
     job_n_ = n;
-    pending_ = nthreads_ - 1;
-    generation_++;
+    pending_.store(nthreads_ - 1, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
   }
-  cv_start_.notify_all();
+  if (sleeping_.load(std::memory_order_acquire) > 0) cv_.notify_all();
   int64_t b, e;
   chunk(n, nthreads_, 0, &b, &e);
   if (b < e) fn(b, e, 0);
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_done_.wait(lk, [&] { return pending_ == 0; });
-  job_ = nullptr;
+  for (int i = 0; pending_.load(std::memory_order_acquire) != 0; i++) cpu_relax(i);
 }
 
 void ThreadPool::worker(int idx) {
   uint64_t seen = 0;
   for (;;) {
+    // spin, then sleep, until a new job generation (or stop) appears
+    int spins = 0;
+    while (generation_.load(std::memory_order_acquire) == seen && !stop_.load(std::memory_order_relaxed)) {
+      if (++spins < kSpinIters) {
+        cpu_relax(spins);
+        continue;
+      }
+      std::unique_lock<std::mutex> lk(mu_);
+      sleeping_.fetch_add(1, std::memory_order_acq_rel);
+      cv_.wait(lk, [&] { return stop_.load() || generation_.load() != seen; });
+      sleeping_.fetch_sub(1, std::memory_order_acq_rel);
+      break;
+    }
+    if (stop_.load()) return;
     const std::function<void(int64_t, int64_t, int)>* job;
     int64_t n;
     {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_start_.wait(lk, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      std::lock_guard<std::mutex> lk(mu_);
+      seen = generation_.load();
       job = job_;
       n = job_n_;
     }
     int64_t b, e;
     chunk(n, nthreads_, idx, &b, &e);
     if (b < e) (*job)(b, e, idx);
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (--pending_ == 0) cv_done_.notify_one();
-    }
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 

@@ -2,7 +2,10 @@
 // parallel_for(n, fn) splits [0, n) into nthreads contiguous chunks whose bounds depend only on
 // (n, nthreads): which thread computes which element never depends on timing, and no kernel
 // result depends on the partition at all (each output element is computed by one thread, in order).
+// Workers spin briefly on the job counter before sleeping, because decode issues thousands of small
+// parallel regions per token and a condition-variable wake-up costs more than most of them.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -20,6 +23,7 @@ class ThreadPool {
 
   int size() const { return nthreads_; }
   // fn(begin, end, thread_index) for each non-empty chunk; blocks until all are done.
+  // Not reentrant: call it from one thread at a time, never from inside a job.
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn);
   // Chunk bounds used by parallel_for (exposed for tests and for kernels that pre-split).
   static void chunk(int64_t n, int parts, int i, int64_t* b, int64_t* e);
@@ -29,12 +33,14 @@ class ThreadPool {
   int nthreads_;
   std::vector<std::thread> threads_;
   std::mutex mu_;
-  std::condition_variable cv_start_, cv_done_;
+  std::condition_variable cv_;
   const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
   int64_t job_n_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<int> sleeping_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex call_mu_;  // serialises parallel_for callers
 };
 
 // Physical cores of this machine (hyperthread siblings counted once); at least 1.
