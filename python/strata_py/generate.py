@@ -61,7 +61,12 @@ def generate_ids(model, prompt_ids: list[int], config: GenerationConfig | None =
     stats.prefill_s = time.perf_counter() - t0
     eog = set(tok.eog_ids) if cfg.stop_at_eos else set()
     choose = getattr(proposer, "choose_drafts", None)
-    yield from decode(session, ids[-1], cfg, eog, stats, proposer, choose)
+    try:
+        yield from decode(session, ids[-1], cfg, eog, stats, proposer, choose)
+    finally:
+        finish = getattr(proposer, "finish", None)  # e.g. add the output to a global suffix index
+        if finish is not None:
+            finish()
 
 
 def generate(model, prompt: str, config: GenerationConfig | None = None, *, stats: LoopStats | None = None,
@@ -163,6 +168,7 @@ def main(argv=None) -> int:
         return 2
 
     stats = LoopStats()
+    proposer = None
     pieces: list[str] = []
     interrupted = False
     try:
@@ -174,7 +180,8 @@ def main(argv=None) -> int:
         dec = StreamDecoder(model.tokenizer, skip_special=True)
         eog = set(model.tokenizer.eog_ids)
         token_ids: list[int] = []
-        for t in generate_ids(model, ids, cfg, stats=stats, n_ctx=a.ctx):
+        proposer = make_proposer(model, cfg)
+        for t in generate_ids(model, ids, cfg, stats=stats, proposer=proposer, n_ctx=a.ctx):
             token_ids.append(t)
             if t in eog:
                 break
@@ -196,6 +203,8 @@ def main(argv=None) -> int:
         print(f"\nerror: {e}", file=sys.stderr)
         return 2
     sd = stats.as_dict()
+    if proposer is not None and hasattr(proposer, "stats"):
+        sd.update(proposer.stats())  # "draft" / "controller" sub-dicts (engine spec 8)
     if a.json:
         print(json.dumps({"prompt": prompt, "text": "".join(pieces), "stats": sd}))
     else:

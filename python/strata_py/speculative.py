@@ -95,6 +95,7 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
     choose_drafts(available) -> how many drafts to ask for (the length controller); default: all available.
     """
     max_window = session.max_window
+    record = getattr(proposer, "record_window", None)  # optional: window cost for a length controller
     context = list(session.tokens) + [root]
     while stats.generated < cfg.max_tokens:
         room = min(cfg.max_tokens - stats.generated, session.n_ctx - session.position, max_window)
@@ -121,6 +122,8 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
         stats.accepted += keep - 1
         if proposer is not None and drafts:
             proposer.observe(drafts, keep - 1)
+        if record is not None:
+            record(len(inputs), dt)
         for i in range(keep):
             tok = int(out[i])
             stats.generated += 1

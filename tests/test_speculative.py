@@ -1,0 +1,279 @@
+"""Speculative decoding through the public loop emits exactly the plain tokens (greedy and sampled, several
+seeds, many prompts and lengths); the drafter registry; the length controller on synthetic inputs."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from strata_py import drafting
+from strata_py.config import GenerationConfig
+from strata_py.controller import LengthController, expected_keep
+from strata_py.drafting.suffix import SuffixDrafter
+from strata_py.generate import generate_ids
+from strata_py.speculative import LoopStats
+
+SAMPLED = dict(temperature=0.9, top_k=50, top_p=0.95, repetition_penalty=1.1)
+
+
+def _prompts(V, seed):
+    """Random, repetitive (a random block several times) and short prompts."""
+    rng = np.random.default_rng(seed)
+    block = rng.integers(0, V, 9).tolist()
+    return {
+        "random": rng.integers(0, V, 23).tolist(),
+        "repeat": block * 5,
+        "repeat-tail": block * 3 + block[:5],
+        "short": rng.integers(0, V, 2).tolist(),
+        "one": [int(rng.integers(0, V))],
+    }
+
+
+def _run(model, prompt, **kw):
+    st = LoopStats()
+    out = list(generate_ids(model, prompt, stats=st, stop_at_eos=False, **kw))
+    return out, st
+
+
+@pytest.mark.parametrize("which", ["tiny_model", "tiny_q8_model"])
+@pytest.mark.parametrize("sampling", ["greedy", "sampled"])
+def test_suffix_and_auto_equal_plain(request, which, sampling):
+    model = request.getfixturevalue(which)
+    opts = {} if sampling == "greedy" else SAMPLED
+    seeds = (0,) if sampling == "greedy" else (0, 1, 2)
+    drafted = 0
+    for seed in seeds:
+        for name, prompt in _prompts(model.n_vocab, seed).items():
+            for n in (1, 2, 7, 33):
+                plain, _ = _run(model, prompt, max_tokens=n, seed=seed, **opts)
+                assert len(plain) == n
+                for draft in ("suffix", "auto"):
+                    spec, st = _run(model, prompt, max_tokens=n, seed=seed, draft=draft, **opts)
+                    assert spec == plain, f"{draft} {name} n={n} seed={seed}"
+                    assert sum(int(T) * c for T, c in st.as_dict()["t_hist"].items()) >= n
+                    drafted += st.drafted
+    assert drafted > 0  # repetitive prompts do produce drafts
+
+
+class _Oracle:
+    """Drafts plain decoding's future exactly for `right` tokens, then one wrong token (right=None: always right)."""
+
+    def __init__(self, plain, prompt_len, right, V):
+        self.plain, self.n0, self.right, self.V = plain, prompt_len, right, V
+
+    def propose(self, context, max_drafts):
+        done = len(context) - self.n0
+        future = self.plain[done:done + max_drafts]
+        if self.right is None:
+            return list(future)
+        drafts = list(future[:self.right])
+        if len(drafts) < max_drafts and len(future) > len(drafts):
+            drafts.append((future[len(drafts)] + 1) % self.V)
+        return drafts
+
+    def observe(self, drafts, accepted):
+        pass
+
+
+@pytest.mark.parametrize("sampling", ["greedy", "sampled"])
+def test_adversarial_drafters_through_generate_ids(tiny_q8_model, sampling):
+    """Always wrong, right for i tokens then wrong (every i), always right: every T and keep occurs."""
+    model = tiny_q8_model
+    opts = {} if sampling == "greedy" else SAMPLED
+    for seed in (0, 3):
+        prompt = _prompts(model.n_vocab, seed)["random"]
+        plain, _ = _run(model, prompt, max_tokens=41, seed=seed, **opts)
+        for right in [0, 1, 2, 3, 4, 5, 6, 7, None]:
+            orc = _Oracle(plain, len(prompt), right, model.n_vocab)
+            spec, st = _run(model, prompt, max_tokens=41, seed=seed, proposer=orc, **opts)
+            assert spec == plain, f"right={right} seed={seed}"
+            if right is None:
+                assert st.accepted == st.drafted and max(int(t) for t in st.t_hist) == 8
+
+
+class _ControlledOracle(_Oracle):
+    """An oracle whose draft count the length controller picks (real acceptance for the controller)."""
+
+    def __init__(self, *a, controller):
+        super().__init__(*a)
+        self.ctl = controller
+
+    def propose(self, context, max_drafts):
+        drafts = super().propose(context, max_drafts)
+        return drafts[:self.ctl.choose(len(drafts), 16)]
+
+    def observe(self, drafts, accepted):
+        self.ctl.observe(16, len(drafts), accepted)
+
+    def record_window(self, T, seconds):
+        self.ctl.record_window(T, seconds)
+
+
+def test_controller_drives_the_loop_exactly(tiny_model):
+    prompt = _prompts(tiny_model.n_vocab, 5)["random"]
+    plain, _ = _run(tiny_model, prompt, max_tokens=80, **SAMPLED)
+    for right in (None, 2):
+        ctl = LengthController()
+        orc = _ControlledOracle(plain, len(prompt), right, tiny_model.n_vocab, controller=ctl)
+        spec, st = _run(tiny_model, prompt, max_tokens=80, proposer=orc, **SAMPLED)
+        assert spec == plain
+        assert st.windows < 80 and st.accepted > 0
+        assert sum(ctl._cost_n.values()) == st.windows  # every window's cost reached the controller
+
+
+def test_real_acceptance_via_global_index(tiny_model):
+    """A previous identical request in the global index gives the real drafter real acceptance."""
+    from strata_py.drafting import suffix as sfx
+
+    prompt = _prompts(tiny_model.n_vocab, 8)["random"]
+    for opts in ({}, dict(SAMPLED, seed=4)):
+        sfx._GLOBAL.clear()
+        extra = {"global_index_tokens": 4096}
+        plain, _ = _run(tiny_model, prompt, max_tokens=60, **opts)
+        first, _ = _run(tiny_model, prompt, max_tokens=60, draft="auto", extra=extra, **opts)
+        assert first == plain
+        for draft in ("suffix", "auto"):
+            spec, st = _run(tiny_model, prompt, max_tokens=60, draft=draft, extra=extra, **opts)
+            assert spec == plain
+            assert st.accepted >= (30 if draft == "suffix" else 10) and st.accepted >= 0.9 * st.drafted, draft
+        sfx._GLOBAL.clear()
+
+
+def test_fixed_t_runs_that_window_and_stays_exact(tiny_model):
+    prompt = _prompts(tiny_model.n_vocab, 2)["repeat"]
+    plain, _ = _run(tiny_model, prompt, max_tokens=30)
+    for draft in ("suffix", "auto"):
+        spec, st = _run(tiny_model, prompt, max_tokens=30, draft=draft, fixed_t=4)
+        assert spec == plain
+        assert set(st.t_hist) <= {1, 2, 3, 4} and st.t_hist.get(4, 0) >= 5
+
+
+# ------------------------------------------------------------------------------------------ the drafter
+
+def test_drafter_indexes_incrementally_and_restarts_on_a_new_context():
+    d = SuffixDrafter(GenerationConfig(min_match=2, max_draft=3))
+    ctx = [1, 2, 3, 4, 1, 2]
+    assert d.propose(ctx, 7) == [3, 4, 1]
+    ctx += [3, 9]
+    d.observe([3, 4, 1], 1)
+    assert d.propose(ctx, 7) == [] and len(d.index) == 8
+    ctx += [1, 2, 3]
+    assert d.propose(ctx, 2) == [9, 1]  # "1 2 3" occurred last before 9
+    assert len(d.index) == 11
+    assert d.propose([5, 6, 5], 3) == [] and d.index.tokens == [5, 6, 5]  # not a continuation: reindexed
+    s = d.stats()["draft"]
+    assert s["lookups"] == 4 and s["offered"] == 5 and s["kept"] == 1
+
+
+def test_registry():
+    assert {"suffix", "auto"} <= set(drafting.names())
+    with pytest.raises(ValueError, match="unknown drafter 'bogus'.*auto.*suffix"):
+        drafting.create("bogus", model=None, cfg=GenerationConfig())
+    with pytest.raises(ValueError, match="already registered"):
+        drafting.register("suffix")(lambda **kw: None)
+    d = drafting.create("auto", model=None, cfg=GenerationConfig())
+    assert hasattr(d, "propose") and hasattr(d, "observe") and d.controller is not None
+    assert drafting.create("suffix", model=None, cfg=GenerationConfig()).controller is None
+
+
+def test_cli_stats_json(tiny_gguf, tmp_path, capsys):
+    from strata_py.generate import main
+
+    out = tmp_path / "stats.json"
+    assert main(["--model", str(tiny_gguf), "--draft", "auto", "-n", "24", "--stats-json", str(out),
+                 "--json", "def f(x):\n    return x\n" * 4]) == 0
+    sd = json.loads(out.read_text())
+    for k in ("decode_tok_s", "t_hist", "window_ms_p99", "e_keep", "acceptance"):
+        assert k in sd
+    for k in ("coverage", "match_len_hist", "offered", "kept"):
+        assert k in sd["draft"]
+    assert "chosen_t_hist" in sd["controller"] and "cost_ms" in sd["controller"]
+    capsys.readouterr()
+
+
+# ---------------------------------------------------------------------------------------- the controller
+
+def _trained(acc: float, cost, windows=400, seed=0, match_len=16):
+    """A controller fed synthetic outcomes: each draft accepted with probability acc, C(T) = cost(T)."""
+    rng = np.random.default_rng(seed)
+    c = LengthController(probe_every=10**9)
+    for T in range(1, 9):
+        c.record_window(T, cost(T))
+    for _ in range(windows):
+        D = 7
+        a = 0
+        while a < D and rng.random() < acc:
+            a += 1
+        c.observe(match_len, D, a)
+    return c
+
+
+def test_expected_keep_matches_the_spec_example():
+    E = expected_keep([0.7] * 3)
+    assert abs(E[2] - 2.19) < 1e-9 and abs(E[3] - 2.533) < 1e-9
+
+
+def test_controller_long_windows_when_acceptance_high_and_windows_cheap():
+    c = _trained(0.95, lambda T: 0.010 * (1 + 0.05 * (T - 1)))
+    assert c.choose(7, 16) == 7
+    assert c.choose(3, 16) == 3  # bounded by what is available
+
+
+def test_controller_plain_decode_when_nothing_is_accepted():
+    c = _trained(0.0, lambda T: 0.010 * (1 + 0.05 * (T - 1)))
+    assert c.choose(7, 16) == 0
+
+
+def test_controller_plain_decode_when_windows_cost_as_much_as_serial():
+    c = _trained(0.9, lambda T: 0.010 * T)  # E(T) < T always, so any longer window loses
+    assert c.choose(7, 16) == 0
+
+
+def test_controller_intermediate_length_follows_the_marginal_rule():
+    cost = lambda T: 0.010 * (1 + 0.3 * (T - 1))
+    c = _trained(0.6, cost, windows=3000)
+    d = c.choose(7, 16)
+    a = c.acceptance(16, 7)
+    E = expected_keep(a)
+    rate = [E[T - 1] / cost(T) for T in range(1, 9)]
+    assert d + 1 == 1 + int(np.argmax(rate)) and 0 < d < 7
+
+
+def test_controller_acceptance_is_per_bucket_and_position():
+    c = LengthController()
+    for _ in range(200):
+        c.observe(40, 4, 4)   # long matches: always right
+        c.observe(4, 4, 0)    # short matches: always wrong
+    assert min(c.acceptance(40, 4)) > 0.95 and c.acceptance(4, 4)[0] < 0.05
+    # a position never observed in a bucket borrows from the pooled estimate (here: always accepted)
+    assert c.acceptance(4, 4)[1] > 0.95
+    fresh = LengthController()
+    for _ in range(50):
+        fresh.observe(8, 1, 1)  # only one draft ever offered: draft 2's estimate follows draft 1's
+    assert fresh.acceptance(8, 3)[1] > 0.9
+    for T in range(1, 9):
+        c.record_window(T, 0.01 * (1 + 0.1 * (T - 1)))
+    assert c.choose(7, 40) >= 4 and c.choose(7, 4) == 0
+
+
+def test_controller_probes_after_a_long_idle_stretch_and_fixed_t():
+    c = _trained(0.0, lambda T: 0.01 * (1 + 0.05 * (T - 1)))
+    c.probe_every = 5
+    picks = [c.choose(7, 16) for _ in range(10)]
+    assert picks == [0, 0, 0, 0, 1, 0, 0, 0, 0, 1] and c.probes == 2
+    f = LengthController(fixed_t=3)
+    assert [f.choose(a, 8) for a in (0, 1, 2, 7)] == [0, 1, 2, 2]
+    with pytest.raises(ValueError, match="fixed_t"):
+        LengthController(fixed_t=-1)
+
+
+def test_controller_cost_estimates():
+    c = LengthController(cost_ema=0.5)
+    assert c.cost(3) > c.cost(1)  # prior before any measurement
+    c.record_window(1, 0.010)
+    assert abs(c.cost(3) - 0.010 * (1 + 2 * c.slope_prior)) < 1e-12  # one point: prior slope
+    c.record_window(2, 0.012)
+    assert abs(c.cost(4) - 0.016) < 1e-12  # two points: the fitted line
+    c.record_window(2, 0.014)
+    assert abs(c.cost(2) - 0.013) < 1e-12  # EMA
