@@ -56,6 +56,7 @@ enum class FoldMode { Lazy = 0, Eager = 1, Partial = 2 };
 struct SessionOptions {
   int64_t n_ctx = 4096;    // context (KV cells); at most the model's trained context
   int max_window = 8;      // largest verify window; longer runs are prompt windows (commit all)
+  bool mtp = false;        // keep the MTP block's inputs so that mtp_draft() can draft
   FoldMode fold = FoldMode::Lazy;
 };
 
@@ -67,6 +68,10 @@ struct Checkpoint {
   std::vector<int32_t> tokens;
   std::vector<std::vector<float>> k, v;      // per attention layer: cells [0, position)
   std::vector<std::vector<float>> S, conv;   // per DeltaNet layer
+  // MTP drafting state (in-memory checkpoints only; it affects speed, never output)
+  int64_t mtp_pos = 0;
+  std::vector<float> mtp_k, mtp_v, mtp_backlog_h;
+  std::vector<int32_t> mtp_backlog_tok;
 };
 
 class Session {
@@ -84,10 +89,19 @@ class Session {
   const float* run(const int32_t* tokens, int T, bool last_only = false);
   int last_T() const { return last_T_; }
   const float* logits() const { return logits_.data(); }
-  const float* hidden() const { return hidden_.data(); }  // [rows, H] post-final-norm of the last run
+  const float* hidden() const { return hidden_.data(); }  // [T, H] post-final-norm of the last run (every row)
   int64_t logits_rows() const { return last_rows_; }
   int64_t logits_cols() const { return model_->hp().n_vocab; }
   int64_t hidden_cols() const { return model_->hp().n_embd; }
+  int64_t hidden_rows() const { return last_hidden_rows_; }
+
+  // MTP drafting (needs SessionOptions::mtp and a model with an MTP block). After commit(keep), with the
+  // new root token: feeds the MTP block every committed row it has not seen (hidden state of row t and the
+  // token at t+1), then chains k drafts, each from the block's own output hidden state. The MTP KV cache
+  // rolls back by counter: only cells of committed rows persist; chain cells are scratch.
+  std::vector<int32_t> mtp_draft(int32_t root, int k);
+  int64_t mtp_position() const { return mtp_pos_; }
+  const std::vector<float>& mtp_logits() const { return mtp_logits_; }  // [k][V] of the last mtp_draft
   // Finish: processors + choice for every row of the last run (needs all-row logits).
   std::vector<int32_t> sample(const SamplingParams& p) const;
   void commit(int keep);
@@ -124,7 +138,20 @@ class Session {
   std::vector<float> logits_, hidden_;
   int64_t pend_first_ = 0, pend_n_ = 0;  // pending lazy fold: saved rows [first, first+n)
   double fold_s_ = 0;
+  int64_t last_hidden_rows_ = 0;
+  // MTP: its own KV cache; committed rows whose (hidden, next token) pair it has not consumed yet
+  KvCache mtp_kv_;
+  int64_t mtp_pos_ = 0;                  // MTP cells [0, mtp_pos_) hold committed rows
+  std::vector<float> mtp_backlog_h_;     // [n][H] hidden states of rows mtp_pos_ .. mtp_pos_+n-1
+  std::vector<int32_t> mtp_backlog_tok_; // the token after each backlog row (-1: not known yet)
+  std::vector<float> mtp_logits_;
 };
+
+// The MTP block (spec qwen3next.md 1.8) over T rows at positions pos0..: input rows are main hidden states
+// (or the block's own output, when chaining) and the tokens that follow them. Writes MTP KV cells, returns
+// the block's output hidden states (after shared_head_norm) [T][H] and the last row's logits [V].
+void mtp_forward(const Model& m, KvCache& kv, const float* hidden, const int32_t* next_tokens, int T, int64_t pos0,
+                 float* out_hidden, float* logits_last);
 
 // The graph: embeds tokens, runs every layer over T rows at pos0, final norm, output head.
 // in_place: DeltaNet rows update committed state in the step (T = 1 and prompt windows);

@@ -93,14 +93,16 @@ void init_model(nb::module_& m) {
   nb::class_<Session>(m, "Session")
       .def(
           "__init__",
-          [](Session* s, std::shared_ptr<Model> model, int64_t n_ctx, int max_window, const std::string& fold) {
+          [](Session* s, std::shared_ptr<Model> model, int64_t n_ctx, int max_window, const std::string& fold, bool mtp) {
             SessionOptions o;
+            o.mtp = mtp;
             o.n_ctx = n_ctx;
             o.max_window = max_window;
             o.fold = parse_fold(fold);
             new (s) Session(model, o);
           },
-          nb::arg("model"), nb::arg("n_ctx") = 4096, nb::arg("max_window") = 8, nb::arg("fold") = "lazy")
+          nb::arg("model"), nb::arg("n_ctx") = 4096, nb::arg("max_window") = 8, nb::arg("fold") = "lazy",
+          nb::arg("mtp") = false)
       .def_prop_ro("position", &Session::position)
       .def_prop_ro("n_ctx", &Session::n_ctx)
       .def_prop_ro("max_window", [](const Session& s) { return s.options().max_window; })
@@ -121,7 +123,25 @@ void init_model(nb::module_& m) {
             return to_numpy<float>(s.logits(), {rows, (size_t)s.logits_cols()});
           },
           nb::arg("tokens"), nb::arg("last_only") = false)
-      .def("hidden", [](const Session& s) { return to_numpy<float>(s.hidden(), {(size_t)s.logits_rows(), (size_t)s.hidden_cols()}); })
+      .def("hidden", [](const Session& s) { return to_numpy<float>(s.hidden(), {(size_t)s.hidden_rows(), (size_t)s.hidden_cols()}); })
+      .def(
+          "mtp_draft",
+          [](Session& s, int32_t root, int k) {
+            std::vector<int32_t> d;
+            {
+              nb::gil_scoped_release rel;
+              d = s.mtp_draft(root, k);
+            }
+            return d;
+          },
+          nb::arg("root"), nb::arg("k"), "After commit: k greedy drafts from the MTP block (see strata.h).")
+      .def_prop_ro("mtp_position", &Session::mtp_position)
+      .def("mtp_logits", [](const Session& s) {
+        const auto& l = s.mtp_logits();
+        const size_t V = (size_t)s.logits_cols();
+        return to_numpy<float>(l.data(), {l.size() / V, V});
+      }, "Logits of each draft step of the last mtp_draft [k, n_vocab] (for tests).")
+      .def_prop_ro("mtp", [](const Session& s) { return s.options().mtp; })
       .def(
           "sample",
           [](const Session& s, const SamplingParams& p) {

@@ -77,11 +77,10 @@ void forward(const Model& m, Session& s, const int32_t* tokens, int T, int64_t p
   }
   s.pend_n_ = 0;
 
+  // hidden states of every row (the MTP block drafts from them); logits of every row or only the last
+  for (int t = 0; t < T; t++) rmsnorm(x.data() + t * H, W.output_norm.data(), H, hp.rms_eps, hidden + (size_t)t * H);
   const int first = last_only ? T - 1 : 0;
-  const int n = T - first;
-  for (int t = first; t < T; t++)
-    rmsnorm(x.data() + t * H, W.output_norm.data(), H, hp.rms_eps, hidden + (size_t)(t - first) * H);
-  matmul(m.pool(), W.output, hidden, H, n, logits, hp.n_vocab);
+  matmul(m.pool(), W.output, hidden + (size_t)first * H, H, T - first, logits, hp.n_vocab);
 }
 
 }  // namespace strata

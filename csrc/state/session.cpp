@@ -10,6 +10,7 @@
 //   3. commit(keep): refuse keep outside 1..T, or keep < T for a prompt window. Verify windows fold the
 //      kept rows now (Eager) or record them for the next run (Lazy / Partial: keep-1 rows from row 1).
 //   4. position += keep; committed tokens += the first keep inputs.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -23,6 +24,9 @@ Session::Session(std::shared_ptr<const Model> model, const SessionOptions& opt) 
   STRATA_CHECK(opt_.n_ctx <= hp.n_ctx_train, "bad option n_ctx=", opt_.n_ctx, ": the model's context is ", hp.n_ctx_train);
   STRATA_CHECK(opt_.max_window >= 1 && opt_.max_window <= 64, "bad option max_window=", opt_.max_window,
                ": must be in 1..64");
+  if (opt_.mtp && !model_->weights().mtp.present)
+    fail<std::invalid_argument>("bad option mtp=True: ", model_->file().path(), " has no MTP block (blk.N.nextn.*)");
+  if (opt_.mtp) mtp_kv_.init(opt_.n_ctx + 16, hp.n_head_kv * hp.head_dim);
   layer_slot_.resize(hp.n_layer);
   for (int64_t il = 0; il < hp.n_layer; il++) {
     if (hp.recurrent[il]) {
@@ -53,8 +57,9 @@ const float* Session::run(const int32_t* tokens, int T, bool last_only) {
   const bool partial = !in_place && opt_.fold == FoldMode::Partial;
   const int n_out = last_only ? 1 : T;
   logits_.resize((size_t)n_out * hp.n_vocab);
-  hidden_.resize((size_t)n_out * hp.n_embd);
+  hidden_.resize((size_t)T * hp.n_embd);
   fold_s_ = 0;
+  if (opt_.mtp && !mtp_backlog_tok_.empty() && mtp_backlog_tok_.back() < 0) mtp_backlog_tok_.back() = tokens[0];
   forward(*model_, *this, tokens, T, pos_, in_place, partial, last_only, logits_.data(), hidden_.data());
   last_T_ = T;
   last_prompt_ = prompt;
@@ -62,6 +67,7 @@ const float* Session::run(const int32_t* tokens, int T, bool last_only) {
   last_last_only_ = last_only;
   last_tokens_.assign(tokens, tokens + T);
   last_rows_ = n_out;
+  last_hidden_rows_ = T;
   return logits_.data();
 }
 
@@ -102,9 +108,57 @@ void Session::commit(int keep) {
       pend_n_ = n;
     }
   }
+  if (opt_.mtp) {  // the MTP block consumes (hidden of row i, token i+1) for every committed row
+    const int64_t H = model_->hp().n_embd;
+    mtp_backlog_h_.insert(mtp_backlog_h_.end(), hidden_.begin(), hidden_.begin() + (size_t)keep * H);
+    for (int i = 0; i < keep; i++) mtp_backlog_tok_.push_back(i + 1 < keep ? last_tokens_[i + 1] : -1);
+  }
   tokens_.insert(tokens_.end(), last_tokens_.begin(), last_tokens_.begin() + keep);
   pos_ += keep;
   last_T_ = 0;
+}
+
+std::vector<int32_t> Session::mtp_draft(int32_t root, int k) {
+  const HParams& hp = model_->hp();
+  if (!opt_.mtp) fail<std::logic_error>("mtp_draft(): the session was created without mtp=True");
+  if (last_T_ > 0) fail<std::logic_error>("mtp_draft() while a commit is pending");
+  STRATA_CHECK(k >= 1 && k <= 16, "mtp_draft(): k = ", k, " outside 1..16");
+  STRATA_CHECK(root >= 0 && root < hp.n_vocab, "mtp_draft(): root token ", root, " out of range");
+  const int64_t n = (int64_t)mtp_backlog_tok_.size();
+  if (n == 0) fail<std::logic_error>("mtp_draft(): no newly committed rows to draft from");
+  if (mtp_backlog_tok_.back() < 0) mtp_backlog_tok_.back() = root;
+  STRATA_CHECK(mtp_pos_ + n == pos_, "mtp_draft(): MTP state out of step (", mtp_pos_, " + ", n, " != ", pos_, ")");
+  const int64_t H = hp.n_embd;
+  std::vector<float> out_h, logits(hp.n_vocab);
+  auto argmax = [&]() {
+    int32_t best = 0;
+    for (int64_t v = 1; v < hp.n_vocab; v++)
+      if (logits[v] > logits[best]) best = (int32_t)v;
+    return best;
+  };
+  constexpr int64_t kChunk = 256;
+  for (int64_t c = 0; c < n; c += kChunk) {
+    const int64_t m = std::min(kChunk, n - c);
+    out_h.resize((size_t)m * H);
+    mtp_forward(*model_, mtp_kv_, mtp_backlog_h_.data() + (size_t)c * H, mtp_backlog_tok_.data() + c, (int)m,
+                mtp_pos_ + c, out_h.data(), logits.data());
+  }
+  mtp_pos_ += n;
+  std::vector<float> h_last(out_h.end() - H, out_h.end());
+  mtp_backlog_h_.clear();
+  mtp_backlog_tok_.clear();
+  std::vector<int32_t> drafts{argmax()};
+  mtp_logits_ = logits;
+  // chain: the block's own output hidden state with the token it just drafted, at the next position
+  for (int j = 1; j < k && mtp_pos_ + j - 1 < mtp_kv_.n_ctx; j++) {
+    const int32_t tok = drafts.back();
+    std::vector<float> nh(H);
+    mtp_forward(*model_, mtp_kv_, h_last.data(), &tok, 1, mtp_pos_ + j - 1, nh.data(), logits.data());
+    h_last.swap(nh);
+    drafts.push_back(argmax());
+    mtp_logits_.insert(mtp_logits_.end(), logits.begin(), logits.end());
+  }
+  return drafts;
 }
 
 void Session::flush() {
@@ -117,6 +171,9 @@ void Session::flush() {
 }
 
 void Session::reset() {
+  mtp_pos_ = 0;
+  mtp_backlog_h_.clear();
+  mtp_backlog_tok_.clear();
   pos_ = 0;
   tokens_.clear();
   last_T_ = 0;
@@ -139,6 +196,13 @@ Checkpoint Session::checkpoint() {
   for (auto& st : dn_) {
     cp.S.push_back(st.S);
     cp.conv.push_back(st.conv);
+  }
+  if (opt_.mtp) {
+    cp.mtp_pos = mtp_pos_;
+    cp.mtp_k.assign(mtp_kv_.k.begin(), mtp_kv_.k.begin() + (size_t)mtp_pos_ * mtp_kv_.width);
+    cp.mtp_v.assign(mtp_kv_.v.begin(), mtp_kv_.v.begin() + (size_t)mtp_pos_ * mtp_kv_.width);
+    cp.mtp_backlog_h = mtp_backlog_h_;
+    cp.mtp_backlog_tok = mtp_backlog_tok_;
   }
   return cp;
 }
@@ -170,6 +234,24 @@ void Session::restore(const Checkpoint& cp) {
   tokens_ = cp.tokens;
   last_T_ = 0;
   pend_n_ = 0;
+  if (opt_.mtp) {
+    // MTP drafts only change speed, never output. A checkpoint without MTP state (from a file, or a
+    // session without mtp) leaves the block with empty history up to the restored position.
+    const bool have = cp.mtp_pos + (int64_t)cp.mtp_backlog_tok.size() == cp.position && !cp.mtp_k.empty();
+    std::fill(mtp_kv_.k.begin(), mtp_kv_.k.end(), 0.f);
+    std::fill(mtp_kv_.v.begin(), mtp_kv_.v.end(), 0.f);
+    if (have && cp.mtp_k.size() <= mtp_kv_.k.size()) {
+      std::copy(cp.mtp_k.begin(), cp.mtp_k.end(), mtp_kv_.k.begin());
+      std::copy(cp.mtp_v.begin(), cp.mtp_v.end(), mtp_kv_.v.begin());
+      mtp_pos_ = cp.mtp_pos;
+      mtp_backlog_h_ = cp.mtp_backlog_h;
+      mtp_backlog_tok_ = cp.mtp_backlog_tok;
+    } else {
+      mtp_pos_ = pos_;
+      mtp_backlog_h_.clear();
+      mtp_backlog_tok_.clear();
+    }
+  }
 }
 
 namespace {

@@ -122,15 +122,17 @@ class Model:
     def has_mtp(self) -> bool:
         return self._core.has_mtp
 
-    def session(self, *, n_ctx: int | None = None, max_window: int = 8, fold: str = "lazy") -> "Session":
+    def session(self, *, n_ctx: int | None = None, max_window: int = 8, fold: str = "lazy",
+                mtp: bool = False) -> "Session":
         """A new timeline at position 0. n_ctx defaults to min(4096, the model's context).
 
         fold: how a verify window's kept DeltaNet rows become history: "lazy" (default, at the next run),
         "eager" (inside commit) or "partial" (row 0 in the step, the rest at the next run).
+        mtp: keep the inputs of the model's MTP block so that Session.mtp_draft() can draft.
         """
         if n_ctx is None:
             n_ctx = min(4096, self.n_ctx_train)
-        return Session(self, _core.Session(self._core, n_ctx, max_window, fold))
+        return Session(self, _core.Session(self._core, n_ctx, max_window, fold, mtp))
 
     def load_session(self, path: str | Path, **kw) -> "Session":
         """A session restored from a file written by Session.save (refused if from another model or damaged)."""
@@ -188,6 +190,10 @@ class Session:
     def commit(self, keep: int) -> None:
         """Make the first `keep` rows of the last run history; the position advances by keep."""
         self._core.commit(int(keep))
+
+    def mtp_draft(self, root: int, k: int) -> list[int]:
+        """After commit: k greedy drafts from the model's MTP block for the positions after `root`."""
+        return self._core.mtp_draft(int(root), int(k))
 
     def hidden(self) -> np.ndarray:
         """Post-final-norm hidden states of the last run's output rows [rows, n_embd]."""

@@ -1,0 +1,83 @@
+"""The MTP block: logits against a reference assembled from transformers' own Qwen3-Next modules
+(transformers ignores mtp.* on load, so the block is rebuilt from Qwen3NextDecoderLayer + RMSNorm + fc),
+drafting state across windows, refusal without an MTP block."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from hf_tiny import make_tiny_hf
+from strata_py.convert import convert
+from strata_py.model import Model
+
+
+@pytest.fixture(scope="module")
+def hf_mtp(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hfmtp")
+    model = make_tiny_hf(d, seed=5, with_mtp=True)
+    return d, model
+
+
+def _reference_mtp(d, ref_model):
+    """An MTP forward from transformers parts, loaded with the checkpoint's mtp.* tensors."""
+    from safetensors.torch import load_file
+    from transformers.models.qwen3_next import modeling_qwen3_next as q
+
+    cfg = ref_model.config
+    sd = {}
+    for f in d.glob("*.safetensors"):
+        sd.update({k: v.float() for k, v in load_file(str(f)).items() if k.startswith("mtp.")})
+    attn_idx = next(i for i, t in enumerate(cfg.layer_types) if t == "full_attention")
+    layer = q.Qwen3NextDecoderLayer(cfg, attn_idx).eval()
+    lsd = {k[len("mtp.layers.0."):]: v for k, v in sd.items() if k.startswith("mtp.layers.0.")}
+    E = cfg.num_experts  # transformers v5 keeps experts fused: gate_up_proj [E, 2I, H], down_proj [E, H, I]
+    ex = lambda e, n: lsd.pop(f"mlp.experts.{e}.{n}_proj.weight")
+    lsd["mlp.experts.gate_up_proj"] = torch.stack([torch.cat([ex(e, "gate"), ex(e, "up")]) for e in range(E)])
+    lsd["mlp.experts.down_proj"] = torch.stack([ex(e, "down") for e in range(E)])
+    layer.load_state_dict(lsd)
+    norms = {n: q.Qwen3NextRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps) for n in
+             ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")}
+    for n, m in norms.items():
+        m.weight.data = sd[f"mtp.{n}.weight"]
+    fc = sd["mtp.fc.weight"]
+    rotary = ref_model.model.rotary_emb
+
+    def forward(h, next_ids):  # h [T, H] post-final-norm main hidden states, next_ids [T]
+        e = ref_model.model.embed_tokens(torch.tensor(next_ids))
+        x = torch.cat([norms["pre_fc_norm_embedding"](e), norms["pre_fc_norm_hidden"](h)], -1) @ fc.T
+        T = x.shape[0]
+        pos = torch.arange(T)[None]
+        pe = rotary(x[None], pos)
+        mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
+        x = layer(x[None], position_embeddings=pe, attention_mask=mask, position_ids=pos)
+        x = x[0] if isinstance(x, tuple) else x
+        return ref_model.lm_head(norms["norm"](x[0]))
+    return forward
+
+
+def test_mtp_logits_match_reference(hf_mtp, tmp_path):
+    d, ref_model = hf_mtp
+    model = Model.load(convert(d, tmp_path / "mtp.gguf", "f32"), threads=2)
+    assert model.has_mtp
+    ids = np.random.default_rng(2).integers(0, model.n_vocab, 20).tolist()
+    root = 7
+    s = model.session(n_ctx=64, mtp=True)
+    s.run(ids[:-1])
+    s.commit(len(ids) - 1)
+    s.run([ids[-1]])
+    s.commit(1)
+    s.mtp_draft(root, 1)
+    ours = s._core.mtp_logits()[0]
+    with torch.no_grad():
+        h = ref_model.model(torch.tensor([ids])).last_hidden_state[0]
+        mtp = _reference_mtp(d, ref_model)
+        ref = mtp(h, ids[1:] + [root])[-1].numpy()
+    assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) <= 1e-4
+
+
+def test_mtp_refused_without_block(tiny_model):
+    with pytest.raises(ValueError, match="no MTP block"):
+        tiny_model.session(mtp=True)
