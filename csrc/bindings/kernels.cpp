@@ -2,10 +2,12 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 
 #include <vector>
 
 #include "kernels/matmul.h"
+#include "kernels/quants.h"
 #include "util/common.h"
 #include "util/threads.h"
 
@@ -50,6 +52,33 @@ void init_kernels(nb::module_& m) {
         return nb::ndarray<nb::numpy, float, nb::ndim<1>>(out, {(size_t)n}, owner);
       },
       nb::arg("data"), nb::arg("type"), nb::arg("n"));
+  m.def(
+      "quantize_act",
+      [](F2 x, const std::string& isa) {
+        // The int8 activation rows the K/IQ kernels use (tests: every ISA's quantizer gives the same bytes).
+        const int T = (int)x.shape(0);
+        const int64_t cols = (int64_t)x.shape(1);
+        QActBuf buf;
+        QAct a;
+        const Isa i = parse_isa(isa);
+        if ((int)i > (int)best_isa()) fail<std::invalid_argument>("this CPU does not support the ", isa, " kernels");
+        (i == Isa::AVX512 ? quantize_act_avx512 : i == Isa::AVX2 ? quantize_act_avx2 : quantize_act_ref)(
+            x.data(), cols, T, cols, buf, a);
+        nb::list q, d, bs;
+        for (int t = 0; t < T; t++) {
+          nb::list qt, dt, bt;
+          for (int64_t c = 0; c < cols; c++) qt.append((int)a.q[t * a.ldq + c]);
+          for (int64_t b = 0; b < a.nb; b++) {
+            dt.append(a.d[b * 8 + t]);
+            for (int j = 0; j < 8; j++) bt.append((int)a.bsum[(b * 4 + j / 2) * 16 + 2 * t + (j & 1)]);
+          }
+          q.append(qt);
+          d.append(dt);
+          bs.append(bt);
+        }
+        return nb::make_tuple(q, d, bs);
+      },
+      nb::arg("x"), nb::arg("isa") = "scalar", "(q[T][cols], dx[T][nb], bsum[T][nb*8]) as Python lists (tests).");
   m.def(
       "matmul",
       [](U8 w, const std::string& type, int64_t rows, int64_t cols, F2 x, const std::string& isa, int threads) {

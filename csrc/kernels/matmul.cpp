@@ -17,6 +17,10 @@ Isa detect() {
   return Isa::Scalar;
 }
 Isa g_best = detect();
+bool g_vnni = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni") != 0;
+}();
 Isa g_active = g_best;
 }  // namespace
 
@@ -36,13 +40,40 @@ void force_isa(Isa isa) {
   g_active = isa;
 }
 
+bool cpu_has_avx512vnni() { return g_vnni; }
+
 RowsFn rows_fn(uint32_t type, Isa isa) {
   switch (isa) {
-    case Isa::AVX512: if (auto f = rows_fn_avx512(type)) return f; [[fallthrough]];
-    case Isa::AVX2: if (auto f = rows_fn_avx2(type)) return f; [[fallthrough]];
-    case Isa::Scalar: return rows_fn_ref(type);
+    case Isa::AVX512:
+      if (auto f = rows_fn_kq_avx512(type)) return f;
+      if (auto f = rows_fn_avx512(type)) return f;
+      [[fallthrough]];
+    case Isa::AVX2:
+      if (auto f = rows_fn_kq_avx2(type)) return f;
+      if (auto f = rows_fn_avx2(type)) return f;
+      [[fallthrough]];
+    case Isa::Scalar:
+      if (auto f = rows_fn_kq_ref(type)) return f;
+      return rows_fn_ref(type);
   }
   return nullptr;
+}
+
+Act prepare_act(uint32_t type, const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf) {
+  STRATA_CHECK(T >= 1 && T <= kMaxRowsPerPass, "prepare_act: T = ", T, " outside 1..", kMaxRowsPerPass);
+  Act a;
+  a.x = x;
+  a.ldx = ldx;
+  a.T = T;
+  if (int_act_type(type)) {
+    STRATA_CHECK(cols % QK_K == 0, "matmul: ", type_name(type), " rows need cols % 256 == 0, got ", cols);
+    // All three quantizers produce the same bytes (tested); pick the fast one.
+    QuantizeFn q = g_active == Isa::AVX512 ? quantize_act_avx512
+                   : g_active == Isa::AVX2 ? quantize_act_avx2
+                                           : quantize_act_ref;
+    q(x, ldx, T, cols, buf, a.q);
+  }
+  return a;
 }
 
 static RowsFn get_fn(const MatView& W) {
@@ -54,7 +85,15 @@ static RowsFn get_fn(const MatView& W) {
 void matmul_range(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, int64_t r0,
                   int64_t r1) {
   STRATA_CHECK(T >= 1 && T <= kMaxRowsPerPass, "matmul_range: T = ", T, " outside 1..", kMaxRowsPerPass);
-  get_fn(W)(W, x, ldx, T, y, ldy, r0, r1);
+  RowsFn f = get_fn(W);
+  thread_local QActBuf buf;
+  f(W, prepare_act(W.type, x, ldx, T, W.cols, buf), y, ldy, r0, r1);
+}
+
+void matmul_range(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  STRATA_CHECK(a.T >= 1 && a.T <= kMaxRowsPerPass, "matmul_range: T = ", a.T, " outside 1..", kMaxRowsPerPass);
+  STRATA_CHECK(!int_act_type(W.type) || a.q.q, "matmul_range: rows not prepared for ", type_name(W.type));
+  get_fn(W)(W, a, y, ldy, r0, r1);
 }
 
 void matmul(ThreadPool& pool, const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy) {
@@ -62,14 +101,15 @@ void matmul(ThreadPool& pool, const MatView& W, const float* x, int64_t ldx, int
   RowsFn f = get_fn(W);
   // Small products are not worth waking the pool for.
   const bool serial = W.rows * W.cols * (int64_t)T < (1 << 15);
+  thread_local QActBuf buf;  // quantized once per pass, shared read-only by the workers
   for (int t0 = 0; t0 < T; t0 += kMaxRowsPerPass) {
     const int tn = T - t0 < kMaxRowsPerPass ? T - t0 : kMaxRowsPerPass;
-    const float* xp = x + t0 * ldx;
+    const Act a = prepare_act(W.type, x + t0 * ldx, ldx, tn, W.cols, buf);
     float* yp = y + t0 * ldy;
     if (serial) {
-      f(W, xp, ldx, tn, yp, ldy, 0, W.rows);
+      f(W, a, yp, ldy, 0, W.rows);
     } else {
-      pool.parallel_for(W.rows, [&](int64_t b, int64_t e, int) { f(W, xp, ldx, tn, yp, ldy, b, e); });
+      pool.parallel_for(W.rows, [&](int64_t b, int64_t e, int) { f(W, a, yp, ldy, b, e); });
     }
   }
 }

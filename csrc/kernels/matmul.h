@@ -1,16 +1,27 @@
 // Matrix x T-row products over ggml-typed weights: y[t][r] = sum_c W[r][c] * x[t][c].
 //
 // Exactness contract (engine spec 2.5): the value of y[t][r] depends only on W's row r and x's row t,
-// never on T, on the other rows, on the thread partition or on the ISA path chosen. Every path
-// decodes a weight block once and accumulates each activation row in one canonical order:
-//   16 float lanes, lane j accumulates the products of columns c = j (mod 16) with fused multiply-add
-//   in increasing c (a zero-padded tail), then the fixed tree s8 = l[j]+l[j+8], s4 = s8[j]+s8[j+4],
-//   s2 = s4[j]+s4[j+2], y = s2[0]+s2[1].
-// A weight value is decoded exactly as the type's scalar dequantizer does. So the AVX2 and AVX-512
-// kernels are bit-identical to the scalar `_ref` twins, which tests check on fresh random inputs.
+// never on T, on the other rows, on the thread partition or on the ISA path chosen. Every path decodes
+// a weight block once for all T rows and computes each row as its scalar `_ref` twin does, bit for bit
+// (tests check this on fresh random inputs). What each type's path computes:
+//
+// F32, F16, BF16, Q8_0 (float activations): each weight is decoded exactly as the type's scalar
+//   dequantizer does; 16 float lanes, lane j accumulates the products of columns c = j (mod 16) with
+//   fused multiply-add in increasing c (a zero-padded tail), then the fixed tree s8 = l[j]+l[j+8],
+//   s4 = s8[j]+s8[j+4], s2 = s4[j]+s4[j+2], y = s2[0]+s2[1].
+//
+// Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS (int8 activations, quants.h): each activation row is quantized per
+//   256-block to int8 (q, dx, sub-block sums bsum; a function of that row alone). A weight block in its
+//   integer form (d, dmin, int16 w[256], mins m[8]) gives, per row, 16 exact int32 lane sums
+//   P[k] = sum of w[v]*q[v] over the block's values v with (v mod 32) / 2 == k (vpmaddwd/vpdpwssd pairs)
+//   and M = sum_j m[j]*bsum[j]. Per block, in increasing block order:
+//     L[k] = fma(d*dx, (float)P[k], L[k])   and   Lm = fma(dmin*dx, (float)M, Lm)   (types with mins)
+//   then y = reduce16(L) - Lm with the tree above. The result differs from the float64 product by the
+//   activation rounding (|x - dx*q| <= dx/2 per value) plus float32 rounding of the 16-lane sums.
 #pragma once
 #include <cstdint>
 
+#include "kernels/quants.h"
 #include "kernels/types.h"
 
 namespace strata {
@@ -32,23 +43,41 @@ Isa active_isa();           // what the kernels use now (best_isa() unless force
 void force_isa(Isa isa);    // for tests and benches: pick a path; throws if the CPU lacks it
 const char* isa_name(Isa isa);
 
-// Rows [r0, r1) of the product, on the calling thread. T in 1..kMaxRowsPerPass.
 constexpr int kMaxRowsPerPass = 8;
+
+// Up to kMaxRowsPerPass activation rows as a kernel reads them: the float rows, and for int8-activation
+// types (int_act_type(W.type)) the same rows quantized (quants.h).
+struct Act {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  int T = 0;
+  QAct q;  // q.q == nullptr unless prepared for an int8-activation type
+};
+// Prepare rows for weight type `type` (quantizes when the type needs it, into buf). T in 1..kMaxRowsPerPass.
+Act prepare_act(uint32_t type, const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf);
+
+// Rows [r0, r1) of the product, on the calling thread. T in 1..kMaxRowsPerPass.
 void matmul_range(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, int64_t r0,
                   int64_t r1);
+// The same with rows prepared once by prepare_act (callers that split rows over threads themselves).
+void matmul_range(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 // The whole product, any T >= 1 (split into passes of at most kMaxRowsPerPass activation rows),
 // output rows split over the pool.
 void matmul(ThreadPool& pool, const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy);
 
 // Kernel table entry: one function per (type, ISA). Declared here so per-ISA files can register.
-using RowsFn = void (*)(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, int64_t r0,
-                        int64_t r1);
+using RowsFn = void (*)(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 RowsFn rows_fn(uint32_t type, Isa isa);  // nullptr if no kernel for that pair
 
-// Per-ISA tables (defined in matmul_ref.cpp, cpu/matmul_avx2.cpp, cpu/matmul_avx512.cpp).
+// Per-ISA tables (defined in matmul_ref.cpp, cpu/matmul_avx2.cpp, cpu/matmul_avx512.cpp; the int8-activation
+// kernels in kquants_ref.cpp, cpu/kquants_avx2.cpp, cpu/kquants_avx512.cpp).
 RowsFn rows_fn_ref(uint32_t type);
 RowsFn rows_fn_avx2(uint32_t type);
 RowsFn rows_fn_avx512(uint32_t type);
+RowsFn rows_fn_kq_ref(uint32_t type);
+RowsFn rows_fn_kq_avx2(uint32_t type);
+RowsFn rows_fn_kq_avx512(uint32_t type);
+bool cpu_has_avx512vnni();
 
 // The canonical 16-lane reduction, shared by the scalar twins.
 inline float reduce16(const float* l) {

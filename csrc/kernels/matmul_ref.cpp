@@ -9,8 +9,11 @@ namespace strata {
 
 namespace {
 
-void rows_generic_ref(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, int64_t r0,
+void rows_generic_ref(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0,
                       int64_t r1) {
+  const float* x = a.x;
+  const int64_t ldx = a.ldx;
+  const int T = a.T;
   const TypeTraits* tt = type_traits(W.type);
   const int64_t padded = (W.cols + 15) / 16 * 16;
   thread_local std::vector<float> w;
@@ -32,6 +35,6 @@ void rows_generic_ref(const MatView& W, const float* x, int64_t ldx, int T, floa
 
 }  // namespace
 
-RowsFn rows_fn_ref(uint32_t type) { return type_supported(type) ? rows_generic_ref : nullptr; }
+RowsFn rows_fn_ref(uint32_t type) { return type_supported(type) && !int_act_type(type) ? rows_generic_ref : nullptr; }
 
 }  // namespace strata

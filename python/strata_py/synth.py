@@ -1,10 +1,15 @@
 """Synthetic Qwen3-Next GGUFs: random valid weights, deterministic from the seed, at named sizes.
 
-    python -m strata_py.synth NAME OUT.gguf --type f32|f16|bf16|q8_0 --seed S [--mtp] [--expert-gib G]
+    python -m strata_py.synth NAME OUT.gguf --type TYPE --seed S [--mtp] [--expert-gib G]
+
+TYPE: f32, f16, bf16, q8_0, q4_k, q5_k, q6_k, iq2_xxs, iq3_xxs, or q4_k_m (Q4_K with Q6_K for output,
+attn_v and every other layer's ffn_down, like llama-quantize's Q4_K_M mix).
 
 Sizes: `tiny` (tests), `bench` (hidden 1024, 24 layers 3:1, 128 experts top-8 + shared expert), `stream`
 (the bench shape with as many experts as make `--expert-gib` GiB of expert weights). Weights are drawn
-directly as valid blocks of the target type (a random fp16 scale and random int8 codes for Q8_0), with a
+directly as valid blocks of the target type (gguf-py has no K/IQ quantizer): a random fp16 scale and
+random codes. For K and IQ quants every byte pattern of the scales/codes/grid indices/sign bits is a valid
+block, so the bytes are uniform random and only the fp16 scales are chosen, with a
 magnitude of about 1/sqrt(row length) so activations stay in range over many layers. Every file carries
 a valid byte-level BPE tokenizer (256 byte tokens + `<|endoftext|>`, padded), so our CLI and llama.cpp
 both load it. The file is written to OUT.tmp and renamed on success.
@@ -33,7 +38,36 @@ SIZES = {
                   n_ctx=32768),
 }
 SIZES["stream"] = dict(SIZES["bench"])
-TYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0}
+TYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q4_k": QT.Q4_K, "q5_k": QT.Q5_K,
+         "q6_k": QT.Q6_K, "iq2_xxs": QT.IQ2_XXS, "iq3_xxs": QT.IQ3_XXS}
+LFT = gguf.LlamaFileType
+FILE_TYPES = {"f32": LFT.ALL_F32, "f16": LFT.MOSTLY_F16, "bf16": LFT.MOSTLY_BF16, "q8_0": LFT.MOSTLY_Q8_0,
+              "q4_k": LFT.MOSTLY_Q4_K_S, "q5_k": LFT.MOSTLY_Q5_K_S, "q6_k": LFT.MOSTLY_Q6_K,
+              "iq2_xxs": LFT.MOSTLY_IQ2_XXS, "iq3_xxs": LFT.MOSTLY_IQ3_XXS, "q4_k_m": LFT.MOSTLY_Q4_K_M}
+MIXES = {"q4_k_m": (QT.Q4_K, QT.Q6_K)}  # (main type, type for output / attn_v / every other ffn_down)
+
+# K/IQ blocks: (byte offsets of fp16 scales, 1/typical |code * sub-scale|) so that d = scale * k gives values
+# of about `scale`; the remaining bytes are uniform random (always valid).
+_KQ = {
+    QT.Q4_K: ((0,), 1 / 250, {2: 7.5}),      # dmin = 7.5 d centres sc*q - (dmin/d)*m
+    QT.Q5_K: ((0,), 1 / 500, {2: 15.5}),
+    QT.Q6_K: ((208,), 1 / 1370, {}),
+    QT.IQ2_XXS: ((0,), 1 / 50, {}),
+    QT.IQ3_XXS: ((0,), 1 / 130, {}),
+}
+
+
+def random_blocks(rng: np.random.Generator, qt: QT, n_blocks: int, scale: float) -> np.ndarray:
+    """n_blocks random valid blocks of a K/IQ type, values of magnitude about `scale`: uint8 (n_blocks, type_size)."""
+    size = gguf.GGML_QUANT_SIZES[qt][1]
+    blocks = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+    (d_off,), k, extra = _KQ[qt]
+    d = (scale * k * rng.uniform(0.5, 1.5, size=n_blocks)).astype(np.float16)
+    blocks[:, d_off:d_off + 2] = d.view(np.uint8).reshape(n_blocks, 2)
+    for off, ratio in extra.items():  # dmin
+        dm = (d.astype(np.float32) * ratio * rng.uniform(0.9, 1.1, size=n_blocks)).astype(np.float16)
+        blocks[:, off:off + 2] = dm.view(np.uint8).reshape(n_blocks, 2)
+    return blocks
 
 
 def hparams(name: str, expert_gib: float | None = None) -> cv.Hparams:
@@ -96,22 +130,27 @@ def _weight(rng: np.random.Generator, shape: tuple[int, ...], qt: QT) -> np.ndar
         blocks[:, :2] = d.view(np.uint8).reshape(nb, 2)
         blocks[:, 2:] = rng.integers(-127, 128, size=(nb, 32), dtype=np.int8).view(np.uint8)
         return blocks.reshape(*shape[:-1], cols // 32 * 34)
+    if qt in _KQ:
+        size = gguf.GGML_QUANT_SIZES[qt][1]
+        return random_blocks(rng, qt, n // 256, scale).reshape(*shape[:-1], cols // 256 * size)
     x = (rng.standard_normal(n, dtype=np.float32) * np.float32(scale)).reshape(shape)
     return gguf.quants.quantize(x, qt) if qt != QT.F32 else x
 
 
 def write(name: str, out_path, out_type: str = "q8_0", seed: int = 0, mtp: bool = False,
           expert_gib: float | None = None) -> Path:
-    if out_type not in TYPES:
-        raise ValueError(f"bad option --type {out_type!r} (supported here: {', '.join(TYPES)})")
+    if out_type not in TYPES and out_type not in MIXES:
+        raise ValueError(f"bad option --type {out_type!r} (supported here: {', '.join([*TYPES, *MIXES])})")
     hp = hparams(name, expert_gib)
-    qt = TYPES[out_type]
+    qt, qt_hi = MIXES[out_type] if out_type in MIXES else (TYPES[out_type], TYPES[out_type])
     rng = np.random.default_rng(seed)
     out_path = Path(out_path)
     tmp = out_path.with_name(out_path.name + ".tmp")
     w = gguf.GGUFWriter(str(tmp), cv.ARCH)
     n_mtp = 1 if mtp else 0
-    cv._add_metadata(w, cv.model_metadata(hp, out_type, f"strata-synth-{name}-s{seed}", n_mtp))
+    md = cv.model_metadata(hp, "f32", f"strata-synth-{name}-s{seed}", n_mtp)
+    md["general.file_type"] = int(FILE_TYPES[out_type])
+    cv._add_metadata(w, md)
     cv._add_metadata(w, _tokenizer_metadata(hp))
     H, E = hp.n_embd, hp.n_expert
 
@@ -127,15 +166,16 @@ def write(name: str, out_path, out_type: str = "q8_0", seed: int = 0, mtp: bool 
     def attention(p):
         mat(p + "attn_q.weight", hp.n_head * hp.head_dim * 2, H)
         mat(p + "attn_k.weight", hp.n_head_kv * hp.head_dim, H)
-        mat(p + "attn_v.weight", hp.n_head_kv * hp.head_dim, H)
+        mat(p + "attn_v.weight", hp.n_head_kv * hp.head_dim, H, qt_hi)
         mat(p + "attn_output.weight", H, hp.n_head * hp.head_dim)
         norm(p + "attn_q_norm.weight", hp.head_dim)
         norm(p + "attn_k_norm.weight", hp.head_dim)
 
-    def moe(p):
+    def moe(p, layer):
         f32(p + "ffn_gate_inp.weight", rng.standard_normal((E, H)) / np.sqrt(H))
         for nm, rows, cols in (("gate", hp.n_ff_exp, H), ("up", hp.n_ff_exp, H), ("down", H, hp.n_ff_exp)):
-            w.add_tensor(p + f"ffn_{nm}_exps.weight", _weight(rng, (E, rows, cols), qt), raw_dtype=qt)
+            t = qt_hi if nm == "down" and layer % 2 == 0 else qt
+            w.add_tensor(p + f"ffn_{nm}_exps.weight", _weight(rng, (E, rows, cols), t), raw_dtype=t)
         mat(p + "ffn_gate_shexp.weight", hp.n_ff_shexp, H)
         mat(p + "ffn_up_shexp.weight", hp.n_ff_shexp, H)
         mat(p + "ffn_down_shexp.weight", H, hp.n_ff_shexp)
@@ -143,7 +183,7 @@ def write(name: str, out_path, out_type: str = "q8_0", seed: int = 0, mtp: bool 
 
     mat("token_embd.weight", hp.n_vocab, H)
     norm("output_norm.weight", H)
-    mat("output.weight", hp.n_vocab, H)
+    mat("output.weight", hp.n_vocab, H, qt_hi)
     for i in range(hp.n_layer):
         p = f"blk.{i}."
         norm(p + "attn_norm.weight", H)
@@ -159,7 +199,7 @@ def write(name: str, out_path, out_type: str = "q8_0", seed: int = 0, mtp: bool 
             f32(p + "ssm_a", -np.exp(rng.uniform(-2, 1, hp.nv)))
             f32(p + "ssm_norm.weight", 1.0 + 0.1 * rng.standard_normal(hp.dv))
             mat(p + "ssm_out.weight", H, hp.value_dim)
-        moe(p)
+        moe(p, i)
     if mtp:
         p = f"blk.{hp.n_layer}."
         mat(p + "nextn.eh_proj.weight", H, 2 * H)
@@ -169,7 +209,7 @@ def write(name: str, out_path, out_type: str = "q8_0", seed: int = 0, mtp: bool 
         norm(p + "attn_norm.weight", H)
         norm(p + "post_attention_norm.weight", H)
         attention(p)
-        moe(p)
+        moe(p, hp.n_layer)
     try:
         w.write_header_to_file()
         w.write_kv_data_to_file()
@@ -187,7 +227,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m strata_py.synth", description=__doc__.split("\n\n")[0])
     ap.add_argument("name", choices=sorted(SIZES))
     ap.add_argument("out")
-    ap.add_argument("--type", default="q8_0", choices=sorted(TYPES))
+    ap.add_argument("--type", default="q8_0", choices=sorted([*TYPES, *MIXES]))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mtp", action="store_true", help="include an MTP block (blk.{n_layer}.nextn.*)")
     ap.add_argument("--expert-gib", type=float, default=None, help="stream size: GiB of expert weights")

@@ -35,7 +35,10 @@ struct DecBF16 {
 };
 
 template <class Dec>
-void rows_plain(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+void rows_plain(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const float* x = a.x;
+  const int64_t ldx = a.ldx;
+  const int T = a.T;
   const int64_t full = W.cols / 16 * 16;
   const int64_t padded = (W.cols + 15) / 16 * 16;
   const TypeTraits* tt = type_traits(W.type);
@@ -69,7 +72,10 @@ inline __m256 q8x8(const uint8_t* p) {  // 8 int8 -> 8 floats
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
-void rows_q8_0(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+void rows_q8_0(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const float* x = a.x;
+  const int64_t ldx = a.ldx;
+  const int T = a.T;
   const int64_t nb = W.cols / 32;
   for (int64_t r = r0; r < r1; r++) {
     const uint8_t* row = W.data + r * W.row_bytes;

@@ -47,7 +47,10 @@ struct DecBF16 {
 };
 
 template <class Dec>
-void rows_plain(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+void rows_plain(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const float* x = a.x;
+  const int64_t ldx = a.ldx;
+  const int T = a.T;
   const int64_t full = W.cols / 16 * 16;
   const int rem = (int)(W.cols - full);
   const __mmask16 m = (__mmask16)((1u << rem) - 1);
@@ -68,7 +71,10 @@ void rows_plain(const MatView& W, const float* x, int64_t ldx, int T, float* y, 
 }
 
 // Q8_0: block of 32 = half d + 32 int8; w = d * (float)q, the same product the scalar dequantizer forms.
-void rows_q8_0(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+void rows_q8_0(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const float* x = a.x;
+  const int64_t ldx = a.ldx;
+  const int T = a.T;
   const int64_t nb = W.cols / 32;
   for (int64_t r = r0; r < r1; r++) {
     const uint8_t* row = W.data + r * W.row_bytes;

@@ -1,0 +1,238 @@
+// AVX2 int8-activation kernels for Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS (matmul.h states the arithmetic).
+// A block decodes to sixteen 16 x int16 registers: w[2j] holds values 0..15 of sub-block j (canonical
+// lanes 0-7 after vpmaddwd), w[2j+1] values 16..31 (lanes 8-15), so the lane sums equal the AVX-512 ones.
+#include <immintrin.h>
+
+#include "kernels/cpu/kq_common.h"
+#include "kernels/matmul.h"
+
+namespace strata {
+
+namespace {
+
+using namespace kq;
+
+inline float hsum16(__m256 lo, __m256 hi) {  // the canonical reduction tree of matmul.h
+  __m256 s8 = _mm256_add_ps(lo, hi);
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+inline float h2f(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+inline __m256i lo16u(__m256i v) { return _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)); }
+inline __m256i hi16u(__m256i v) { return _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1)); }
+inline __m256i lo16s(__m256i v) { return _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)); }
+inline __m256i hi16s(__m256i v) { return _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)); }
+
+struct DecQ4K {
+  static constexpr int kBytes = 144;
+  static constexpr bool kHasMin = true;
+  static inline void decode(const uint8_t* b, __m256i* w, float& d, float& dmin, uint8_t* m) {
+    d = h2f(b);
+    dmin = h2f(b + 2);
+    uint8_t sc[8];
+    k4_scales(b + 4, sc, m);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int c = 0; c < 4; c++) {
+      const __m256i by = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
+      const __m256i lo = _mm256_and_si256(by, m4), hi = _mm256_and_si256(_mm256_srli_epi16(by, 4), m4);
+      const __m256i s0 = _mm256_set1_epi16(sc[2 * c]), s1 = _mm256_set1_epi16(sc[2 * c + 1]);
+      w[4 * c + 0] = _mm256_mullo_epi16(lo16u(lo), s0);
+      w[4 * c + 1] = _mm256_mullo_epi16(hi16u(lo), s0);
+      w[4 * c + 2] = _mm256_mullo_epi16(lo16u(hi), s1);
+      w[4 * c + 3] = _mm256_mullo_epi16(hi16u(hi), s1);
+    }
+  }
+};
+
+struct DecQ5K {
+  static constexpr int kBytes = 176;
+  static constexpr bool kHasMin = true;
+  static inline void decode(const uint8_t* b, __m256i* w, float& d, float& dmin, uint8_t* m) {
+    d = h2f(b);
+    dmin = h2f(b + 2);
+    uint8_t sc[8];
+    k4_scales(b + 4, sc, m);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i qhb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+    const __m256i qh0 = lo16u(qhb), qh1 = hi16u(qhb), one = _mm256_set1_epi16(1);
+    auto bit = [&](__m256i qh, int j) { return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, j), one), 4); };
+    for (int c = 0; c < 4; c++) {
+      const __m256i by = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + 32 * c));
+      const __m256i lo = _mm256_and_si256(by, m4), hi = _mm256_and_si256(_mm256_srli_epi16(by, 4), m4);
+      const int j0 = 2 * c, j1 = 2 * c + 1;
+      const __m256i s0 = _mm256_set1_epi16(sc[j0]), s1 = _mm256_set1_epi16(sc[j1]);
+      w[4 * c + 0] = _mm256_mullo_epi16(_mm256_or_si256(lo16u(lo), bit(qh0, j0)), s0);
+      w[4 * c + 1] = _mm256_mullo_epi16(_mm256_or_si256(hi16u(lo), bit(qh1, j0)), s0);
+      w[4 * c + 2] = _mm256_mullo_epi16(_mm256_or_si256(lo16u(hi), bit(qh0, j1)), s1);
+      w[4 * c + 3] = _mm256_mullo_epi16(_mm256_or_si256(hi16u(hi), bit(qh1, j1)), s1);
+    }
+  }
+};
+
+struct DecQ6K {
+  static constexpr int kBytes = 210;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m256i* w, float& d, float& dmin, uint8_t* m) {
+    d = h2f(b + 208);
+    dmin = 0.f;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03), k32 = _mm256_set1_epi16(32);
+    for (int h = 0; h < 2; h++) {
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+      for (int k = 0; k < 4; k++) {
+        const int j = 4 * h + k;
+        const __m256i ql = (k & 1) ? ql1 : ql0;
+        const __m256i lo = (k >> 1) ? _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4) : _mm256_and_si256(ql, m4);
+        const __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2), 4);
+        const __m256i q = _mm256_or_si256(lo, hb);
+        w[2 * j] = _mm256_mullo_epi16(_mm256_sub_epi16(lo16u(q), k32), _mm256_set1_epi16(sc[2 * j]));
+        w[2 * j + 1] = _mm256_mullo_epi16(_mm256_sub_epi16(hi16u(q), k32), _mm256_set1_epi16(sc[2 * j + 1]));
+      }
+    }
+  }
+};
+
+inline __m256i iq_signed(__m256i g, uint32_t signs) {
+  const __m256i sm = _mm256_set_epi64x((long long)kSignMask[(signs >> 21) & 127], (long long)kSignMask[(signs >> 14) & 127],
+                                       (long long)kSignMask[(signs >> 7) & 127], (long long)kSignMask[signs & 127]);
+  return _mm256_sub_epi8(_mm256_xor_si256(g, sm), sm);
+}
+
+struct DecIQ2XXS {
+  static constexpr int kBytes = 66;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m256i* w, float& d, float& dmin, uint8_t* m) {
+    d = h2f(b) * 0.125f;
+    dmin = 0.f;
+    for (int ib = 0; ib < 8; ib++) {
+      const uint8_t* q = b + 2 + 8 * ib;
+      const uint32_t aux1 = u32_at(q + 4);
+      const __m256i g = iq_signed(_mm256_set_epi64x((long long)kIq2xxsGrid[q[3]], (long long)kIq2xxsGrid[q[2]],
+                                                    (long long)kIq2xxsGrid[q[1]], (long long)kIq2xxsGrid[q[0]]), aux1);
+      const __m256i s = _mm256_set1_epi16((short)(2 * (aux1 >> 28) + 1));
+      w[2 * ib] = _mm256_mullo_epi16(lo16s(g), s);
+      w[2 * ib + 1] = _mm256_mullo_epi16(hi16s(g), s);
+    }
+  }
+};
+
+struct DecIQ3XXS {
+  static constexpr int kBytes = 98;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m256i* w, float& d, float& dmin, uint8_t* m) {
+    d = h2f(b) * 0.25f;
+    dmin = 0.f;
+    for (int ib = 0; ib < 8; ib++) {
+      const uint8_t* q = b + 2 + 8 * ib;
+      const uint32_t aux = u32_at(b + 66 + 4 * ib);
+      const __m256i g = iq_signed(
+          _mm256_set_epi32((int)kIq3xxsGrid[q[7]], (int)kIq3xxsGrid[q[6]], (int)kIq3xxsGrid[q[5]], (int)kIq3xxsGrid[q[4]],
+                           (int)kIq3xxsGrid[q[3]], (int)kIq3xxsGrid[q[2]], (int)kIq3xxsGrid[q[1]], (int)kIq3xxsGrid[q[0]]),
+          aux);
+      const __m256i s = _mm256_set1_epi16((short)(2 * (aux >> 28) + 1));
+      w[2 * ib] = _mm256_mullo_epi16(lo16s(g), s);
+      w[2 * ib + 1] = _mm256_mullo_epi16(hi16s(g), s);
+    }
+  }
+};
+
+template <class Dec>
+void rows_kq(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int64_t nb = W.cols / QK_K;
+  const int T = a.T;
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t* row = W.data + r * W.row_bytes;
+    __m256 Llo[kMaxRowsPerPass], Lhi[kMaxRowsPerPass];
+    for (int t = 0; t < T; t++) Llo[t] = Lhi[t] = _mm256_setzero_ps();
+    __m256 Lm = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+      __m256i w[16];
+      float d, dmin;
+      alignas(16) uint8_t m[8] = {0};
+      Dec::decode(row + b * Dec::kBytes, w, d, dmin, m);
+      const int16_t* qb = a.q.q + b * QK_K;
+      const float* dx = a.q.d + b * 8;
+      for (int t = 0; t < T; t++) {
+        const int16_t* q = qb + t * a.q.ldq;
+        __m256i alo = _mm256_setzero_si256(), ahi = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+          alo = _mm256_add_epi32(alo, _mm256_madd_epi16(w[2 * j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * j))));
+          ahi = _mm256_add_epi32(ahi, _mm256_madd_epi16(w[2 * j + 1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * j + 16))));
+        }
+        const __m256 dd = _mm256_set1_ps(d * dx[t]);
+        Llo[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(alo), Llo[t]);
+        Lhi[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(ahi), Lhi[t]);
+      }
+      if constexpr (Dec::kHasMin) {
+        const int16_t* bs = a.q.bsum + b * 64;
+        __m256i M = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+          const int32_t pair = (int32_t)((uint32_t)m[2 * p] | (uint32_t)m[2 * p + 1] << 16);
+          M = _mm256_add_epi32(M, _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * p)),
+                                                    _mm256_set1_epi32(pair)));
+        }
+        Lm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(M), Lm);
+      }
+    }
+    alignas(32) float lm[8];
+    _mm256_store_ps(lm, Lm);
+    for (int t = 0; t < T; t++) y[t * ldy + r] = hsum16(Llo[t], Lhi[t]) - lm[t];
+  }
+}
+
+}  // namespace
+
+RowsFn rows_fn_kq_avx2(uint32_t type) {
+  switch (type) {
+    case GGML_Q4_K: return rows_kq<DecQ4K>;
+    case GGML_Q5_K: return rows_kq<DecQ5K>;
+    case GGML_Q6_K: return rows_kq<DecQ6K>;
+    case GGML_IQ2_XXS: return rows_kq<DecIQ2XXS>;
+    case GGML_IQ3_XXS: return rows_kq<DecIQ3XXS>;
+    default: return nullptr;
+  }
+}
+
+// Same bytes as quantize_act_ref (see quantize_act_avx512).
+void quantize_act_avx2(const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf, QAct& out) {
+  out = buf.view(T, cols);
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int t = 0; t < T; t++)
+    for (int64_t b = 0; b < out.nb; b++) {
+      const float* xb = x + t * ldx + b * QK_K;
+      int16_t* qb = buf.q.data() + t * out.ldq + b * QK_K;
+      __m256 mx = _mm256_setzero_ps();
+      for (int i = 0; i < QK_K; i += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(xb + i), absmask));
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+      const float amax = _mm_cvtss_f32(m4);
+      const __m256 is = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+      for (int j = 0; j < 8; j++) {
+        __m256i s = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+          const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(is, _mm256_loadu_ps(xb + 32 * j + 16 * h)));
+          const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(is, _mm256_loadu_ps(xb + 32 * j + 16 * h + 8)));
+          s = _mm256_add_epi32(s, _mm256_add_epi32(q0, q1));
+          // packs interleaves 128-bit halves; permute restores column order
+          const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xD8);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 32 * j + 16 * h), p);
+        }
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        buf.bsum[(b * 4 + j / 2) * 16 + 2 * t + (j & 1)] = (int16_t)_mm_cvtsi128_si32(s4);
+      }
+      buf.d[b * 8 + t] = amax / 127.f;
+    }
+}
+
+}  // namespace strata

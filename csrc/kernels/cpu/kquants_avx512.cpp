@@ -1,0 +1,233 @@
+// AVX-512 int8-activation kernels for Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS (matmul.h states the arithmetic).
+// A weight block is decoded once into eight 32 x int16 registers w[j] (sub-block j, integer form of
+// quants.h) and multiplied into all T rows: vpdpwssd (VNNI) or vpmaddwd + vpaddd, which give the same
+// exact int32 lane sums P[k] (lane k takes values 2k, 2k+1 of every sub-block).
+#include <immintrin.h>
+
+#include "kernels/cpu/kq_common.h"
+#include "kernels/matmul.h"
+
+namespace strata {
+
+namespace {
+
+using namespace kq;
+
+inline float hsum16(__m512 v) {  // the canonical reduction tree of matmul.h
+  __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+inline float h2f(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+struct DecQ4K {
+  static constexpr int kBytes = 144;
+  static constexpr bool kHasMin = true;
+  static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
+    d = h2f(b);
+    dmin = h2f(b + 2);
+    alignas(16) uint8_t sc[8], m[8];
+    k4_scales(b + 4, sc, m);
+    mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)));
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int c = 0; c < 4; c++) {
+      const __m256i by = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
+      const __m256i lo = _mm256_and_si256(by, m4), hi = _mm256_and_si256(_mm256_srli_epi16(by, 4), m4);
+      w[2 * c] = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(lo), _mm512_set1_epi16(sc[2 * c]));
+      w[2 * c + 1] = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(hi), _mm512_set1_epi16(sc[2 * c + 1]));
+    }
+  }
+};
+
+struct DecQ5K {
+  static constexpr int kBytes = 176;
+  static constexpr bool kHasMin = true;
+  static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
+    d = h2f(b);
+    dmin = h2f(b + 2);
+    alignas(16) uint8_t sc[8], m[8];
+    k4_scales(b + 4, sc, m);
+    mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)));
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m512i qh = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)));
+    const __m512i one = _mm512_set1_epi16(1);
+    for (int c = 0; c < 4; c++) {
+      const __m256i by = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + 32 * c));
+      const __m256i lo = _mm256_and_si256(by, m4), hi = _mm256_and_si256(_mm256_srli_epi16(by, 4), m4);
+      const int j0 = 2 * c, j1 = 2 * c + 1;
+      __m512i q0 = _mm512_or_si512(_mm512_cvtepu8_epi16(lo),
+                                   _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, j0), one), 4));
+      __m512i q1 = _mm512_or_si512(_mm512_cvtepu8_epi16(hi),
+                                   _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, j1), one), 4));
+      w[j0] = _mm512_mullo_epi16(q0, _mm512_set1_epi16(sc[j0]));
+      w[j1] = _mm512_mullo_epi16(q1, _mm512_set1_epi16(sc[j1]));
+    }
+  }
+};
+
+struct DecQ6K {
+  static constexpr int kBytes = 210;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
+    d = h2f(b + 208);
+    dmin = 0.f;
+    mins = _mm_setzero_si128();
+    const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192))));
+    const __m512i half_idx = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0,
+                                              0, 0, 0, 0, 0, 0, 0, 0);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+    const __m512i k32 = _mm512_set1_epi16(32);
+    for (int h = 0; h < 2; h++) {
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+      for (int k = 0; k < 4; k++) {
+        const int j = 4 * h + k;
+        const __m256i ql = (k & 1) ? ql1 : ql0;
+        const __m256i lo = (k >> 1) ? _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4) : _mm256_and_si256(ql, m4);
+        const __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2), 4);
+        const __m512i q = _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm256_or_si256(lo, hb)), k32);
+        const __m512i s = _mm512_permutexvar_epi16(_mm512_add_epi16(half_idx, _mm512_set1_epi16(2 * j)), sc);
+        w[j] = _mm512_mullo_epi16(q, s);
+      }
+    }
+  }
+};
+
+inline __m256i iq_signed(__m256i g, uint32_t signs) {
+  const __m256i sm = _mm256_set_epi64x((long long)kSignMask[(signs >> 21) & 127], (long long)kSignMask[(signs >> 14) & 127],
+                                       (long long)kSignMask[(signs >> 7) & 127], (long long)kSignMask[signs & 127]);
+  return _mm256_sub_epi8(_mm256_xor_si256(g, sm), sm);
+}
+
+struct DecIQ2XXS {
+  static constexpr int kBytes = 66;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
+    d = h2f(b) * 0.125f;
+    dmin = 0.f;
+    mins = _mm_setzero_si128();
+    for (int ib = 0; ib < 8; ib++) {
+      const uint8_t* q = b + 2 + 8 * ib;
+      const uint32_t aux1 = u32_at(q + 4);
+      const __m256i g = _mm256_set_epi64x((long long)kIq2xxsGrid[q[3]], (long long)kIq2xxsGrid[q[2]],
+                                          (long long)kIq2xxsGrid[q[1]], (long long)kIq2xxsGrid[q[0]]);
+      w[ib] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(iq_signed(g, aux1)), _mm512_set1_epi16((short)(2 * (aux1 >> 28) + 1)));
+    }
+  }
+};
+
+struct DecIQ3XXS {
+  static constexpr int kBytes = 98;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
+    d = h2f(b) * 0.25f;
+    dmin = 0.f;
+    mins = _mm_setzero_si128();
+    for (int ib = 0; ib < 8; ib++) {
+      const uint8_t* q = b + 2 + 8 * ib;
+      const uint32_t aux = u32_at(b + 66 + 4 * ib);
+      const __m256i g = _mm256_set_epi32((int)kIq3xxsGrid[q[7]], (int)kIq3xxsGrid[q[6]], (int)kIq3xxsGrid[q[5]],
+                                         (int)kIq3xxsGrid[q[4]], (int)kIq3xxsGrid[q[3]], (int)kIq3xxsGrid[q[2]],
+                                         (int)kIq3xxsGrid[q[1]], (int)kIq3xxsGrid[q[0]]);
+      w[ib] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(iq_signed(g, aux)), _mm512_set1_epi16((short)(2 * (aux >> 28) + 1)));
+    }
+  }
+};
+
+template <bool kVnni>
+inline __m512i dot16(__m512i acc, __m512i w, __m512i q) {
+  if constexpr (kVnni) return _mm512_dpwssd_epi32(acc, w, q);
+  else return _mm512_add_epi32(acc, _mm512_madd_epi16(w, q));
+}
+
+template <class Dec, bool kVnni>
+void rows_kq(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int64_t nb = W.cols / QK_K;
+  const int T = a.T;
+  const __m512i idx01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t* row = W.data + r * W.row_bytes;
+    __m512 L[kMaxRowsPerPass];
+    for (int t = 0; t < T; t++) L[t] = _mm512_setzero_ps();
+    __m256 Lm = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+      const uint8_t* blk = row + b * Dec::kBytes;
+      if (b + 1 < nb) _mm_prefetch(reinterpret_cast<const char*>(blk + Dec::kBytes + 64), _MM_HINT_T0);
+      __m512i w[8];
+      float d, dmin;
+      __m128i mins;
+      Dec::decode(blk, w, d, dmin, mins);
+      const int16_t* qb = a.q.q + b * QK_K;
+      const float* dx = a.q.d + b * 8;
+      for (int t = 0; t < T; t++) {
+        const int16_t* q = qb + t * a.q.ldq;
+        __m512i acc = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) acc = dot16<kVnni>(acc, w[j], _mm512_loadu_si512(q + 32 * j));
+        L[t] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx[t]), _mm512_cvtepi32_ps(acc), L[t]);
+      }
+      if constexpr (Dec::kHasMin) {
+        const __m512i mz = _mm512_castsi128_si512(mins);
+        const int16_t* bs = a.q.bsum + b * 64;
+        const __m512i M16 = _mm512_add_epi32(_mm512_madd_epi16(_mm512_loadu_si512(bs), _mm512_permutexvar_epi32(idx01, mz)),
+                                             _mm512_madd_epi16(_mm512_loadu_si512(bs + 32), _mm512_permutexvar_epi32(idx23, mz)));
+        const __m256i M8 = _mm256_add_epi32(_mm512_castsi512_si256(M16), _mm512_extracti64x4_epi64(M16, 1));
+        Lm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(M8), Lm);
+      }
+    }
+    alignas(32) float lm[8];
+    _mm256_store_ps(lm, Lm);
+    for (int t = 0; t < T; t++) y[t * ldy + r] = hsum16(L[t]) - lm[t];
+  }
+}
+
+template <class Dec>
+RowsFn pick() {
+  return cpu_has_avx512vnni() ? rows_kq<Dec, true> : rows_kq<Dec, false>;
+}
+
+}  // namespace
+
+RowsFn rows_fn_kq_avx512(uint32_t type) {
+  switch (type) {
+    case GGML_Q4_K: return pick<DecQ4K>();
+    case GGML_Q5_K: return pick<DecQ5K>();
+    case GGML_Q6_K: return pick<DecQ6K>();
+    case GGML_IQ2_XXS: return pick<DecIQ2XXS>();
+    case GGML_IQ3_XXS: return pick<DecIQ3XXS>();
+    default: return nullptr;
+  }
+}
+
+// Same bytes as quantize_act_ref: max|x| is exact in any order, 127/amax and iscale*x are single IEEE
+// operations, and vcvtps2dq rounds half to even like nearbyint under the default rounding mode.
+void quantize_act_avx512(const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf, QAct& out) {
+  out = buf.view(T, cols);
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int t = 0; t < T; t++)
+    for (int64_t b = 0; b < out.nb; b++) {
+      const float* xb = x + t * ldx + b * QK_K;
+      int16_t* qb = buf.q.data() + t * out.ldq + b * QK_K;
+      __m512 mx = _mm512_setzero_ps();
+      for (int i = 0; i < QK_K; i += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(xb + i), absmask));
+      const float amax = _mm512_reduce_max_ps(mx);
+      const __m512 is = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+      for (int j = 0; j < 8; j++) {
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(is, _mm512_loadu_ps(xb + 32 * j)));
+        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(is, _mm512_loadu_ps(xb + 32 * j + 16)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 32 * j), _mm512_cvtepi32_epi16(q0));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 32 * j + 16), _mm512_cvtepi32_epi16(q1));
+        buf.bsum[(b * 4 + j / 2) * 16 + 2 * t + (j & 1)] = (int16_t)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+      }
+      buf.d[b * 8 + t] = amax / 127.f;
+    }
+}
+
+}  // namespace strata

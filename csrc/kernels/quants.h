@@ -1,0 +1,71 @@
+// K- and IQ-quant blocks (spec qwen3next.md 3.2) and the int8 activation rows their kernels multiply.
+//
+// Every 256-value block of Q4_K, Q5_K, Q6_K, IQ2_XXS and IQ3_XXS has an exact integer form
+//   value v = d * w[v] - dmin * m[v / 32]        (w int16, m the 6-bit mins; dmin = 0 without mins)
+//   Q4_K/Q5_K: w = sc[j]*q,  d = fp16 d,   dmin = fp16 dmin
+//   Q6_K:      w = sc[v/16]*(q-32),        d = fp16 d
+//   IQ2_XXS:   w = (2s+1)*grid*sign,       d = fp16 d / 8    (gguf: d*(0.5+s)*0.25)
+//   IQ3_XXS:   w = (2s+1)*grid*sign,       d = fp16 d / 4    (gguf: d*(0.5+s)*0.5)
+// Each activation row is quantized per 256-block (Q8_K style, deterministic, per row):
+//   amax = max|x|, iscale = 127/amax, q = round_half_even(iscale*x) in [-127, 127], dx = amax/127.
+// So a block's dot product is integer: P = sum w*q (|lane sums| < 2^24, exact in float), M = sum m*bsum.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace strata {
+
+constexpr int QK_K = 256;
+
+// One block in integer form (the scalar twins and the tests use it; the SIMD kernels decode in registers).
+struct IntBlock {
+  float d = 0.f, dmin = 0.f;
+  bool has_min = false;
+  int16_t w[QK_K];
+  int16_t m[8];
+};
+using IntDecodeFn = void (*)(const uint8_t* blk, IntBlock& out);
+IntDecodeFn int_decoder(uint32_t type);  // nullptr for types with float activations
+inline bool int_act_type(uint32_t type) { return int_decoder(type) != nullptr; }
+
+// Scalar dequantizers, bit-exact with gguf.quants.dequantize (same float32 operations in the same order).
+void dq_q4_k(const uint8_t* s, float* d, int64_t n);
+void dq_q5_k(const uint8_t* s, float* d, int64_t n);
+void dq_q6_k(const uint8_t* s, float* d, int64_t n);
+void dq_iq2_xxs(const uint8_t* s, float* d, int64_t n);
+void dq_iq3_xxs(const uint8_t* s, float* d, int64_t n);
+
+// Q4_K/Q5_K 6-bit scales and mins from the 12 packed bytes.
+inline void k4_scale_min(const uint8_t* s, int j, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// Quantized activation rows, T <= 8, cols % 256 == 0. Layouts chosen for the kernels' loads:
+//   q[t*ldq + c]                      int8 values stored as int16 (multiplied with vpmaddwd / vpdpwssd)
+//   d[b*8 + t]                        dx of block b of row t (rows >= T are 0)
+//   bsum[(b*4 + p)*16 + 2*t + i]      sum of q over sub-block 2p+i (32 values) of block b, row t
+struct QAct {
+  int T = 0;
+  int64_t cols = 0, nb = 0, ldq = 0;
+  const int16_t* q = nullptr;
+  const float* d = nullptr;
+  const int16_t* bsum = nullptr;
+};
+struct QActBuf {
+  std::vector<int16_t> q, bsum;
+  std::vector<float> d;
+  QAct view(int T, int64_t cols);  // sizes the buffers, returns a view to fill
+};
+using QuantizeFn = void (*)(const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf, QAct& out);
+// The portable quantizer; the per-ISA ones (quantize_act_avx2/avx512) produce identical bytes.
+void quantize_act_ref(const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf, QAct& out);
+void quantize_act_avx2(const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf, QAct& out);
+void quantize_act_avx512(const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf, QAct& out);
+
+}  // namespace strata
