@@ -81,3 +81,36 @@ def test_mtp_logits_match_reference(hf_mtp, tmp_path):
 def test_mtp_refused_without_block(tiny_model):
     with pytest.raises(ValueError, match="no MTP block"):
         tiny_model.session(mtp=True)
+
+
+@pytest.mark.parametrize("draft", ["mtp", "mtp+suffix"])
+@pytest.mark.parametrize("temperature,seed", [(0.0, 0), (0.8, 1), (1.0, 7)])
+def test_mtp_speculative_equals_plain(tiny_q8_model, draft, temperature, seed):
+    from strata_py.generate import generate_ids
+    rng = np.random.default_rng(seed)
+    block = rng.integers(0, tiny_q8_model.n_vocab, 12).tolist()
+    for prompt in (block * 3, rng.integers(0, tiny_q8_model.n_vocab, 30).tolist(), block[:2]):
+        kw = dict(max_tokens=48, temperature=temperature, seed=seed, stop_at_eos=False, top_k=40)
+        plain = list(generate_ids(tiny_q8_model, prompt, draft="none", **kw))
+        spec = list(generate_ids(tiny_q8_model, prompt, draft=draft, **kw))
+        assert spec == plain
+
+
+def test_mtp_drafter_refused_without_block(tiny_model):
+    from strata_py.generate import generate_ids
+    with pytest.raises(ValueError, match="no MTP block"):
+        list(generate_ids(tiny_model, [1, 2, 3], draft="mtp"))
+
+
+def test_mtp_state_follows_commits(tiny_q8_model):
+    s = tiny_q8_model.session(n_ctx=64, mtp=True)
+    s.run(list(range(1, 12)))
+    s.commit(11)
+    d1 = s.mtp_draft(12, 3)
+    assert len(d1) == 3 and s._core.mtp_position == 11
+    s.run([12] + d1)
+    s.commit(2)  # reject the last two drafts; the block consumes exactly the kept rows next time
+    s.mtp_draft(5, 2)
+    assert s._core.mtp_position == 13
+    with pytest.raises(RuntimeError, match="no newly committed rows"):
+        s.mtp_draft(5, 1)

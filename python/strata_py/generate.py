@@ -46,19 +46,21 @@ def generate_ids(model, prompt_ids: list[int], config: GenerationConfig | None =
         if start is None:
             raise ValueError("empty prompt and the model has no BOS/EOS token to start from")
         ids = [start]
+    if proposer is None:
+        proposer = make_proposer(model, cfg)
     if session is None:
         need = len(ids) + cfg.max_tokens
         if n_ctx is None:
             n_ctx = min(model.n_ctx_train, max(4096, need))
-        session = model.session(n_ctx=n_ctx)
+        session = model.session(n_ctx=n_ctx, mtp=getattr(proposer, "needs_mtp", False))
     if len(ids) > session.n_ctx:
         raise ValueError(f"prompt of {len(ids)} tokens exceeds the context of {session.n_ctx} tokens")
-    if proposer is None:
-        proposer = make_proposer(model, cfg)
     stats.prompt_tokens = len(ids)
     t0 = time.perf_counter()
     prefill(session, ids[:-1])
     stats.prefill_s = time.perf_counter() - t0
+    if hasattr(proposer, "bind"):  # drafters that read the session (MTP)
+        proposer.bind(session)
     eog = set(tok.eog_ids) if cfg.stop_at_eos else set()
     choose = getattr(proposer, "choose_drafts", None)
     try:
@@ -107,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--threads", "-t", type=int, default=None, help="default: physical cores")
     ap.add_argument("--ctx", type=int, default=None, help="context size (default: prompt + max tokens, >= 4096)")
-    ap.add_argument("--draft", default=d.draft, help="speculative drafter: none, suffix, auto")
+    ap.add_argument("--draft", default=d.draft, help="speculative drafter: none, suffix, auto, mtp, mtp+suffix")
     ap.add_argument("--max-draft", type=int, default=d.max_draft)
     ap.add_argument("--min-match", type=int, default=d.min_match)
     ap.add_argument("--stats", action="store_true", help="print speed and drafting metrics (stderr)")

@@ -40,3 +40,4 @@ def create(name: str, *, model, cfg):
 
 
 from . import suffix  # noqa: E402,F401  (registers "suffix" and "auto")
+from . import mtp  # noqa: E402,F401  (registers "mtp" and "mtp+suffix")

@@ -1,0 +1,123 @@
+"""MTP drafting: the checkpoint's own multi-token-prediction block proposes the next k tokens (k = 1..3).
+
+The block runs in C++ (csrc/model/mtp.cpp, Session::mtp_draft): after each commit it consumes every newly
+committed row's (post-final-norm hidden state, next token) pair into its own KV cache, then chains k greedy
+drafts, each from its own output hidden state. Drafts only change speed: the window verifies them exactly.
+
+"mtp"          MTP drafts, k chosen by a LengthController (acceptance per draft depth, C(T) online,
+               the MTP time included in the window cost).
+"mtp+suffix"   per window, the proposal with the higher expected throughput E(T)/C(T): the suffix-lookup
+               continuation (when it has a match) or the MTP chain.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from ..config import GenerationConfig
+from ..controller import LengthController, expected_keep
+from . import register
+from .suffix import MAX_WINDOW, SuffixDrafter
+
+MAX_MTP_DRAFTS = 3
+
+
+class MtpDrafter:
+    """A Proposer that needs an MTP-enabled session: generate_ids() calls bind(session) after prefill."""
+
+    needs_mtp = True
+
+    def __init__(self, cfg: GenerationConfig, suffix: SuffixDrafter | None = None):
+        self.max_drafts = max(0, min(cfg.max_draft, MAX_MTP_DRAFTS))
+        self.controller = LengthController(max_window=self.max_drafts + 1, fixed_t=min(cfg.fixed_t, self.max_drafts + 1))
+        self.suffix = suffix
+        self.session = None
+        self._used = None          # "mtp" | "suffix" | None for the pending window
+        self._draft_s = 0.0
+        self.draft_s_total = 0.0
+        self.offered_by_depth = [0] * self.max_drafts
+        self.kept_by_depth = [0] * self.max_drafts
+        self.mtp_windows = 0
+        self.suffix_windows = 0
+
+    def bind(self, session) -> None:
+        if not session._core.mtp:
+            raise ValueError("the MTP drafter needs a session created with mtp=True")
+        self.session = session
+
+    def propose(self, context: Sequence[int], max_drafts: int) -> list[int]:
+        if self.session is None:
+            raise RuntimeError("MtpDrafter.propose before bind(session)")
+        t0 = time.perf_counter()
+        self._used = None
+        k = self.controller.choose(min(max_drafts, self.max_drafts), 1)
+        if self.suffix is not None:
+            sd = self.suffix.propose(context, max_drafts)
+            if sd:
+                m = self.suffix._pending[0]
+                ctl = self.suffix.controller
+                e_s = expected_keep(ctl.acceptance(m, len(sd)))[-1] / ctl.cost(len(sd) + 1) if ctl else float("inf")
+                e_m = expected_keep(self.controller.acceptance(1, k))[-1] / self.controller.cost(k + 1) if k else 0.0
+                if e_s >= e_m:
+                    self._used = "suffix"
+                    self._draft_s = time.perf_counter() - t0
+                    return sd
+        drafts: list[int] = []
+        if k > 0 and self.session.position > 0:  # the block drafts from committed rows
+            drafts = self.session.mtp_draft(int(context[-1]), k)
+            self._used = "mtp"
+        self._draft_s = time.perf_counter() - t0
+        self.draft_s_total += self._draft_s
+        return drafts
+
+    def observe(self, drafts: Sequence[int], accepted: int) -> None:
+        if self._used == "suffix":
+            self.suffix_windows += 1
+            self.suffix.observe(drafts, accepted)
+        elif self._used == "mtp":
+            self.mtp_windows += 1
+            self.controller.observe(1, len(drafts), accepted)
+            for i in range(len(drafts)):
+                self.offered_by_depth[i] += 1
+                self.kept_by_depth[i] += 1 if i < accepted else 0
+
+    def record_window(self, T: int, seconds: float) -> None:
+        if self._used == "suffix":
+            self.suffix.record_window(T, seconds + self._draft_s)
+        else:
+            self.controller.record_window(T, seconds + self._draft_s)
+        self._used = None
+
+    def finish(self) -> None:
+        if self.suffix is not None:
+            self.suffix.finish()
+
+    def stats(self) -> dict:
+        d = {
+            "mtp_windows": self.mtp_windows,
+            "mtp_draft_ms_total": round(self.draft_s_total * 1e3, 3),
+            "mtp_acceptance_by_depth": [round(k / o, 3) if o else None
+                                        for k, o in zip(self.kept_by_depth, self.offered_by_depth)],
+            "mtp_offered_by_depth": self.offered_by_depth,
+        }
+        out = {"draft": d, "controller": self.controller.stats()}
+        if self.suffix is not None:
+            d["suffix_windows"] = self.suffix_windows
+            sub = self.suffix.stats()
+            out["suffix"] = sub.get("draft", sub)
+        return out
+
+
+@register("mtp")
+def _mtp(*, model, cfg: GenerationConfig) -> MtpDrafter:
+    if not model.has_mtp:
+        raise ValueError(f"--draft mtp: {model.path} has no MTP block (blk.N.nextn.*)")
+    return MtpDrafter(cfg)
+
+
+@register("mtp+suffix")
+def _mtp_suffix(*, model, cfg: GenerationConfig) -> MtpDrafter:
+    if not model.has_mtp:
+        raise ValueError(f"--draft mtp+suffix: {model.path} has no MTP block (blk.N.nextn.*)")
+    suffix = SuffixDrafter(cfg, LengthController(max_window=MAX_WINDOW, fixed_t=cfg.fixed_t), max_window=MAX_WINDOW)
+    return MtpDrafter(cfg, suffix)
