@@ -29,7 +29,8 @@
 namespace strata {
 
 struct ModelOptions {
-  int threads = 0;  // 0 = physical cores
+  int threads = 0;       // 0 = physical cores
+  std::string mtp_path;  // a separate MTP-only GGUF (llama.cpp --mtp output); overrides a built-in block
 };
 
 class Model {
@@ -45,6 +46,7 @@ class Model {
 
  private:
   std::shared_ptr<GgufFile> file_;
+  std::shared_ptr<GgufFile> mtp_file_;
   HParams hp_;
   Weights w_;
   std::unique_ptr<ThreadPool> pool_;

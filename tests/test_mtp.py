@@ -114,3 +114,35 @@ def test_mtp_state_follows_commits(tiny_q8_model):
     assert s._core.mtp_position == 13
     with pytest.raises(RuntimeError, match="no newly committed rows"):
         s.mtp_draft(5, 1)
+
+
+def test_separate_mtp_file(hf_mtp, tmp_path):
+    """An MTP-only GGUF (the converter's --mtp-only) attaches to the trunk converted with --no-mtp and drafts
+    exactly as the built-in block; one from another model is refused with a clear error."""
+    d, _ = hf_mtp
+    whole = Model.load(convert(d, tmp_path / "whole.gguf", "f32"), threads=2)
+    trunk = convert(d, tmp_path / "trunk.gguf", "f32", mtp=False)
+    only = convert(d, tmp_path / "mtp-only.gguf", "f32", mtp_only=True)
+    assert not Model.load(trunk).has_mtp
+    split = Model.load(trunk, threads=2, mtp=only)
+    assert split.has_mtp
+    outs = []
+    for m in (whole, split):
+        s = m.session(n_ctx=64, mtp=True)
+        s.run(list(range(1, 15)))
+        s.commit(14)
+        s.mtp_draft(3, 2)
+        outs.append(s._core.mtp_logits())
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_mtp_file_that_does_not_fit(hf_mtp, tiny_gguf, tmp_path):
+    d, _ = hf_mtp  # hidden 64 against the synthetic tiny model's 256
+    only = convert(d, tmp_path / "other-mtp.gguf", "f32", mtp_only=True)
+    with pytest.raises(ValueError, match="does not fit .*embedding_length is 64 \\(the model has 256\\)"):
+        Model.load(tiny_gguf, mtp=only)
+
+
+def test_mtp_file_without_block(tiny_gguf):
+    with pytest.raises(ValueError, match="no MTP block"):
+        Model.load(tiny_gguf, mtp=tiny_gguf)

@@ -69,12 +69,14 @@ void init_model(nb::module_& m) {
   nb::class_<Model>(m, "Model")
       .def_static(
           "load",
-          [](const std::string& path, int threads) {
+          [](const std::string& path, int threads, const std::string& mtp_path) {
             ModelOptions o;
             o.threads = threads;
+            o.mtp_path = mtp_path;
             return Model::load(path, o);
           },
-          nb::arg("path"), nb::arg("threads") = 0, "Open, validate and map a qwen3next GGUF.")
+          nb::arg("path"), nb::arg("threads") = 0, nb::arg("mtp_path") = "",
+          "Open, validate and map a qwen3next GGUF (and optionally a separate MTP-only GGUF).")
       .def_prop_ro("config", [](const Model& mo) { return config_dict(mo.hp()); })
       .def_prop_ro("threads", &Model::threads)
       .def_prop_ro("fingerprint", &Model::fingerprint)

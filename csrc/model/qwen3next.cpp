@@ -25,6 +25,31 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   m->file_ = GgufFile::open(path);
   m->hp_ = HParams::from_gguf(*m->file_);
   m->w_ = Weights::load(*m->file_, m->hp_);
+  if (!opt.mtp_path.empty()) {
+    // an MTP-only GGUF must fit this model: same shapes everywhere the block meets the trunk
+    m->mtp_file_ = GgufFile::open(opt.mtp_path);
+    HParams mh = HParams::from_gguf(*m->mtp_file_);
+    const HParams& h = m->hp_;
+    const std::string& mp = opt.mtp_path;
+    if (mh.n_nextn < 1) fail<std::invalid_argument>(mp, ": no MTP block (qwen3next.nextn_predict_layers is 0 or missing)");
+    auto fit = [&](const char* what, int64_t a, int64_t b) {
+      if (a != b) fail<std::invalid_argument>(mp, ": MTP block does not fit ", m->file_->path(), ": ", what, " is ", a,
+                                              " (the model has ", b, ")");
+    };
+    fit("embedding_length", mh.n_embd, h.n_embd);
+    fit("block index (block_count - 1)", mh.n_layer, h.n_layer);
+    fit("attention.head_count", mh.n_head, h.n_head);
+    fit("attention.head_count_kv", mh.n_head_kv, h.n_head_kv);
+    fit("attention.key_length", mh.head_dim, h.head_dim);
+    fit("rope.dimension_count", mh.n_rot, h.n_rot);
+    fit("expert_count", mh.n_expert, h.n_expert);
+    fit("expert_used_count", mh.n_expert_used, h.n_expert_used);
+    fit("expert_feed_forward_length", mh.n_ff_exp, h.n_ff_exp);
+    fit("expert_shared_feed_forward_length", mh.n_ff_shexp, h.n_ff_shexp);
+    if (const GgufTensor* te = m->mtp_file_->find("token_embd.weight"); te && te->ne.size() == 2)
+      fit("vocabulary (token_embd rows)", te->ne[1], h.n_vocab);
+    m->w_.mtp = MtpWeights::load(*m->mtp_file_, h);
+  }
   m->pool_ = std::make_unique<ThreadPool>(opt.threads ? opt.threads : physical_cores());
   uint64_t h = 1469598103934665603ull;
   const uint64_t size = m->file_->file_size();

@@ -147,21 +147,25 @@ Weights Weights::load(const GgufFile& f, HParams& hp) {
     else L.load_attn(p, l.attn);
     L.load_moe(p, l.moe);
   }
-  if (hp.n_nextn > 0) {
-    const std::string p = cat("blk.", hp.n_layer, ".");
-    MtpWeights& m = w.mtp;
-    m.present = true;
-    m.eh_proj = L.mat(p + "nextn.eh_proj.weight", 2 * hp.n_embd, hp.n_embd);
-    m.enorm = L.vec(p + "nextn.enorm.weight", hp.n_embd);
-    m.hnorm = L.vec(p + "nextn.hnorm.weight", hp.n_embd);
-    m.shared_head_norm = L.vec(p + "nextn.shared_head_norm.weight", hp.n_embd);
-    m.layer.recurrent = false;
-    m.layer.attn_norm = L.vec(p + "attn_norm.weight", hp.n_embd);
-    m.layer.post_attention_norm = L.vec(p + "post_attention_norm.weight", hp.n_embd);
-    L.load_attn(p, m.layer.attn);
-    L.load_moe(p, m.layer.moe);
-  }
+  if (hp.n_nextn > 0) w.mtp = MtpWeights::load(f, hp);
   return w;
+}
+
+MtpWeights MtpWeights::load(const GgufFile& f, const HParams& hp) {
+  Loader L{f, hp};
+  const std::string p = cat("blk.", hp.n_layer, ".");
+  MtpWeights m;
+  m.present = true;
+  m.eh_proj = L.mat(p + "nextn.eh_proj.weight", 2 * hp.n_embd, hp.n_embd);
+  m.enorm = L.vec(p + "nextn.enorm.weight", hp.n_embd);
+  m.hnorm = L.vec(p + "nextn.hnorm.weight", hp.n_embd);
+  m.shared_head_norm = L.vec(p + "nextn.shared_head_norm.weight", hp.n_embd);
+  m.layer.recurrent = false;
+  m.layer.attn_norm = L.vec(p + "attn_norm.weight", hp.n_embd);
+  m.layer.post_attention_norm = L.vec(p + "post_attention_norm.weight", hp.n_embd);
+  L.load_attn(p, m.layer.attn);
+  L.load_moe(p, m.layer.moe);
+  return m;
 }
 
 }  // namespace strata

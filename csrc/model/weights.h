@@ -65,6 +65,8 @@ struct MtpWeights {
   MatView eh_proj;                     // [H, 2H]: input cat[enorm(emb), hnorm(h)]
   std::vector<float> enorm, hnorm, shared_head_norm;
   LayerWeights layer;                  // one gated-attention + MoE layer
+  // The block stored as blk.{hp.n_layer}.* in f (the model's own file or an MTP-only GGUF).
+  static MtpWeights load(const GgufFile& f, const HParams& hp);
 };
 
 struct Weights {

@@ -97,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("prompt", nargs="?", help="prompt text (or --file, or standard input)")
     ap.add_argument("--model", "-m", help="GGUF file (default: the model shipped in the package)")
     ap.add_argument("--file", "-f", help="read the prompt from this file")
+    ap.add_argument("--mtp", metavar="FILE", help="a separate MTP-only GGUF for --draft mtp / mtp+suffix")
     ap.add_argument("--max-tokens", "-n", type=int, default=d.max_tokens)
     ap.add_argument("--temperature", "--temp", type=float, default=d.temperature, help="0 = greedy")
     ap.add_argument("--top-k", type=int, default=d.top_k)
@@ -164,7 +165,7 @@ def main(argv=None) -> int:
         else:
             raise ValueError("no prompt: pass it as an argument, with --file, or on standard input")
         from .model import Model
-        model = Model.load(a.model, threads=a.threads)
+        model = Model.load(a.model, threads=a.threads, mtp=a.mtp)
     except (ValueError, FileNotFoundError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -80,8 +80,10 @@ class Model:
         self.path = path
 
     @classmethod
-    def load(cls, path: str | Path | None = None, *, threads: int | None = None) -> "Model":
+    def load(cls, path: str | Path | None = None, *, threads: int | None = None,
+             mtp: str | Path | None = None) -> "Model":
         """Open a GGUF (default: the shipped model, checksum-verified). threads=None uses the physical cores.
+        mtp: a separate MTP-only GGUF for the model (checked to fit: hidden size, vocabulary, expert shapes).
 
         Raises ValueError naming the file, tensor or key for a malformed or unsupported file.
         """
@@ -95,7 +97,9 @@ class Model:
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such model file")
-        core = _core.Model.load(str(path), threads or 0)
+        if mtp is not None and not Path(mtp).exists():
+            raise FileNotFoundError(f"{mtp}: no such MTP file")
+        core = _core.Model.load(str(path), threads or 0, str(mtp) if mtp is not None else "")
         tok = Tokenizer.from_metadata(_core.gguf_metadata(str(path)))
         if tok.n_vocab > core.config["n_vocab"]:
             raise ValueError(f"{path}: tokenizer has {tok.n_vocab} tokens but token_embd has {core.config['n_vocab']} rows")
