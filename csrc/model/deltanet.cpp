@@ -98,8 +98,8 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
         const float* k = row + key_dim + (h / r) * dk;
         const float* v = row + 2 * key_dim + h * dv;
         float* Sc = (mode == DnMode::InPlace || (mode == DnMode::Partial && t == 0)) ? S : Sw;
-        dn_update(Sc, k, v, egp[t * nv + h], betap[t * nv + h], dk, dv, mbuf.data());
-        dn_read(Sc, q, dk, dv, op + (size_t)t * d_inner + h * dv);
+        dn_update_read(Sc, k, v, egp[t * nv + h], betap[t * nv + h], q, dk, dv, mbuf.data(),
+                       op + (size_t)t * d_inner + h * dv);
         if (mode == DnMode::Partial && t == 0) std::memcpy(Sw, S, dk * dv * sizeof(float));
       }
     }

@@ -70,6 +70,31 @@ void dn_update(float* S, const float* k, const float* v, float eg, float beta, i
   }
 }
 
+void dn_update_read(float* S, const float* k, const float* v, float eg, float beta, const float* q, int64_t dk,
+                    int64_t dv, float* m, float* o) {
+  // dn_update followed by dn_read, with the read fused into the update's pass over S: every S value and
+  // every partial sum of o is formed by the same operations in the same order as the two separate calls.
+  for (int64_t j = 0; j < dv; j++) m[j] = 0.f;
+  for (int64_t a = 0; a < dk; a++) {
+    float* row = S + a * dv;
+    const float ka = k[a];
+    for (int64_t j = 0; j < dv; j++) {
+      row[j] = row[j] * eg;
+      m[j] = m[j] + row[j] * ka;
+    }
+  }
+  for (int64_t j = 0; j < dv; j++) m[j] = (v[j] - m[j]) * beta;
+  for (int64_t j = 0; j < dv; j++) o[j] = 0.f;
+  for (int64_t a = 0; a < dk; a++) {
+    float* row = S + a * dv;
+    const float ka = k[a], qa = q[a];
+    for (int64_t j = 0; j < dv; j++) {
+      row[j] = row[j] + ka * m[j];
+      o[j] = o[j] + row[j] * qa;
+    }
+  }
+}
+
 void dn_read(const float* S, const float* q, int64_t dk, int64_t dv, float* o) {
   for (int64_t j = 0; j < dv; j++) o[j] = 0.f;
   for (int64_t a = 0; a < dk; a++) {

@@ -39,6 +39,9 @@ struct DeltaNetState {
 // S is [dk][dv] with dv contiguous. m_scratch has dv floats.
 void dn_update(float* S, const float* k, const float* v, float eg, float beta, int64_t dk, int64_t dv,
                float* m_scratch);
+// dn_update then o = S^T q in one pass less; bit-identical to calling the two (tests check the fold).
+void dn_update_read(float* S, const float* k, const float* v, float eg, float beta, const float* q, int64_t dk,
+                    int64_t dv, float* m_scratch, float* o);
 // o = S^T q for one head.
 void dn_read(const float* S, const float* q, int64_t dk, int64_t dv, float* o);
 
