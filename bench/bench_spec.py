@@ -7,6 +7,7 @@ Workloads:
             the renamed def line; the model should reproduce the body with one identifier changed.
   repeat    continuing a file with repetitive structure (a table of similar dataclass-like records).
   free      free-form prose completion (little to copy).
+  replay    the edit prompt again with the global index holding an earlier answer (agent-loop re-issue).
 For each workload and drafter (none, suffix, auto): emitted tok/s (decode only, prefill excluded),
 acceptance, realised E[keep], T histogram, and whether the output is identical to plain decoding.
 tok/s is the median of --repeat rounds (drafters interleaved within each round).
@@ -53,7 +54,11 @@ REPEAT = "SCHEMA = [\n" + REPEAT + '    Field(name="last_login", kind="datetime"
 FREE = ("The lighthouse keeper had not seen a ship in eleven days when the storm finally broke. "
         "She climbed the spiral stairs with a lantern in one hand and a letter in the other, and")
 
-WORKLOADS = {"edit": EDIT, "repeat": REPEAT, "free": FREE}
+WORKLOADS = {"edit": EDIT, "repeat": REPEAT, "free": FREE, "replay": EDIT}
+# replay: the edit prompt again, with the global index (earlier requests' outputs) holding one earlier
+# answer to it, as in an agent loop that re-issues a request: real acceptance even on a random model,
+# so the speedup there measures verification cost C(T) against E[keep].
+REPLAY_EXTRA = {"global_index_tokens": 1 << 16}
 DRAFTS = ("none", "suffix", "auto")
 
 
@@ -76,7 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=3, help="rounds per workload (median tok/s)")
     ap.add_argument("--max-draft", type=int, default=GenerationConfig().max_draft)
-    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of edit,repeat,free")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of edit,repeat,free,replay")
     ap.add_argument("--json", metavar="OUT", help="write all results as JSON")
     a = ap.parse_args(argv)
 
@@ -99,9 +104,14 @@ def main(argv=None) -> int:
         # --repeat rounds, drafters interleaved within a round so machine noise hits all alike; the
         # reported tok/s is the median round, the other figures are from the last round (deterministic)
         runs = {draft: [] for draft in DRAFTS}
+        cfg = base.replace(extra=REPLAY_EXTRA) if w == "replay" else base
+        if w == "replay":
+            from strata_py.drafting import suffix
+            suffix._GLOBAL.clear()
+            run_one(model, ids, cfg.replace(draft="suffix"))  # the earlier request: seeds the global index
         for _ in range(a.repeat):
             for draft in DRAFTS:
-                runs[draft].append(run_one(model, ids, base.replace(draft=draft)))
+                runs[draft].append(run_one(model, ids, cfg.replace(draft=draft)))
         med = {k: sorted(d["decode_tok_s"] for _, d in v)[len(v) // 2] for k, v in runs.items()}
         plain = runs["none"][-1]
         for draft in DRAFTS:
