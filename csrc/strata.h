@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "experts/expert_stream.h"
 #include "gguf/gguf.h"
 #include "model/hparams.h"
 #include "model/weights.h"
@@ -31,6 +32,7 @@ namespace strata {
 struct ModelOptions {
   int threads = 0;       // 0 = physical cores
   std::string mtp_path;  // a separate MTP-only GGUF (llama.cpp --mtp output); overrides a built-in block
+  ExpertOptions experts; // cache_mib = -1: every expert resident (mapped); else streamed (experts/expert_stream.h)
 };
 
 class Model {
@@ -43,6 +45,9 @@ class Model {
   int threads() const { return pool_->size(); }
   // Identifies the model a checkpoint belongs to: hash of the file size, tensor table and hyperparameters.
   uint64_t fingerprint() const { return fingerprint_; }
+  // The expert cache and its readers; null when every expert is resident. Internally synchronised: the
+  // Model stays logically immutable (the cache changes speed, never output, unless routing is approximate).
+  ExpertStream* experts() const { return experts_.get(); }
 
  private:
   std::shared_ptr<GgufFile> file_;
@@ -51,6 +56,7 @@ class Model {
   Weights w_;
   std::unique_ptr<ThreadPool> pool_;
   uint64_t fingerprint_ = 0;
+  std::unique_ptr<ExpertStream> experts_;
 };
 
 enum class FoldMode { Lazy = 0, Eager = 1, Partial = 2 };

@@ -7,7 +7,11 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <random>
+#include <thread>
 
 #include "strata.h"
 
@@ -65,18 +69,201 @@ static nb::dict config_dict(const HParams& h) {
   return d;
 }
 
+static nb::dict expert_stats_dict(const Model& mo) {
+  nb::dict d;
+  const ExpertStream* es = mo.experts();
+  d["streaming"] = es != nullptr;
+  if (!es) return d;
+  const ExpertStats s = es->stats();
+  const ExpertOptions& o = es->options();
+  const int64_t k = mo.hp().n_expert_used;
+  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+  d["slots"] = s.slots;
+  d["slot_bytes"] = s.slot_bytes;
+  d["cache_mib"] = (double)s.slots * (double)s.slot_bytes / (1 << 20);
+  d["experts_total"] = s.experts_total;
+  d["resident_frac"] = ratio((double)s.slots, (double)s.experts_total);
+  d["o_direct"] = o.o_direct;
+  d["lookups"] = s.cache.lookups;
+  d["hits"] = s.cache.hits;
+  d["hits_inflight"] = s.cache.hits_inflight;
+  d["sync_misses"] = s.cache.misses;
+  d["hit_rate"] = ratio((double)s.cache.hits, (double)s.cache.lookups);
+  d["evictions"] = s.cache.evictions;
+  d["bytes_read"] = s.bytes_read;
+  d["experts_read"] = s.experts_read;
+  d["read_errors"] = s.read_errors;
+  d["late_waits"] = s.late_waits;
+  d["late_wait_s"] = s.late_wait_s;
+  d["union_mean"] = ratio((double)s.union_sum, (double)s.union_layers);
+  d["union_layers"] = s.union_layers;
+  d["degraded_groups"] = s.degraded_groups;
+  d["prefetch"] = o.prefetch ? (o.prefetch_root_only ? "root" : "all rows") : "off";
+  d["prefetch_issued"] = s.cache.prefetch_issued;
+  d["prefetch_used"] = s.cache.prefetch_used;
+  d["prefetch_wasted"] = s.cache.prefetch_wasted;
+  d["prefetch_precision"] = ratio((double)s.pred_hit, (double)s.pred_size);  // predicted experts the layer used
+  d["prefetch_recall"] = ratio((double)s.pred_hit, (double)s.pred_actual);   // used experts that were predicted
+  d["routing"] = o.approximate ? "approximate" : "natural";
+  if (o.approximate) {
+    d["approx_changed_frac"] = ratio((double)s.moce_changed, (double)(s.moce_rows * k));
+    d["approx_protect"] = o.protect;
+    d["approx_bonus"] = o.bonus;
+    d["approx_draft_protect"] = o.draft_protect;
+    d["approx_draft_bonus"] = o.draft_bonus;
+  }
+  return d;
+}
+
+// Concurrency test of the cache contract (expert_cache.h): `threads` threads acquire random key sets,
+// load what is missing (writing the key into the slot; every `fail_every`-th load fails), verify that every
+// pinned slot holds its key before and after a yield, and release; one more thread prefetches. Throws
+// std::logic_error on any broken invariant; returns the counters.
+static nb::dict cache_stress(int slots, int keys, int threads, int iters, int max_n, int fail_every, uint64_t seed) {
+  ExpertCache c(slots, 4096);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> failures_seen{0}, verified{0};
+  std::string err;
+  std::mutex err_mu;
+  auto record = [&](const std::string& e) {
+    std::lock_guard<std::mutex> lk(err_mu);
+    if (err.empty()) err = e;
+    stop = true;
+  };
+  auto stamp = [&](int slot, uint32_t key) { std::memcpy(c.data(slot), &key, 4); };
+  auto holds = [&](int slot, uint32_t key) {
+    uint32_t v;
+    std::memcpy(&v, c.data(slot), 4);
+    return v == key;
+  };
+  std::atomic<uint64_t> load_no{0};
+  auto worker = [&](int id) {
+    std::mt19937_64 rng(seed * 1000 + id);
+    std::vector<uint32_t> ks;
+    std::vector<ExpertCache::Pin> pins;
+    try {
+      for (int it = 0; it < iters && !stop; it++) {
+        const int n = 1 + (int)(rng() % (uint64_t)max_n);
+        ks.clear();
+        while ((int)ks.size() < n) {
+          const uint32_t k = (uint32_t)(rng() % (uint64_t)keys);
+          if (std::find(ks.begin(), ks.end(), k) == ks.end()) ks.push_back(k);
+        }
+        pins.assign(n, {});
+        c.acquire(ks.data(), n, pins.data());
+        for (int i = 0; i < n; i++)
+          if (pins[i].load) {
+            const bool ok = fail_every <= 0 || (++load_no % (uint64_t)fail_every) != 0;
+            if (ok) stamp(pins[i].slot, ks[i]);
+            else std::memset(c.data(pins[i].slot), 0xff, 4);  // a half-read slot
+            c.finish_load(pins[i].slot, ok, "injected");
+          }
+        std::vector<int> sl(n);
+        for (int i = 0; i < n; i++) sl[i] = pins[i].slot;
+        std::vector<char> done(n, 0);
+        int left = n;
+        std::vector<char> seen(n, 0);
+        while (left > 0) {
+          c.wait_some(sl.data(), n, done.data());
+          for (int i = 0; i < n; i++)
+            if (done[i] && !seen[i]) {
+              seen[i] = 1;
+              left--;
+              const auto st = c.state(sl[i]);
+              if (st == ExpertCache::Failed) failures_seen++;
+              else if (st != ExpertCache::Ready) fail<std::logic_error>("pinned slot ", sl[i], " in state ", (int)st);
+              else if (!holds(sl[i], ks[i])) fail<std::logic_error>("slot ", sl[i], " ready for key ", ks[i], " holds other bytes");
+            }
+        }
+        std::this_thread::yield();
+        for (int i = 0; i < n; i++)
+          if (c.state(sl[i]) == ExpertCache::Ready) {
+            if (!holds(sl[i], ks[i])) fail<std::logic_error>("pinned slot ", sl[i], " was overwritten (key ", ks[i], ")");
+            verified++;
+          }
+        for (int i = 0; i < n; i++) c.release(sl[i]);
+        if (it % 64 == 0) c.check_invariants();
+      }
+    } catch (const std::exception& e) {
+      record(e.what());
+    }
+  };
+  auto prefetcher = [&] {
+    std::mt19937_64 rng(seed);
+    try {
+      while (!stop) {
+        const uint32_t k = (uint32_t)(rng() % (uint64_t)keys);
+        const int s = c.try_prefetch(k);
+        if (s >= 0) {
+          stamp(s, k);
+          c.finish_load(s, true);
+        }
+        std::this_thread::yield();
+      }
+    } catch (const std::exception& e) {
+      record(e.what());
+    }
+  };
+  std::vector<std::thread> ts;
+  {
+    nb::gil_scoped_release rel;
+    std::thread pf(prefetcher);
+    for (int i = 0; i < threads; i++) ts.emplace_back(worker, i);
+    for (auto& t : ts) t.join();
+    stop = true;
+    pf.join();
+  }
+  if (!err.empty()) throw std::logic_error(err);
+  c.check_invariants();
+  if (c.lru_size() != slots) throw std::logic_error(cat("after all releases ", c.lru_size(), " of ", slots, " slots are evictable"));
+  const CacheCounters k = c.counters();
+  nb::dict d;
+  d["lookups"] = k.lookups;
+  d["hits"] = k.hits;
+  d["hits_inflight"] = k.hits_inflight;
+  d["misses"] = k.misses;
+  d["evictions"] = k.evictions;
+  d["prefetch_issued"] = k.prefetch_issued;
+  d["prefetch_used"] = k.prefetch_used;
+  d["load_failures"] = k.load_failures;
+  d["failures_seen"] = failures_seen.load();
+  d["verified"] = verified.load();
+  return d;
+}
+
 void init_model(nb::module_& m) {
+  m.def("expert_cache_stress", &cache_stress, nb::arg("slots"), nb::arg("keys"), nb::arg("threads"), nb::arg("iters"),
+        nb::arg("max_n"), nb::arg("fail_every") = 0, nb::arg("seed") = 1,
+        "Test: many threads acquire/load/verify/release on an ExpertCache; throws on a broken invariant.");
   nb::class_<Model>(m, "Model")
       .def_static(
           "load",
-          [](const std::string& path, int threads, const std::string& mtp_path) {
+          [](const std::string& path, int threads, const std::string& mtp_path, int64_t cache_mib, bool o_direct,
+             int io_threads, bool prefetch, bool prefetch_root_only, bool approximate, int protect, float bonus,
+             int draft_protect, float draft_bonus) {
             ModelOptions o;
             o.threads = threads;
             o.mtp_path = mtp_path;
+            ExpertOptions& e = o.experts;
+            e.cache_mib = cache_mib;
+            e.o_direct = o_direct;
+            e.io_threads = io_threads;
+            e.prefetch = prefetch;
+            e.prefetch_root_only = prefetch_root_only;
+            e.approximate = approximate;
+            e.protect = protect;
+            e.bonus = bonus;
+            e.draft_protect = draft_protect;
+            e.draft_bonus = draft_bonus;
+            nb::gil_scoped_release rel;
             return Model::load(path, o);
           },
-          nb::arg("path"), nb::arg("threads") = 0, nb::arg("mtp_path") = "",
-          "Open, validate and map a qwen3next GGUF (and optionally a separate MTP-only GGUF).")
+          nb::arg("path"), nb::arg("threads") = 0, nb::arg("mtp_path") = "", nb::arg("cache_mib") = -1,
+          nb::arg("o_direct") = false, nb::arg("io_threads") = 4, nb::arg("prefetch") = true,
+          nb::arg("prefetch_root_only") = false, nb::arg("approximate") = false, nb::arg("protect") = -1,
+          nb::arg("bonus") = 0.85f, nb::arg("draft_protect") = -1, nb::arg("draft_bonus") = -1.f,
+          "Open, validate and map a qwen3next GGUF (and optionally a separate MTP-only GGUF). cache_mib >= 0\n"
+          "streams experts through a cache of that size (-1: all resident); see csrc/experts/expert_stream.h.")
       .def_prop_ro("config", [](const Model& mo) { return config_dict(mo.hp()); })
       .def_prop_ro("threads", &Model::threads)
       .def_prop_ro("fingerprint", &Model::fingerprint)
@@ -87,7 +274,20 @@ void init_model(nb::module_& m) {
           if (l.recurrent) return std::string(l.dn.legacy ? "legacy" : "current");
         return std::string("none");
       })
-      .def("summary", [](const Model& mo) { return mo.hp().summary(); });
+      .def("summary", [](const Model& mo) { return mo.hp().summary(); })
+      .def("expert_stats", &expert_stats_dict, "Expert streaming counters since load or the last reset.")
+      .def("reset_expert_stats", [](const Model& mo) {
+        if (mo.experts()) mo.experts()->reset_stats();
+      })
+      .def_prop_ro("streaming", [](const Model& mo) { return mo.experts() != nullptr; })
+      .def(
+          "_inject_io_fault",
+          [](const Model& mo, int kind, int count) {
+            if (!mo.experts()) throw std::invalid_argument("_inject_io_fault: this model does not stream experts");
+            mo.experts()->inject_fault(kind, count);
+          },
+          nb::arg("kind"), nb::arg("count") = 1,
+          "Test hook: the next `count` expert reads fail (kind 1: short read, 2: EIO, 0: clear).");
 
   nb::class_<Checkpoint>(m, "Checkpoint")
       .def_prop_ro("position", [](const Checkpoint& c) { return c.position; });

@@ -1,6 +1,8 @@
 // Sparse MoE (spec qwen3next.md 1.6): router softmax over all experts in fp32, top-k (ties: lower id),
 // renormalise; SwiGLU experts; plus the sigmoid-gated shared expert. Each row's output is the sum of its
-// own experts in rank order, so it never depends on which other rows share the window.
+// own experts in rank order, so it never depends on which other rows share the window, nor on where an
+// expert's bytes come from (the mapping, or an ExpertStream slot holding the same bytes) or in which
+// batch it is computed.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -73,18 +75,55 @@ void run_experts(ThreadPool& pool, std::vector<ExpertJob>& jobs, int64_t H) {
   });
 }
 
+// Cache-aware routing (MoCE, engine spec 6), APPROXIMATE: the natural top-`protect` stay; the other slots
+// go to the largest p[e] * (resident[e] ? exp(bonus) : 1) among the rest; weights are the natural
+// probabilities of the chosen experts, renormalised. Writes sel/wt for one row; returns how many of its
+// choices differ from the natural top-k.
+int route_moce(const float* p, const int32_t* natural, int64_t E, int64_t k, int protect, float bonus,
+               const uint8_t* resident, int32_t* sel, float* wt) {
+  thread_local std::vector<float> score;
+  thread_local std::vector<int32_t> idx;
+  score.resize(E);
+  idx.resize(E);
+  const float boost = std::exp(bonus);
+  for (int64_t e = 0; e < E; e++) score[e] = resident[e] ? p[e] * boost : p[e];
+  for (int j = 0; j < protect; j++) score[natural[j]] = INFINITY;  // kept, in natural order
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+    return score[a] > score[b] || (score[a] == score[b] && (p[a] > p[b] || (p[a] == p[b] && a < b)));
+  });
+  float ws = 0.f;
+  for (int64_t j = 0; j < k; j++) ws += p[idx[j]];
+  int changed = 0;
+  for (int64_t j = 0; j < k; j++) {
+    sel[j] = idx[j];
+    wt[j] = p[idx[j]] / ws;
+    changed += std::find(natural, natural + k, idx[j]) == natural + k;
+  }
+  return changed;
+}
+
 }  // namespace
 
 void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float* out) {
   const HParams& hp = m.hp();
   const int64_t H = hp.n_embd, E = hp.n_expert, k = hp.n_expert_used;
   ThreadPool& pool = m.pool();
+  ExpertStream* es = m.experts();                 // null: every expert is in the mapping
+  const int layer = es ? es->layer_of(&w) : -1;  // -1: not streamed (also the MTP block)
   thread_local FBuf logits, slot_out, xg, yg, sh;
   logits.resize((size_t)T * E);
   MatView router{reinterpret_cast<const uint8_t*>(w.gate_inp.data()), GGML_F32, E, H, (size_t)H * sizeof(float)};
-  matmul(pool, router, x, H, T, logits.data(), E);
+  matmul(pool, router, x, H, T, logits.data(), E);  // [T][E]
 
-  // routing per row
+  // routing per row (approximate routing reads the residency of this layer's experts once, before any row)
+  const bool moce = layer >= 0 && es->options().approximate;
+  std::vector<uint8_t> resident;
+  if (moce) {
+    resident.resize(E);
+    es->cache().resident_mask(es->key(layer, 0), (int)E, resident.data());
+  }
+  uint64_t moce_changed = 0;
   std::vector<int32_t> sel((size_t)T * k);
   std::vector<float> wt((size_t)T * k);
   std::vector<int32_t> idx(E);
@@ -101,6 +140,12 @@ void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float
     std::iota(idx.begin(), idx.end(), 0);
     std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
                       [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    if (moce) {
+      const ExpertOptions& o = es->options();
+      moce_changed += route_moce(l, idx.data(), E, k, t == 0 ? o.protect : o.draft_protect,
+                                 t == 0 ? o.bonus : o.draft_bonus, resident.data(), &sel[t * k], &wt[t * k]);
+      continue;
+    }
     float ws = 0.f;
     for (int64_t j = 0; j < k; j++) ws += l[idx[j]];
     for (int64_t j = 0; j < k; j++) {
@@ -108,6 +153,7 @@ void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float
       wt[t * k + j] = l[idx[j]] / ws;
     }
   }
+  if (moce) es->note_moce(moce_changed, (uint64_t)T);
 
   // experts: the union over rows, each expert run once over the rows that chose it (+ the shared expert
   // over all rows), as one job list
@@ -119,31 +165,67 @@ void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return sel[a] < sel[b]; });
   std::vector<ExpertJob> jobs;
+  std::vector<int32_t> uni;                       // the union, ascending; jobs[q] runs expert uni[q]
   std::vector<std::pair<size_t, int>> job_slots;  // (first index into order, n)
   for (size_t i = 0; i < order.size();) {
     const int32_t e = sel[order[i]];
     size_t j = i;
     for (; j < order.size() && sel[order[j]] == e; j++)
       std::memcpy(xg.data() + j * H, x + (size_t)(order[j] / k) * H, H * sizeof(float));
-    jobs.push_back({w.gate_exps.expert(e), w.up_exps.expert(e), w.down_exps.expert(e), xg.data() + i * H, (int)(j - i),
-                    yg.data() + i * F, nullptr});
+    jobs.push_back({{}, {}, {}, xg.data() + i * H, (int)(j - i), yg.data() + i * F, nullptr});
+    uni.push_back(e);
     job_slots.push_back({i, (int)(j - i)});
     i = j;
   }
   thread_local FBuf ygather, sh_act;
   ygather.resize((size_t)T * k * H);
   for (size_t q = 0; q < jobs.size(); q++) jobs[q].out = ygather.data() + job_slots[q].first * H;
+  std::vector<ExpertJob> shared;  // the shared expert joins the first batch when its shape matches
   if (w.has_shexp) {
     sh.resize((size_t)T * H);
     sh_act.resize((size_t)T * hp.n_ff_shexp);
-    if (hp.n_ff_shexp == F) {
-      jobs.push_back({w.gate_shexp, w.up_shexp, w.down_shexp, x, T, sh_act.data(), sh.data()});
-    }
+    shared.push_back({w.gate_shexp, w.up_shexp, w.down_shexp, x, T, sh_act.data(), sh.data()});
   }
-  run_experts(pool, jobs, H);
-  if (w.has_shexp && hp.n_ff_shexp != F) {
-    std::vector<ExpertJob> sj{{w.gate_shexp, w.up_shexp, w.down_shexp, x, T, sh_act.data(), sh.data()}};
-    run_experts(pool, sj, H);
+  const bool shared_joins = w.has_shexp && hp.n_ff_shexp == F;
+  if (layer < 0) {
+    for (size_t q = 0; q < jobs.size(); q++) {
+      jobs[q].gate = w.gate_exps.expert(uni[q]);
+      jobs[q].up = w.up_exps.expert(uni[q]);
+      jobs[q].down = w.down_exps.expert(uni[q]);
+    }
+    if (shared_joins) jobs.push_back(shared[0]);
+    run_experts(pool, jobs, H);
+    if (w.has_shexp && !shared_joins) run_experts(pool, shared, H);
+  } else {
+    // streamed (expert_stream.h): pin the union, compute the shared and resident experts while the missing
+    // ones are read, then each batch that has arrived; a union larger than the cache goes in groups
+    const int U = (int)uni.size(), cap = es->cache().slots();
+    const int groups = (U + cap - 1) / cap;
+    es->note_union(U, groups);
+    es->score_prediction(layer, uni);
+    for (int g0 = 0; g0 < U; g0 += cap) {
+      const int g1 = std::min(U, g0 + cap);
+      ExpertStream::Pins pins(*es, layer, uni.data() + g0, g1 - g0);
+      if (groups == 1) es->prefetch(pool, layer, x, T);
+      std::vector<ExpertJob> batch;
+      auto add = [&](int i) {
+        ExpertJob& J = jobs[g0 + i];
+        es->views(layer, uni[g0 + i], pins.slot(i), &J.gate, &J.up, &J.down);
+        batch.push_back(J);
+      };
+      for (int i = 0; i < g1 - g0; i++)
+        if (pins.ready(i)) add(i);
+      if (g0 == 0 && w.has_shexp) {
+        if (shared_joins) batch.push_back(shared[0]);
+        else run_experts(pool, shared, H);
+      }
+      run_experts(pool, batch, H);
+      while (pins.pending()) {
+        batch.clear();
+        for (int i : pins.wait()) add(i);
+        run_experts(pool, batch, H);
+      }
+    }
   }
   for (size_t i = 0; i < order.size(); i++)
     std::memcpy(slot_out.data() + (size_t)order[i] * H, ygather.data() + i * H, H * sizeof(float));

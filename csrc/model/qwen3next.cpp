@@ -51,6 +51,11 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     m->w_.mtp = MtpWeights::load(*m->mtp_file_, h);
   }
   m->pool_ = std::make_unique<ThreadPool>(opt.threads ? opt.threads : physical_cores());
+  // experts streamed through a bounded cache (engine spec 6); -1 keeps every expert in the mapping
+  STRATA_CHECK(opt.experts.cache_mib >= -1, "bad option cache_mib=", opt.experts.cache_mib, ": expected MiB >= 0 or -1 (full)");
+  STRATA_CHECK(!opt.experts.approximate || opt.experts.cache_mib != -1,
+               "approximate (cache-aware) routing needs an expert cache (cache_mib); with every expert resident it is natural routing");
+  if (opt.experts.cache_mib != -1) m->experts_ = std::make_unique<ExpertStream>(*m->file_, m->hp_, m->w_, opt.experts);
   uint64_t h = 1469598103934665603ull;
   const uint64_t size = m->file_->file_size();
   h = fnv1a(h, &size, sizeof size);

@@ -56,9 +56,15 @@ def generate_ids(model, prompt_ids: list[int], config: GenerationConfig | None =
     if len(ids) > session.n_ctx:
         raise ValueError(f"prompt of {len(ids)} tokens exceeds the context of {session.n_ctx} tokens")
     stats.prompt_tokens = len(ids)
+    streaming = getattr(model, "streaming", False)
+    if streaming:  # expert counters of this request: stats.experts (prefill + decode), stats.experts_decode
+        from . import experts as _experts
+        e0 = _experts.snapshot(model)
     t0 = time.perf_counter()
     prefill(session, ids[:-1])
     stats.prefill_s = time.perf_counter() - t0
+    if streaming:
+        e1 = _experts.snapshot(model)
     if hasattr(proposer, "bind"):  # drafters that read the session (MTP)
         proposer.bind(session)
     eog = set(tok.eog_ids) if cfg.stop_at_eos else set()
@@ -69,6 +75,10 @@ def generate_ids(model, prompt_ids: list[int], config: GenerationConfig | None =
         finish = getattr(proposer, "finish", None)  # e.g. add the output to a global suffix index
         if finish is not None:
             finish()
+        if streaming:
+            e2 = _experts.snapshot(model)
+            stats.experts = _experts.delta(e0, e2, stats.prompt_tokens + stats.generated)
+            stats.experts_decode = _experts.delta(e1, e2, stats.generated)
 
 
 def generate(model, prompt: str, config: GenerationConfig | None = None, *, stats: LoopStats | None = None,
@@ -113,6 +123,18 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft", default=d.draft, help="speculative drafter: none, suffix, auto, mtp, mtp+suffix")
     ap.add_argument("--max-draft", type=int, default=d.max_draft)
     ap.add_argument("--min-match", type=int, default=d.min_match)
+    ap.add_argument("--cache-mib", default=None, metavar="N|full",
+                    help="stream experts from the file through a cache of N MiB (default: full = all resident)")
+    ap.add_argument("--o-direct", action="store_true", help="expert reads with O_DIRECT (bypass the page cache)")
+    ap.add_argument("--io-threads", type=int, default=4, help="expert reader threads (with --cache-mib)")
+    ap.add_argument("--no-prefetch", action="store_true", help="do not read the next layer's predicted experts ahead")
+    ap.add_argument("--prefetch-root-only", action="store_true", help="only row 0 of a window predicts experts")
+    ap.add_argument("--approximate-routing", action="store_true",
+                    help="APPROXIMATE cache-aware expert routing (MoCE; changes the output, needs --cache-mib)")
+    ap.add_argument("--approx-protect", type=int, default=None, help="natural top-j kept (row 0)")
+    ap.add_argument("--approx-bonus", type=float, default=0.85, help="resident experts' score x exp(bonus) (row 0)")
+    ap.add_argument("--approx-draft-protect", type=int, default=None, help="top-j kept for draft rows")
+    ap.add_argument("--approx-draft-bonus", type=float, default=None, help="bonus for draft rows")
     ap.add_argument("--stats", action="store_true", help="print speed and drafting metrics (stderr)")
     ap.add_argument("--stats-json", metavar="FILE", help="write the metrics as JSON")
     ap.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats) instead of streaming")
@@ -135,7 +157,7 @@ def _stats_table(stats: dict, model) -> None:
         rows += [("drafted / accepted", f"{stats['drafted']} / {stats['accepted']}"),
                  ("acceptance", f"{stats['acceptance']:.3f}"), ("E[keep] realised", f"{stats['e_keep']:.2f}"),
                  ("T histogram", " ".join(f"{k}:{v}" for k, v in stats["t_hist"].items()))]
-    for extra in ("draft", "controller"):
+    for extra in ("draft", "controller", "experts"):
         if extra in stats:
             for k, v in stats[extra].items():
                 rows.append((f"{extra}.{k}", str(v)))
@@ -165,7 +187,17 @@ def main(argv=None) -> int:
         else:
             raise ValueError("no prompt: pass it as an argument, with --file, or on standard input")
         from .model import Model
-        model = Model.load(a.model, threads=a.threads, mtp=a.mtp)
+        cache_mib = None
+        if a.cache_mib is not None and a.cache_mib != "full":
+            try:
+                cache_mib = int(a.cache_mib)
+            except ValueError:
+                raise ValueError(f"bad option --cache-mib {a.cache_mib!r}: expected MiB or 'full'") from None
+        model = Model.load(a.model, threads=a.threads, mtp=a.mtp, cache_mib=cache_mib, o_direct=a.o_direct,
+                           io_threads=a.io_threads, prefetch=not a.no_prefetch, prefetch_root_only=a.prefetch_root_only,
+                           routing="approximate" if a.approximate_routing else "natural",
+                           approx_protect=a.approx_protect, approx_bonus=a.approx_bonus,
+                           approx_draft_protect=a.approx_draft_protect, approx_draft_bonus=a.approx_draft_bonus)
     except (ValueError, FileNotFoundError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -208,6 +240,9 @@ def main(argv=None) -> int:
     sd = stats.as_dict()
     if proposer is not None and hasattr(proposer, "stats"):
         sd.update(proposer.stats())  # "draft" / "controller" sub-dicts (engine spec 8)
+    if getattr(stats, "experts", None) is not None:  # expert streaming counters of this request
+        sd["experts"] = stats.experts
+        sd["experts_decode"] = stats.experts_decode
     if a.json:
         print(json.dumps({"prompt": prompt, "text": "".join(pieces), "stats": sd}))
     else:

@@ -81,14 +81,37 @@ class Model:
 
     @classmethod
     def load(cls, path: str | Path | None = None, *, threads: int | None = None,
-             mtp: str | Path | None = None) -> "Model":
+             mtp: str | Path | None = None, cache_mib: int | str | None = None, o_direct: bool = False,
+             io_threads: int = 4, prefetch: bool = True, prefetch_root_only: bool = False,
+             routing: str = "natural", approx_protect: int | None = None, approx_bonus: float = 0.85,
+             approx_draft_protect: int | None = None, approx_draft_bonus: float | None = None) -> "Model":
         """Open a GGUF (default: the shipped model, checksum-verified). threads=None uses the physical cores.
         mtp: a separate MTP-only GGUF for the model (checked to fit: hidden size, vocabulary, expert shapes).
+
+        Expert streaming (engine spec 6; csrc/experts/expert_stream.h): cache_mib=None or "full" keeps every
+        expert resident (mapped, as always); an int streams routed experts from the file through a cache of that
+        many MiB (at least one row's experts: a smaller budget is a ValueError naming the minimum), read by
+        io_threads reader threads, with O_DIRECT if o_direct (bypassing the page cache). prefetch reads the next
+        layer's predicted experts at low priority (prefetch_root_only: only row 0 of a window predicts). Output
+        is bit-identical to full residency at every budget.
+
+        routing="approximate" (needs a cache) is cache-aware routing (MoCE): the natural top-`approx_protect`
+        experts are kept and resident experts get a bonus of exp(approx_bonus) for the other slots (rows > 0:
+        approx_draft_*). It CHANGES the model's output (it is not lossless) and makes speculative windows
+        differ from serial decoding, because residency differs between the two.
 
         Raises ValueError naming the file, tensor or key for a malformed or unsupported file.
         """
         if threads is not None and threads < 1:
             raise ValueError(f"bad option threads={threads}: must be >= 1")
+        if cache_mib is None or cache_mib == "full":
+            mib = -1
+        elif isinstance(cache_mib, int) and not isinstance(cache_mib, bool) and cache_mib >= 0:
+            mib = cache_mib
+        else:
+            raise ValueError(f"bad option cache_mib={cache_mib!r}: expected an int >= 0 (MiB) or 'full'")
+        if routing not in ("natural", "approximate"):
+            raise ValueError(f"bad option routing={routing!r}: expected 'natural' or 'approximate'")
         if path is None:
             path = default_model_path()
             if not path.exists():
@@ -99,7 +122,11 @@ class Model:
             raise FileNotFoundError(f"{path}: no such model file")
         if mtp is not None and not Path(mtp).exists():
             raise FileNotFoundError(f"{mtp}: no such MTP file")
-        core = _core.Model.load(str(path), threads or 0, str(mtp) if mtp is not None else "")
+        core = _core.Model.load(str(path), threads or 0, str(mtp) if mtp is not None else "", mib, bool(o_direct),
+                                int(io_threads), bool(prefetch), bool(prefetch_root_only), routing == "approximate",
+                                -1 if approx_protect is None else int(approx_protect), float(approx_bonus),
+                                -1 if approx_draft_protect is None else int(approx_draft_protect),
+                                -1.0 if approx_draft_bonus is None else float(approx_draft_bonus))
         tok = Tokenizer.from_metadata(_core.gguf_metadata(str(path)))
         if tok.n_vocab > core.config["n_vocab"]:
             raise ValueError(f"{path}: tokenizer has {tok.n_vocab} tokens but token_embd has {core.config['n_vocab']} rows")
@@ -125,6 +152,27 @@ class Model:
     @property
     def has_mtp(self) -> bool:
         return self._core.has_mtp
+
+    @property
+    def streaming(self) -> bool:
+        """True when experts are read from the file through a bounded cache (cache_mib given)."""
+        return self._core.streaming
+
+    def expert_stats(self) -> dict:
+        """Expert streaming counters since load or reset_expert_stats(): bytes read, sync misses, late waits,
+        hit rate, evictions, prefetch issued/used/wasted and precision/recall, mean union per layer.
+        {"streaming": False} when every expert is resident."""
+        return self._core.expert_stats()
+
+    def reset_expert_stats(self) -> None:
+        self._core.reset_expert_stats()
+
+    def _inject_io_fault(self, kind: str, count: int = 1) -> None:
+        """Test hook: the next `count` expert reads fail with kind "short" (a short read) or "eio" ("none" clears)."""
+        kinds = {"none": 0, "short": 1, "eio": 2}
+        if kind not in kinds:
+            raise ValueError(f"bad fault kind {kind!r}: expected one of {', '.join(kinds)}")
+        self._core._inject_io_fault(kinds[kind], int(count))
 
     def session(self, *, n_ctx: int | None = None, max_window: int = 8, fold: str = "lazy",
                 mtp: bool = False) -> "Session":
@@ -154,6 +202,7 @@ class Session:
     def __init__(self, model: Model, core: "_core.Session"):
         self.model = model
         self._core = core
+        self._broken: str | None = None  # why runs are refused (a streamed read failed mid-way)
 
     @property
     def position(self) -> int:
@@ -182,7 +231,25 @@ class Session:
             raise ValueError(f"run(): tokens must be a 1-D sequence of ids, got shape {arr.shape}")
         if arr.size and (arr.min() < 0 or arr.max() >= 2**31):
             raise ValueError(f"run(): token ids out of range: min {arr.min()}, max {arr.max()}")
-        return self._core.run(arr.astype(np.int32), last_only)
+        if not self.model.streaming:
+            return self._core.run(arr.astype(np.int32), last_only)
+        if self._broken is not None:
+            raise RuntimeError(f"run(): refused: {self._broken}")
+        # A failed expert read (I/O error, short read, file changed) aborts the forward at some layer. A verify
+        # window with no pending fold has not touched committed state yet, so it can simply be run again; a
+        # step / prompt window (DeltaNet state updated in place) or a pending lazy fold may have been applied
+        # to the layers before the failure, so the session refuses to run until restore() or reset().
+        T = int(arr.size)
+        retryable = 1 < T <= self.max_window and self._core.fold != "partial" and self._core.pending_fold == 0
+        try:
+            return self._core.run(arr.astype(np.int32), last_only)
+        except RuntimeError as e:
+            if not retryable:
+                self._broken = (f"an expert read failed during a window that updates committed state in place "
+                                f"({e}); restore a checkpoint or reset() the session")
+                raise RuntimeError(f"{e} (the session must be restored from a checkpoint or reset before it "
+                                   f"runs again)") from e
+            raise
 
     def sample(self, cfg: GenerationConfig | "_core.SamplingParams" | None = None) -> np.ndarray:
         """Finish the last window: logit processors + choice per row (int32 [T]); row i at position pos0+i+1."""
@@ -210,6 +277,7 @@ class Session:
     def restore(self, cp) -> None:
         """Return to a checkpoint of this model; continuing is bit-identical to never having left it."""
         self._core.restore(cp)
+        self._broken = None
 
     def save(self, path: str | Path) -> None:
         """Write the committed state to a file (atomically); Model.load_session reads it back."""
@@ -221,3 +289,4 @@ class Session:
 
     def reset(self) -> None:
         self._core.reset()
+        self._broken = None
