@@ -1150,6 +1150,7 @@ def mtp_free_running(model: Qwen3NextLM, prompts: torch.Tensor, n_new: int) -> d
 def export_checkpoint(model: Qwen3NextLM, out_dir: str, shard_max: int, eos_id: int) -> dict:
     from safetensors.torch import save_file
     tensors = to_checkpoint_tensors(model, torch.bfloat16)
+    shard_max -= 256 * 1024                                            # room for the safetensors JSON header
     shards, cur, cur_b = [], {}, 0
     for name, t in tensors.items():
         nb = t.numel() * t.element_size()
