@@ -11,6 +11,8 @@ tokenizer) work before the extension is built.
 from __future__ import annotations
 
 from .config import GenerationConfig
+# Bound eagerly: the submodule strata_py.generate would otherwise shadow the function of the same name.
+from .generate import generate
 
 __all__ = ["Model", "Session", "GenerationConfig", "generate"]
 __version__ = "0.1.0"
@@ -20,7 +22,4 @@ def __getattr__(name):
     if name in ("Model", "Session"):
         from . import model as _model
         return getattr(_model, name)
-    if name == "generate":
-        from .generate import generate as _generate
-        return _generate
     raise AttributeError(f"module 'strata_py' has no attribute {name!r}")

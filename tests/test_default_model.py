@@ -1,0 +1,71 @@
+"""The model shipped inside the package: it loads with no path, its SHA-256 matches the recorded one, its
+logits match transformers (through a round trip of the shipped GGUF to an HF checkpoint) on held-out code,
+and the CLI runs without --model."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from strata_py.model import Model, default_model_path, verify_default_model
+
+HELD_OUT = [
+    "import argparse\n\n\ndef parse_args(argv=None):\n    parser = argparse.ArgumentParser(description=",
+    "class LRUCache:\n    def __init__(self, capacity):\n        self.capacity = capacity\n        self.data = {}\n",
+    "for i, line in enumerate(open(path)):\n    if line.startswith('#'):\n        continue\n",
+]
+
+
+@pytest.fixture(scope="module")
+def default_model():
+    return Model.load(threads=2)
+
+
+def test_default_model_ships_and_checksum_matches():
+    path = default_model_path()
+    assert path.exists(), f"{path} is missing from the package"
+    assert path.stat().st_size <= 32 * 2**20
+    assert len(verify_default_model(path)) == 64
+
+
+def test_checksum_mismatch_is_refused(tmp_path):
+    p = tmp_path / default_model_path().name
+    data = bytearray(default_model_path().read_bytes())
+    data[-1] ^= 0xFF
+    p.write_bytes(bytes(data))
+    (tmp_path / "SHA256SUMS").write_text(default_model_path().with_name("SHA256SUMS").read_text())
+    with pytest.raises(RuntimeError, match="does not match the recorded"):
+        verify_default_model(p)
+
+
+def test_default_model_matches_transformers(default_model, tmp_path):
+    from strata_py.convert import gguf_to_hf
+    from transformers import Qwen3NextForCausalLM
+
+    back = gguf_to_hf(default_model_path(), tmp_path / "hf")
+    ref_model = Qwen3NextForCausalLM.from_pretrained(back, dtype=torch.float32).eval()
+    for text in HELD_OUT:
+        ids = default_model.tokenizer.encode(text)
+        with torch.no_grad():
+            ref = ref_model(torch.tensor([ids])).logits[0].float().numpy()
+        s = default_model.session(n_ctx=256)
+        ours = s.run(ids)
+        rel = np.max(np.linalg.norm(ours - ref, axis=-1) / np.linalg.norm(ref, axis=-1))
+        assert rel <= 1e-4, text
+
+
+def test_default_model_has_mtp_and_writes_python(default_model):
+    from strata_py import generate
+    assert default_model.has_mtp
+    text = "".join(generate(default_model, "def parse_args(", max_tokens=32))
+    assert len(text) > 10
+
+
+def test_cli_runs_without_model():
+    r = subprocess.run([sys.executable, "-m", "strata_py.generate", "import os\n", "--max-tokens", "8", "--threads", "2"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("import os\n") and len(r.stdout) > len("import os\n")
