@@ -108,4 +108,39 @@ void init_kernels(nb::module_& m) {
       },
       nb::arg("w"), nb::arg("type"), nb::arg("rows"), nb::arg("cols"), nb::arg("x"), nb::arg("isa") = "avx512",
       nb::arg("threads") = 1, "y[T, rows] = x[T, cols] @ W^T on the chosen kernel path.");
+  m.def(
+      "bench_matmul",
+      [](U8 w, const std::string& type, int64_t rows, int64_t cols, int64_t nmat, F2 x, const std::string& isa,
+         int threads, int reps) {
+        // Seconds per product, rotating over nmat matrices stored back to back in w (so caches do not
+        // flatter), one pool for the whole run, GIL released.
+        const TypeTraits* t = nullptr;
+        for (uint32_t id = 0; id < 64 && !t; id++)
+          if (type_traits(id) && type == type_traits(id)->name) t = type_traits(id);
+        STRATA_CHECK(t && t->dequant, "bench_matmul: unsupported type '", type, "'");
+        const size_t rb = row_bytes(t->id, cols);
+        STRATA_CHECK((int64_t)w.size() >= (int64_t)(rb * rows * nmat), "bench_matmul: weight buffer too small");
+        STRATA_CHECK((int64_t)x.shape(1) == cols, "bench_matmul: x has ", x.shape(1), " columns");
+        const int T = (int)x.shape(0);
+        std::vector<float> out((size_t)T * rows);
+        const Isa prev = active_isa();
+        force_isa(parse_isa(isa));
+        double sec = 0;
+        {
+          nb::gil_scoped_release rel;
+          ThreadPool pool(threads);
+          auto one = [&](int64_t i) {
+            MatView W{w.data() + (size_t)(i % nmat) * rb * rows, t->id, rows, cols, rb};
+            matmul(pool, W, x.data(), cols, T, out.data(), rows);
+          };
+          for (int64_t i = 0; i < nmat; i++) one(i);  // warm-up: page in, wake threads
+          Timer tm;
+          for (int64_t i = 0; i < (int64_t)reps * nmat; i++) one(i);
+          sec = tm.seconds() / ((double)reps * nmat);
+        }
+        force_isa(prev);
+        return sec;
+      },
+      nb::arg("w"), nb::arg("type"), nb::arg("rows"), nb::arg("cols"), nb::arg("nmat"), nb::arg("x"),
+      nb::arg("isa") = "avx512", nb::arg("threads") = 1, nb::arg("reps") = 3);
 }

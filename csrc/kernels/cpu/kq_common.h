@@ -30,8 +30,18 @@ inline uint32_t u32_at(const uint8_t* p) {
   std::memcpy(&v, p, 4);
   return v;
 }
+// Q4_K/Q5_K scales and mins, branch-free (ggml's kmask trick): sc[0..7] and m[0..7] as bytes.
 inline void k4_scales(const uint8_t* s, uint8_t* sc, uint8_t* m) {
-  for (int j = 0; j < 8; j++) k4_scale_min(s, j, &sc[j], &m[j]);
+  uint32_t u[3];
+  std::memcpy(u, s, 12);
+  const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+  const uint32_t sc_lo = u[0] & k1, m_lo = u[1] & k1;
+  const uint32_t sc_hi = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+  const uint32_t m_hi = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+  std::memcpy(sc, &sc_lo, 4);
+  std::memcpy(sc + 4, &sc_hi, 4);
+  std::memcpy(m, &m_lo, 4);
+  std::memcpy(m + 4, &m_hi, 4);
 }
 
 }  // namespace strata::kq
