@@ -59,7 +59,6 @@ WORKLOADS = {"edit": EDIT, "repeat": REPEAT, "free": FREE, "replay": EDIT}
 # answer to it, as in an agent loop that re-issues a request: real acceptance even on a random model,
 # so the speedup there measures verification cost C(T) against E[keep].
 REPLAY_EXTRA = {"global_index_tokens": 1 << 16}
-DRAFTS = ("none", "suffix", "auto")
 
 
 def run_one(model, ids, cfg: GenerationConfig):
@@ -82,6 +81,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="rounds per workload (median tok/s)")
     ap.add_argument("--max-draft", type=int, default=GenerationConfig().max_draft)
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of edit,repeat,free,replay")
+    ap.add_argument("--drafts", default=None,
+                    help="comma-separated drafters to compare with 'none' (default: suffix,auto, plus mtp,mtp+suffix "
+                         "when the model has an MTP block)")
     ap.add_argument("--json", metavar="OUT", help="write all results as JSON")
     a = ap.parse_args(argv)
 
@@ -93,6 +95,8 @@ def main(argv=None) -> int:
             print(f"error: the default model {path} is not installed; pass --model", file=sys.stderr)
             return 2
     model = Model.load(path, threads=a.threads)
+    drafts = ["none"] + (a.drafts.split(",") if a.drafts else
+                         ["suffix", "auto"] + (["mtp", "mtp+suffix"] if model.has_mtp else []))
     base = GenerationConfig(max_tokens=a.max_tokens, temperature=a.temperature, seed=a.seed, stop_at_eos=False,
                             max_draft=a.max_draft)
     # warm-up (page in weights, first-touch buffers) so the first measured run is not penalised
@@ -103,18 +107,18 @@ def main(argv=None) -> int:
         ids = model.tokenizer.encode(WORKLOADS[w])
         # --repeat rounds, drafters interleaved within a round so machine noise hits all alike; the
         # reported tok/s is the median round, the other figures are from the last round (deterministic)
-        runs = {draft: [] for draft in DRAFTS}
+        runs = {draft: [] for draft in drafts}
         cfg = base.replace(extra=REPLAY_EXTRA) if w == "replay" else base
         if w == "replay":
             from strata_py.drafting import suffix
             suffix._GLOBAL.clear()
             run_one(model, ids, cfg.replace(draft="suffix"))  # the earlier request: seeds the global index
         for _ in range(a.repeat):
-            for draft in DRAFTS:
+            for draft in drafts:
                 runs[draft].append(run_one(model, ids, cfg.replace(draft=draft)))
         med = {k: sorted(d["decode_tok_s"] for _, d in v)[len(v) // 2] for k, v in runs.items()}
         plain = runs["none"][-1]
-        for draft in DRAFTS:
+        for draft in drafts:
             out, d = runs[draft][-1]
             r = {"workload": w, "draft": draft, "prompt_tokens": len(ids), "generated": d["generated_tokens"],
                  "decode_tok_s": med[draft], "speedup": med[draft] / med["none"],
