@@ -29,9 +29,13 @@ struct Loader {
     }
   }
   void check_type(const GgufTensor* t) const {
-    if (!type_supported(t->type))
+    if (!type_supported(t->type)) {
+      std::string ok;
+      for (uint32_t id = 0; id < 64; id++)
+        if (type_supported(id)) ok += (ok.empty() ? "" : ", ") + type_name(id);
       fail<std::invalid_argument>(f.path(), ": tensor '", t->name, "' has type ", type_name(t->type),
-                                  ", which this engine does not support (supported: F32, F16, BF16, Q8_0)");
+                                  ", which this engine does not support (supported: ", ok, ")");
+    }
   }
   std::vector<float> vec(const std::string& name, int64_t n) const {
     const GgufTensor* t = find(name, true);
