@@ -93,7 +93,9 @@ class Model:
         many MiB (at least one row's experts: a smaller budget is a ValueError naming the minimum), read by
         io_threads reader threads, with O_DIRECT if o_direct (bypassing the page cache). prefetch reads the next
         layer's predicted experts at low priority (prefetch_root_only: only row 0 of a window predicts). Output
-        is bit-identical to full residency at every budget.
+        is bit-identical to full residency at every budget. A window whose expert union is larger than the cache
+        (a long prompt window at a small budget) runs that layer's experts in groups that fit (degraded: more
+        reads, same output); it never deadlocks.
 
         routing="approximate" (needs a cache) is cache-aware routing (MoCE): the natural top-`approx_protect`
         experts are kept and resident experts get a bonus of exp(approx_bonus) for the other slots (rows > 0:
