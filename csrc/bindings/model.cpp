@@ -355,6 +355,19 @@ void init_model(nb::module_& m) {
             return to_numpy<int32_t>(out.data(), {out.size()});
           },
           nb::arg("params"))
+      .def(
+          "run_sample",
+          [](Session& s, I32 tokens, const SamplingParams& p) {
+            // one crossing per window: run + finish, logits stay in C++
+            std::vector<int32_t> out;
+            {
+              nb::gil_scoped_release rel;
+              s.run(tokens.data(), (int)tokens.shape(0), false);
+              out = s.sample(p);
+            }
+            return to_numpy<int32_t>(out.data(), {out.size()});
+          },
+          nb::arg("tokens"), nb::arg("params"), "run(tokens) then sample(params); returns the chosen token per row.")
       .def("commit", &Session::commit, nb::arg("keep"))
       .def("flush", &Session::flush)
       .def("reset", &Session::reset)

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Protocol, Sequence
 
+import numpy as np
+
 from .config import GenerationConfig
 
 
@@ -94,7 +96,11 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
 
     choose_drafts(available) -> how many drafts to ask for (the length controller); default: all available.
     """
+    from .model import sampling_params  # (imports the C++ core; this module stays importable without it)
+
     max_window = session.max_window
+    params = sampling_params(cfg)  # built once per request
+    core = session._core
     record = getattr(proposer, "record_window", None)  # optional: window cost for a length controller
     context = list(session.tokens) + [root]
     while stats.generated < cfg.max_tokens:
@@ -102,6 +108,7 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
         if room < 1:
             stats.stop = "context"
             return
+        t_start = time.perf_counter()  # decode time includes drafting
         drafts: list[int] = []
         if proposer is not None and room > 1:
             want = room - 1 if choose_drafts is None else min(room - 1, choose_drafts(room - 1))
@@ -109,12 +116,12 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
                 drafts = list(proposer.propose(context, want))[:want]
         inputs = [root] + drafts
         t0 = time.perf_counter()
-        session.run(inputs)
-        out = session.sample(cfg)
+        out = core.run_sample(np.asarray(inputs, dtype=np.int32), params).tolist()
         keep = accept(inputs, out, eog)
-        session.commit(keep)
-        dt = time.perf_counter() - t0
-        stats.decode_s += dt
+        core.commit(keep)
+        t1 = time.perf_counter()
+        dt = t1 - t0
+        stats.decode_s += t1 - t_start
         stats.windows += 1
         stats.window_ms.append(dt * 1e3)
         stats.t_hist[len(inputs)] = stats.t_hist.get(len(inputs), 0) + 1
@@ -125,12 +132,12 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
         if record is not None:
             record(len(inputs), dt)
         for i in range(keep):
-            tok = int(out[i])
+            tok = out[i]
             stats.generated += 1
             yield tok
             if tok in eog and cfg.stop_at_eos:
                 stats.stop = "eog"
                 return
-        context.extend(int(t) for t in out[:keep])
-        root = int(out[keep - 1])
+        context.extend(out[:keep])
+        root = out[keep - 1]
     stats.stop = "max_tokens"
