@@ -147,6 +147,7 @@ class Session {
   int64_t pend_first_ = 0, pend_n_ = 0;  // pending lazy fold: saved rows [first, first+n)
   double fold_s_ = 0;
   int64_t last_hidden_rows_ = 0;
+  std::string broken_;  // non-empty: a failed in-place run left committed state partial (see run())
   // MTP: its own KV cache; committed rows whose (hidden, next token) pair it has not consumed yet
   KvCache mtp_kv_;
   int64_t mtp_pos_ = 0;                  // MTP cells [0, mtp_pos_) hold committed rows
@@ -162,6 +163,7 @@ void mtp_forward(const Model& m, KvCache& kv, const float* hidden, const int32_t
                  float* out_hidden, float* logits_last);
 
 // The graph: embeds tokens, runs every layer over T rows at pos0, final norm, output head.
+// Expects no pending fold (Session::run flushes it first).
 // in_place: DeltaNet rows update committed state in the step (T = 1 and prompt windows);
 // partial: row 0 updates committed state, rows 1.. run on S_work.
 void forward(const Model& m, Session& s, const int32_t* tokens, int T, int64_t pos0, bool in_place, bool partial,

@@ -89,13 +89,7 @@ void forward(const Model& m, Session& s, const int32_t* tokens, int T, int64_t p
     const LayerWeights& L = W.layers[il];
     for (int t = 0; t < T; t++) rmsnorm(x.data() + t * H, L.attn_norm.data(), H, hp.rms_eps, h.data() + t * H);
     if (L.recurrent) {
-      DeltaNetState& st = s.dn_[s.layer_slot_[il]];
-      if (s.pend_n_ > 0) {  // lazy fold of the last window's kept rows, before this layer overwrites them
-        Timer tm;
-        st.fold(s.pend_first_, s.pend_n_);
-        s.fold_s_ += tm.seconds();
-      }
-      deltanet_layer(m, L.dn, st, h.data(), T, mode, mix.data());
+      deltanet_layer(m, L.dn, s.dn_[s.layer_slot_[il]], h.data(), T, mode, mix.data());
     } else {
       attention_layer(m, L.attn, s.kv_[s.layer_slot_[il]], h.data(), T, pos0, mix.data());
     }
@@ -105,7 +99,6 @@ void forward(const Model& m, Session& s, const int32_t* tokens, int T, int64_t p
     moe_layer(m, L.moe, h.data(), T, mix.data());
     for (int64_t i = 0; i < (int64_t)T * H; i++) x[i] = x[i] + mix[i];
   }
-  s.pend_n_ = 0;
 
   // hidden states of every row (the MTP block drafts from them); logits of every row or only the last
   for (int t = 0; t < T; t++) rmsnorm(x.data() + t * H, W.output_norm.data(), H, hp.rms_eps, hidden + (size_t)t * H);

@@ -46,6 +46,7 @@ const float* Session::run(const int32_t* tokens, int T, bool last_only) {
   if (last_T_ > 0)
     fail<std::logic_error>("run() while a commit is pending: call commit(keep) for the previous window of ", last_T_,
                            " rows first");
+  if (!broken_.empty()) fail<std::logic_error>("run(): refused: ", broken_);
   STRATA_CHECK(T >= 1, "run(): empty window (T = 0)");
   for (int i = 0; i < T; i++)
     STRATA_CHECK(tokens[i] >= 0 && tokens[i] < hp.n_vocab, "run(): token id ", tokens[i], " at row ", i,
@@ -59,8 +60,20 @@ const float* Session::run(const int32_t* tokens, int T, bool last_only) {
   logits_.resize((size_t)n_out * hp.n_vocab);
   hidden_.resize((size_t)T * hp.n_embd);
   fold_s_ = 0;
+  flush();  // the lazy fold of the last window's kept rows, before this run overwrites their saved inputs
   if (opt_.mtp && !mtp_backlog_tok_.empty() && mtp_backlog_tok_.back() < 0) mtp_backlog_tok_.back() = tokens[0];
-  forward(*model_, *this, tokens, T, pos_, in_place, partial, last_only, logits_.data(), hidden_.data());
+  try {
+    forward(*model_, *this, tokens, T, pos_, in_place, partial, last_only, logits_.data(), hidden_.data());
+  } catch (const std::exception& e) {
+    // A failure inside the forward (e.g. a streamed expert read) stops at some layer. A verify window has
+    // only written scratch (S_work, KV cells past the position): the session stays usable and the window
+    // can be run again. A window that updates DeltaNet state in place (T = 1, prompt, partial row 0) may
+    // have updated the layers before the failure: refuse to run until restore() / reset() / load().
+    if (!(in_place || partial)) throw;
+    broken_ = cat("a ", T, "-row window at position ", pos_, " failed after updating committed state in place (",
+                  e.what(), "); restore a checkpoint or reset the session");
+    fail<std::runtime_error>(e.what(), " (the session must be restored from a checkpoint or reset before it runs again)");
+  }
   last_T_ = T;
   last_prompt_ = prompt;
   last_in_place_ = in_place;
@@ -171,6 +184,7 @@ void Session::flush() {
 }
 
 void Session::reset() {
+  broken_.clear();
   mtp_pos_ = 0;
   mtp_backlog_h_.clear();
   mtp_backlog_tok_.clear();
@@ -234,6 +248,7 @@ void Session::restore(const Checkpoint& cp) {
   tokens_ = cp.tokens;
   last_T_ = 0;
   pend_n_ = 0;
+  broken_.clear();
   if (opt_.mtp) {
     // MTP drafts only change speed, never output. A checkpoint without MTP state (from a file, or a
     // session without mtp) leaves the block with empty history up to the restored position.

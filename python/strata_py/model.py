@@ -204,7 +204,6 @@ class Session:
     def __init__(self, model: Model, core: "_core.Session"):
         self.model = model
         self._core = core
-        self._broken: str | None = None  # why runs are refused (a streamed read failed mid-way)
 
     @property
     def position(self) -> int:
@@ -233,25 +232,9 @@ class Session:
             raise ValueError(f"run(): tokens must be a 1-D sequence of ids, got shape {arr.shape}")
         if arr.size and (arr.min() < 0 or arr.max() >= 2**31):
             raise ValueError(f"run(): token ids out of range: min {arr.min()}, max {arr.max()}")
-        if not self.model.streaming:
-            return self._core.run(arr.astype(np.int32), last_only)
-        if self._broken is not None:
-            raise RuntimeError(f"run(): refused: {self._broken}")
-        # A failed expert read (I/O error, short read, file changed) aborts the forward at some layer. A verify
-        # window with no pending fold has not touched committed state yet, so it can simply be run again; a
-        # step / prompt window (DeltaNet state updated in place) or a pending lazy fold may have been applied
-        # to the layers before the failure, so the session refuses to run until restore() or reset().
-        T = int(arr.size)
-        retryable = 1 < T <= self.max_window and self._core.fold != "partial" and self._core.pending_fold == 0
-        try:
-            return self._core.run(arr.astype(np.int32), last_only)
-        except RuntimeError as e:
-            if not retryable:
-                self._broken = (f"an expert read failed during a window that updates committed state in place "
-                                f"({e}); restore a checkpoint or reset() the session")
-                raise RuntimeError(f"{e} (the session must be restored from a checkpoint or reset before it "
-                                   f"runs again)") from e
-            raise
+        # A failed streamed expert read raises RuntimeError; the C++ session then refuses further runs if the
+        # failed window had updated committed state in place (see Session::run in csrc/state/session.cpp).
+        return self._core.run(arr.astype(np.int32), last_only)
 
     def sample(self, cfg: GenerationConfig | "_core.SamplingParams" | None = None) -> np.ndarray:
         """Finish the last window: logit processors + choice per row (int32 [T]); row i at position pos0+i+1."""
@@ -279,7 +262,6 @@ class Session:
     def restore(self, cp) -> None:
         """Return to a checkpoint of this model; continuing is bit-identical to never having left it."""
         self._core.restore(cp)
-        self._broken = None
 
     def save(self, path: str | Path) -> None:
         """Write the committed state to a file (atomically); Model.load_session reads it back."""
@@ -291,4 +273,3 @@ class Session:
 
     def reset(self) -> None:
         self._core.reset()
-        self._broken = None
