@@ -232,6 +232,22 @@ static nb::dict cache_stress(int slots, int keys, int threads, int iters, int ma
 }
 
 void init_model(nb::module_& m) {
+  m.def(
+      "_pool_selftest",
+      [](int threads, int64_t n, int64_t throw_at) {
+        // every index visited once by a static partition; an exception in any chunk reaches the caller
+        ThreadPool pool(threads);
+        std::vector<int> seen(n, 0);
+        pool.parallel_for(n, [&](int64_t b, int64_t e, int) {
+          for (int64_t i = b; i < e; i++) {
+            if (i == throw_at) throw std::runtime_error(cat("chunk failed at ", i));
+            seen[i]++;
+          }
+        });
+        return seen;
+      },
+      nb::arg("threads"), nb::arg("n"), nb::arg("throw_at") = -1, "Thread pool self-test (tests only).");
+
   m.def("expert_cache_stress", &cache_stress, nb::arg("slots"), nb::arg("keys"), nb::arg("threads"), nb::arg("iters"),
         nb::arg("max_n"), nb::arg("fail_every") = 0, nb::arg("seed") = 1,
         "Test: many threads acquire/load/verify/release on an ExpertCache; throws on a broken invariant.");

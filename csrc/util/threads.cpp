@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <exception>
 #include <fstream>
 #include <set>
 #include <string>
@@ -55,8 +56,17 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   if (sleeping_.load(std::memory_order_acquire) > 0) cv_.notify_all();
   int64_t b, e;
   chunk(n, nthreads_, 0, &b, &e);
-  if (b < e) fn(b, e, 0);
+  std::exception_ptr mine;
+  try {
+    if (b < e) fn(b, e, 0);
+  } catch (...) {
+    mine = std::current_exception();
+  }
   for (int i = 0; pending_.load(std::memory_order_acquire) != 0; i++) cpu_relax(i);
+  // an exception in any chunk surfaces in the caller (a worker must never let one escape: terminate)
+  std::exception_ptr err = mine ? mine : error_;
+  error_ = nullptr;
+  if (err) std::rethrow_exception(err);
 }
 
 void ThreadPool::worker(int idx) {
@@ -86,7 +96,12 @@ void ThreadPool::worker(int idx) {
     }
     int64_t b, e;
     chunk(n, nthreads_, idx, &b, &e);
-    if (b < e) (*job)(b, e, idx);
+    try {
+      if (b < e) (*job)(b, e, idx);
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!error_) error_ = std::current_exception();
+    }
     pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }

@@ -6,6 +6,7 @@
 // parallel regions per token and a condition-variable wake-up costs more than most of them.
 #pragma once
 #include <atomic>
+#include <exception>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -22,7 +23,8 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return nthreads_; }
-  // fn(begin, end, thread_index) for each non-empty chunk; blocks until all are done.
+  // fn(begin, end, thread_index) for each non-empty chunk; blocks until all are done. If a chunk throws,
+  // the first exception is rethrown in the caller after every chunk has finished.
   // Not reentrant: call it from one thread at a time, never from inside a job.
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn);
   // Chunk bounds used by parallel_for (exposed for tests and for kernels that pre-split).
@@ -41,6 +43,7 @@ class ThreadPool {
   std::atomic<int> sleeping_{0};
   std::atomic<bool> stop_{false};
   std::mutex call_mu_;  // serialises parallel_for callers
+  std::exception_ptr error_;  // first exception thrown by a worker's chunk (guarded by mu_)
 };
 
 // Physical cores of this machine (hyperthread siblings counted once); at least 1.
