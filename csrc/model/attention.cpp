@@ -55,10 +55,7 @@ void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const fl
       sc.resize(pos + 1);
       float mx = -INFINITY;
       for (int64_t c = 0; c <= pos; c++) {
-        const float* k = kv.k_at(c) + g * hd;
-        float s = 0.f;
-        for (int64_t d = 0; d < hd; d++) s += q[d] * k[d];
-        sc[c] = s * scale;
+        sc[c] = dot16(q, kv.k_at(c) + g * hd, hd) * scale;
         mx = sc[c] > mx ? sc[c] : mx;
       }
       float sum = 0.f;

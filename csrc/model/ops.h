@@ -13,6 +13,19 @@ inline void rmsnorm(const float* x, const float* w, int64_t n, float eps, float*
   const float r = 1.f / std::sqrt(ss / (float)n + eps);
   for (int64_t i = 0; i < n; i++) y[i] = (x[i] * r) * w[i];
 }
+// sum_i a[i] * b[i] in 16 lanes (lane i % 16, increasing i) and a fixed tree: the compiler vectorises it
+// without reassociating anything, and the value depends only on a and b.
+inline float dot16(const float* a, const float* b, int64_t n) {
+  float l[16] = {0};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; j++) l[j] = l[j] + a[i + j] * b[i + j];
+  for (; i < n; i++) l[i & 15] = l[i & 15] + a[i] * b[i];
+  float s8[8], s4[4];
+  for (int j = 0; j < 8; j++) s8[j] = l[j] + l[j + 8];
+  for (int j = 0; j < 4; j++) s4[j] = s8[j] + s8[j + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
 inline float silu(float x) { return x / (1.f + std::exp(-x)); }
 inline float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
 inline float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }  // torch's threshold 20

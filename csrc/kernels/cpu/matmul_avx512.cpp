@@ -46,55 +46,116 @@ struct DecBF16 {
   }
 };
 
-template <class Dec>
-void rows_plain(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const float* x = a.x;
-  const int64_t ldx = a.ldx;
-  const int T = a.T;
+// Register blocking: T activation rows are a compile-time constant (the accumulators live in registers),
+// and for small T, R weight rows are decoded and accumulated side by side so that independent FMA chains
+// hide the FMA latency. Each output element still receives the same FMAs in the same order as the
+// canonical one-row loop, so results are unchanged (bit-identical to the scalar twin).
+template <int T>
+constexpr int rows_per_block() {
+  return T == 1 ? 4 : T == 2 ? 2 : 1;
+}
+
+template <class Dec, int T, int R>
+inline void plain_block(const MatView& W, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t r, int64_t full,
+                        int rem, __mmask16 m) {
+  const uint8_t* row[R];
+  __m512 acc[R][T];
+  for (int i = 0; i < R; i++) {
+    row[i] = W.data + (r + i) * W.row_bytes;
+    for (int t = 0; t < T; t++) acc[i][t] = _mm512_setzero_ps();
+  }
+  for (int64_t c = 0; c < full; c += 16) {
+    __m512 w[R];
+    for (int i = 0; i < R; i++) w[i] = Dec::load(row[i], c);
+    for (int t = 0; t < T; t++) {
+      const __m512 xv = _mm512_loadu_ps(x + t * ldx + c);
+      for (int i = 0; i < R; i++) acc[i][t] = _mm512_fmadd_ps(w[i], xv, acc[i][t]);
+    }
+  }
+  if (rem) {
+    __m512 w[R];
+    for (int i = 0; i < R; i++) w[i] = Dec::load_tail(row[i], full, m);
+    for (int t = 0; t < T; t++) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x + t * ldx + full);
+      for (int i = 0; i < R; i++) acc[i][t] = _mm512_fmadd_ps(w[i], xv, acc[i][t]);
+    }
+  }
+  for (int i = 0; i < R; i++)
+    for (int t = 0; t < T; t++) y[t * ldy + r + i] = reduce16_avx512(acc[i][t]);
+}
+
+template <class Dec, int T>
+void rows_plain_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  constexpr int R = rows_per_block<T>();
   const int64_t full = W.cols / 16 * 16;
   const int rem = (int)(W.cols - full);
   const __mmask16 m = (__mmask16)((1u << rem) - 1);
-  for (int64_t r = r0; r < r1; r++) {
-    const uint8_t* row = W.data + r * W.row_bytes;
-    __m512 acc[kMaxRowsPerPass];
-    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < full; c += 16) {
-      const __m512 w = Dec::load(row, c);
-      for (int t = 0; t < T; t++) acc[t] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + t * ldx + c), acc[t]);
-    }
-    if (rem) {
-      const __m512 w = Dec::load_tail(row, full, m);
-      for (int t = 0; t < T; t++) acc[t] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m, x + t * ldx + full), acc[t]);
-    }
-    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16_avx512(acc[t]);
-  }
+  int64_t r = r0;
+  for (; r + R <= r1; r += R) plain_block<Dec, T, R>(W, a.x, a.ldx, y, ldy, r, full, rem, m);
+  for (; r < r1; r++) plain_block<Dec, T, 1>(W, a.x, a.ldx, y, ldy, r, full, rem, m);
 }
 
 // Q8_0: block of 32 = half d + 32 int8; w = d * (float)q, the same product the scalar dequantizer forms.
-void rows_q8_0(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const float* x = a.x;
-  const int64_t ldx = a.ldx;
-  const int T = a.T;
+template <int T, int R>
+inline void q8_0_block(const MatView& W, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t r) {
   const int64_t nb = W.cols / 32;
-  for (int64_t r = r0; r < r1; r++) {
-    const uint8_t* row = W.data + r * W.row_bytes;
-    __m512 acc[kMaxRowsPerPass];
-    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-      const uint8_t* blk = row + b * 34;
+  const uint8_t* row[R];
+  __m512 acc[R][T];
+  for (int i = 0; i < R; i++) {
+    row[i] = W.data + (r + i) * W.row_bytes;
+    for (int t = 0; t < T; t++) acc[i][t] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; b++) {
+    __m512 w0[R], w1[R];
+    for (int i = 0; i < R; i++) {
+      const uint8_t* blk = row[i] + b * 34;
       uint16_t h;
       std::memcpy(&h, blk, 2);
       const __m512 d = _mm512_set1_ps(_cvtsh_ss(h));
-      const __m512 w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(blk + 2)))));
-      const __m512 w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(blk + 18)))));
-      const float* xb = x + b * 32;
-      for (int t = 0; t < T; t++) {
-        acc[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xb + t * ldx), acc[t]);
-        acc[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xb + t * ldx + 16), acc[t]);
+      w0[i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(blk + 2)))));
+      w1[i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(blk + 18)))));
+    }
+    const float* xb = x + b * 32;
+    for (int t = 0; t < T; t++) {
+      const __m512 x0 = _mm512_loadu_ps(xb + t * ldx), x1 = _mm512_loadu_ps(xb + t * ldx + 16);
+      for (int i = 0; i < R; i++) {
+        acc[i][t] = _mm512_fmadd_ps(w0[i], x0, acc[i][t]);
+        acc[i][t] = _mm512_fmadd_ps(w1[i], x1, acc[i][t]);
       }
     }
-    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16_avx512(acc[t]);
   }
+  for (int i = 0; i < R; i++)
+    for (int t = 0; t < T; t++) y[t * ldy + r + i] = reduce16_avx512(acc[i][t]);
+}
+
+template <int T>
+void rows_q8_0_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  constexpr int R = rows_per_block<T>();
+  int64_t r = r0;
+  for (; r + R <= r1; r += R) q8_0_block<T, R>(W, a.x, a.ldx, y, ldy, r);
+  for (; r < r1; r++) q8_0_block<T, 1>(W, a.x, a.ldx, y, ldy, r);
+}
+
+// Runtime T -> the compile-time instance.
+#define STRATA_DISPATCH_T(fn, ...)                      \
+  switch (a.T) {                                         \
+    case 1: return fn<__VA_ARGS__ 1>(W, a, y, ldy, r0, r1); \
+    case 2: return fn<__VA_ARGS__ 2>(W, a, y, ldy, r0, r1); \
+    case 3: return fn<__VA_ARGS__ 3>(W, a, y, ldy, r0, r1); \
+    case 4: return fn<__VA_ARGS__ 4>(W, a, y, ldy, r0, r1); \
+    case 5: return fn<__VA_ARGS__ 5>(W, a, y, ldy, r0, r1); \
+    case 6: return fn<__VA_ARGS__ 6>(W, a, y, ldy, r0, r1); \
+    case 7: return fn<__VA_ARGS__ 7>(W, a, y, ldy, r0, r1); \
+    default: return fn<__VA_ARGS__ 8>(W, a, y, ldy, r0, r1); \
+  }
+
+template <class Dec>
+void rows_plain(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  STRATA_DISPATCH_T(rows_plain_t, Dec, )
+}
+
+void rows_q8_0(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  STRATA_DISPATCH_T(rows_q8_0_t, )
 }
 
 }  // namespace
