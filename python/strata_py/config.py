@@ -23,7 +23,7 @@ class GenerationConfig:
     penalty_last_n: int = 64
     seed: int = 0
     # speculative decoding
-    draft: str = "none"          # a name in strata_py.drafting.registry, or "none"
+    draft: str = "auto"          # a name in strata_py.drafting.registry, or "none" (auto: suffix lookup + controller)
     max_draft: int = 7           # at most max_window - 1
     min_match: int = 4
     fixed_t: int = 0             # 0 = the length controller chooses T; >0 = always this T (experiments)

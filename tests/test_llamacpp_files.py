@@ -1,0 +1,44 @@
+"""GGUFs written by llama.cpp's own converter load in strata and match transformers.
+
+Needs a llama.cpp tree (convert_hf_to_gguf.py + conversion/ + gguf-py/), which this repository does not carry:
+it is looked for at scratch/llama.cpp (git-ignored; e.g. `vendor/llama.cpp` of the llama-cpp-python sdist).
+Without it the test is skipped with that reason; docs/BENCHMARKS.md records the last run."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hf_tiny import make_tiny_hf
+from strata_py.convert import convert
+from strata_py.model import Model
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA = ROOT / "scratch" / "llama.cpp"
+
+
+@pytest.mark.skipif(not (LLAMA / "convert_hf_to_gguf.py").exists(),
+                    reason=f"no llama.cpp converter at {LLAMA} (see the module docstring)")
+@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
+def test_llamacpp_converter_output(tmp_path, outtype):
+    ref_model = make_tiny_hf(tmp_path / "hf", seed=9, with_mtp=True)
+    out = tmp_path / f"llamacpp-{outtype}.gguf"
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "llamacpp_convert.py"), str(LLAMA), str(tmp_path / "hf"),
+                        str(out), "--outtype", outtype], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    model = Model.load(out, threads=2)
+    assert model.has_mtp and model._core.dn_layout == "current"
+    ids = np.random.default_rng(4).integers(0, model.n_vocab, 48).tolist()
+    if outtype == "f32":  # against transformers itself
+        with torch.no_grad():
+            ref = ref_model(torch.tensor([ids])).logits[0].float().numpy()
+    else:  # quantized: against our converter's file of the same type (a random tiny model's routing amplifies
+        # quantization noise too much to compare with the float model)
+        ref = Model.load(convert(tmp_path / "hf", tmp_path / "ours.gguf", outtype), threads=2).session(n_ctx=64).run(ids)
+    ours = model.session(n_ctx=64).run(ids)
+    rel = np.max(np.linalg.norm(ours - ref, axis=-1) / np.linalg.norm(ref, axis=-1))
+    assert rel <= 1e-4
