@@ -1,0 +1,327 @@
+"""
+strata C++ core: GGUF loading, Qwen3-Next on the CPU, the window transaction, sampling
+"""
+
+from collections.abc import Sequence
+from typing import Annotated
+
+import numpy
+from numpy.typing import NDArray
+
+
+def gguf_metadata(path: str) -> dict:
+    """
+    All metadata of a GGUF file as a dict (arrays as lists). Validates the container.
+    """
+
+def gguf_tensors(path: str) -> list:
+    """The tensor table: (name, ne, type, file offset, bytes) per tensor."""
+
+def best_isa() -> str: ...
+
+def active_isa() -> str: ...
+
+def force_isa(isa: str) -> None:
+    """
+    Select the kernel path (tests and benches). Raises if this CPU lacks it.
+    """
+
+def type_info(arg: str, /) -> tuple: ...
+
+def dequantize(data: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, n: int) -> Annotated[NDArray[numpy.float32], dict(shape=(None,))]: ...
+
+def quantize_act(x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = 'scalar') -> tuple:
+    """(q[T][cols], dx[T][nb], bsum[T][nb*8]) as Python lists (tests)."""
+
+def matmul(w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = 'avx512', threads: int = 1) -> Annotated[NDArray[numpy.float32], dict(shape=(None, None))]:
+    """y[T, rows] = x[T, cols] @ W^T on the chosen kernel path."""
+
+def bench_matmul(w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, nmat: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = 'avx512', threads: int = 1, reps: int = 3) -> float: ...
+
+class SamplingParams:
+    """
+    Logit processors and token choice (engine spec section 5). temperature 0 = greedy.
+    """
+
+    def __init__(self, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0, penalty_last_n: int = 64, seed: int = 0) -> None: ...
+
+    @property
+    def temperature(self) -> float: ...
+
+    @temperature.setter
+    def temperature(self, arg: float, /) -> None: ...
+
+    @property
+    def top_k(self) -> int: ...
+
+    @top_k.setter
+    def top_k(self, arg: int, /) -> None: ...
+
+    @property
+    def top_p(self) -> float: ...
+
+    @top_p.setter
+    def top_p(self, arg: float, /) -> None: ...
+
+    @property
+    def min_p(self) -> float: ...
+
+    @min_p.setter
+    def min_p(self, arg: float, /) -> None: ...
+
+    @property
+    def repetition_penalty(self) -> float: ...
+
+    @repetition_penalty.setter
+    def repetition_penalty(self, arg: float, /) -> None: ...
+
+    @property
+    def presence_penalty(self) -> float: ...
+
+    @presence_penalty.setter
+    def presence_penalty(self, arg: float, /) -> None: ...
+
+    @property
+    def frequency_penalty(self) -> float: ...
+
+    @frequency_penalty.setter
+    def frequency_penalty(self, arg: float, /) -> None: ...
+
+    @property
+    def penalty_last_n(self) -> int: ...
+
+    @penalty_last_n.setter
+    def penalty_last_n(self, arg: int, /) -> None: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    @seed.setter
+    def seed(self, arg: int, /) -> None: ...
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field."""
+
+    def penalties_active(self) -> bool: ...
+
+    def __repr__(self) -> str: ...
+
+def uniform_at(seed: int, pos: int) -> float:
+    """
+    The uniform in [0, 1) that sampling uses at absolute position pos: a pure function of (seed, pos).
+    """
+
+def apply_penalties(logits: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], params: SamplingParams, hist: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> Annotated[NDArray[numpy.float32], dict(shape=(None,))]:
+    """
+    Penalised copy of logits [V] from the history's last penalty_last_n tokens (the input is not modified).
+    """
+
+def pick_token(logits: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], params: SamplingParams, pos: int) -> int:
+    """
+    Token for absolute position pos from processed logits [V] (the input is not modified).
+    """
+
+def sample_rows(logits: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], params: SamplingParams, committed: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], inputs: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], pos0: int) -> Annotated[NDArray[numpy.int32], dict(shape=(None,))]:
+    """
+    Window finish: int32 [T]; row i predicts position pos0+i+1 with penalty history committed ++ inputs[:i+1]. logits [T, V] float32 is not modified.
+    """
+
+def expert_cache_stress(slots: int, keys: int, threads: int, iters: int, max_n: int, fail_every: int = 0, seed: int = 1) -> dict:
+    """
+    Test: many threads acquire/load/verify/release on an ExpertCache; throws on a broken invariant.
+    """
+
+class Model:
+    @staticmethod
+    def load(path: str, threads: int = 0, mtp_path: str = '', cache_mib: int = -1, o_direct: bool = False, io_threads: int = 4, prefetch: bool = True, prefetch_root_only: bool = False, approximate: bool = False, protect: int = -1, bonus: float = 0.8500000238418579, draft_protect: int = -1, draft_bonus: float = -1.0) -> Model:
+        """
+        Open, validate and map a qwen3next GGUF (and optionally a separate MTP-only GGUF). cache_mib >= 0
+        streams experts through a cache of that size (-1: all resident); see csrc/experts/expert_stream.h.
+        """
+
+    @property
+    def config(self) -> dict: ...
+
+    @property
+    def threads(self) -> int: ...
+
+    @property
+    def fingerprint(self) -> int: ...
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def has_mtp(self) -> bool: ...
+
+    @property
+    def dn_layout(self) -> str: ...
+
+    def summary(self) -> str: ...
+
+    def expert_stats(self) -> dict:
+        """Expert streaming counters since load or the last reset."""
+
+    def reset_expert_stats(self) -> None: ...
+
+    @property
+    def streaming(self) -> bool: ...
+
+class Checkpoint:
+    @property
+    def position(self) -> int: ...
+
+class Session:
+    def __init__(self, model: Model, n_ctx: int = 4096, max_window: int = 8, fold: str = 'lazy', mtp: bool = False) -> None: ...
+
+    @property
+    def position(self) -> int: ...
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def max_window(self) -> int: ...
+
+    @property
+    def fold(self) -> str: ...
+
+    @property
+    def tokens(self) -> list[int]: ...
+
+    @property
+    def pending_commit(self) -> bool: ...
+
+    @property
+    def pending_fold(self) -> int: ...
+
+    @property
+    def last_fold_seconds(self) -> float: ...
+
+    def run(self, tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], last_only: bool = False) -> NDArray[numpy.float32]: ...
+
+    def hidden(self) -> NDArray[numpy.float32]: ...
+
+    def mtp_draft(self, root: int, k: int) -> list[int]:
+        """After commit: k greedy drafts from the MTP block (see strata.h)."""
+
+    @property
+    def mtp_position(self) -> int: ...
+
+    def mtp_logits(self) -> NDArray[numpy.float32]:
+        """
+        Logits of each draft step of the last mtp_draft [k, n_vocab] (for tests).
+        """
+
+    @property
+    def mtp(self) -> bool: ...
+
+    def sample(self, params: SamplingParams) -> NDArray[numpy.int32]: ...
+
+    def run_sample(self, tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], params: SamplingParams) -> NDArray[numpy.int32]:
+        """run(tokens) then sample(params); returns the chosen token per row."""
+
+    def commit(self, keep: int) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def checkpoint(self) -> Checkpoint: ...
+
+    def restore(self, checkpoint: Checkpoint) -> None: ...
+
+    def save(self, path: str) -> None: ...
+
+    def load(self, path: str) -> None: ...
+
+    def export_state(self) -> dict: ...
+
+class SuffixMatch:
+    """Result of a suffix lookup: drafts, match length, frequency."""
+
+    @property
+    def drafts(self) -> list[int]:
+        """continuation of the chosen earlier occurrence"""
+
+    @property
+    def match_length(self) -> int:
+        """matched suffix tokens (0 = no match)"""
+
+    @property
+    def frequency(self) -> int:
+        """equally long matches followed by the same next token"""
+
+    @property
+    def position(self) -> int:
+        """where the matched occurrence ends (-1 = no match)"""
+
+    def __bool__(self) -> bool: ...
+
+    def __repr__(self) -> str: ...
+
+class SuffixIndex:
+    """
+    One request's tokens, indexed incrementally (amortised O(1) per token) for suffix lookup.
+    """
+
+    def __init__(self, *, min_match: int = 4, max_match: int = 64, max_candidates: int = 64) -> None: ...
+
+    def append(self, tok: int) -> None: ...
+
+    def extend(self, tokens: Sequence[int]) -> None: ...
+
+    def lookup(self, max_drafts: int) -> SuffixMatch:
+        """
+        Continuation (<= max_drafts) of the longest earlier occurrence of the current suffix; ties by frequency, then recency.
+        """
+
+    def clear(self) -> None: ...
+
+    def __len__(self) -> int: ...
+
+    @property
+    def tokens(self) -> list[int]: ...
+
+    @property
+    def min_match(self) -> int: ...
+
+    @property
+    def max_match(self) -> int: ...
+
+    @property
+    def max_candidates(self) -> int: ...
+
+class GlobalSuffixIndex:
+    """
+    Earlier requests' outputs in a bounded token budget, oldest evicted first.
+    """
+
+    def __init__(self, capacity_tokens: int, *, min_match: int = 4, max_match: int = 64, max_candidates: int = 64) -> None: ...
+
+    def add(self, tokens: Sequence[int]) -> None:
+        """
+        Add one finished sequence, evicting the oldest sequences beyond the budget.
+        """
+
+    def lookup(self, query: Sequence[int], max_drafts: int) -> SuffixMatch:
+        """Best earlier occurrence of the query's suffix and its continuation."""
+
+    def clear(self) -> None: ...
+
+    def sequences(self) -> list[list[int]]: ...
+
+    @property
+    def size_tokens(self) -> int: ...
+
+    @property
+    def n_sequences(self) -> int: ...
+
+    @property
+    def capacity(self) -> int: ...
+
+    @property
+    def min_match(self) -> int: ...
+
+    @property
+    def max_match(self) -> int: ...
