@@ -13,16 +13,6 @@ namespace strata {
 
 namespace {
 
-inline float half_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return fp16_to_f32(h);
-}
-inline uint32_t u32_at(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
 
 // Q4_K/Q5_K code q of value v: chunk c = v/64 uses qs[32c..]; low nibbles are values 64c+0..31, high 64c+32..63.
 inline int k4_code(const uint8_t* qs, int v) {

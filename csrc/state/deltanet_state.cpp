@@ -51,8 +51,10 @@ void DeltaNetState::fold(int64_t first, int64_t n) {
   work_rows = 0;
 }
 
-void dn_update(float* S, const float* k, const float* v, float eg, float beta, int64_t dk, int64_t dv,
-               float* m) {
+// First half of a step, shared by dn_update and dn_update_read: S <- S * eg, then
+// m <- beta * (v - S^T k), the delta of the rank-1 update.
+static inline void dn_decay_delta(float* S, const float* k, const float* v, float eg, float beta, int64_t dk,
+                                  int64_t dv, float* m) {
   for (int64_t j = 0; j < dv; j++) m[j] = 0.f;
   for (int64_t a = 0; a < dk; a++) {
     float* row = S + a * dv;
@@ -62,7 +64,12 @@ void dn_update(float* S, const float* k, const float* v, float eg, float beta, i
       m[j] = m[j] + row[j] * ka;
     }
   }
-  for (int64_t j = 0; j < dv; j++) m[j] = (v[j] - m[j]) * beta;  // delta
+  for (int64_t j = 0; j < dv; j++) m[j] = (v[j] - m[j]) * beta;
+}
+
+void dn_update(float* S, const float* k, const float* v, float eg, float beta, int64_t dk, int64_t dv,
+               float* m) {
+  dn_decay_delta(S, k, v, eg, beta, dk, dv, m);
   for (int64_t a = 0; a < dk; a++) {
     float* row = S + a * dv;
     const float ka = k[a];
@@ -74,16 +81,7 @@ void dn_update_read(float* S, const float* k, const float* v, float eg, float be
                     int64_t dv, float* m, float* o) {
   // dn_update followed by dn_read, with the read fused into the update's pass over S: every S value and
   // every partial sum of o is formed by the same operations in the same order as the two separate calls.
-  for (int64_t j = 0; j < dv; j++) m[j] = 0.f;
-  for (int64_t a = 0; a < dk; a++) {
-    float* row = S + a * dv;
-    const float ka = k[a];
-    for (int64_t j = 0; j < dv; j++) {
-      row[j] = row[j] * eg;
-      m[j] = m[j] + row[j] * ka;
-    }
-  }
-  for (int64_t j = 0; j < dv; j++) m[j] = (v[j] - m[j]) * beta;
+  dn_decay_delta(S, k, v, eg, beta, dk, dv, m);
   for (int64_t j = 0; j < dv; j++) o[j] = 0.f;
   for (int64_t a = 0; a < dk; a++) {
     float* row = S + a * dv;

@@ -50,6 +50,18 @@ inline float bf16_to_f32(uint16_t h) {
   return f;
 }
 
+// Unaligned little-endian loads from block data.
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_f32(h);
+}
+inline uint32_t u32_at(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
 // 64-byte aligned float buffer (AVX-512 friendly), zero-initialised.
 struct FBuf {
   std::vector<float> v;

@@ -635,6 +635,19 @@ def model_metadata(hp: Hparams, out_type: str, name: str, n_mtp: int) -> dict:
     return md
 
 
+def write_atomically(w: gguf.GGUFWriter, tmp: Path, out_path: Path, write: Callable[[], None]) -> None:
+    """Run write() on the writer of `tmp`, then rename tmp to out_path; on any failure remove tmp, so a failed
+    conversion never leaves a half-written file (or replaces a good one)."""
+    try:
+        write()
+        w.close()
+        os.replace(tmp, out_path)
+    except BaseException:
+        w.close()
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def convert(hf_dir, out_path, out_type: str = "f32", layout: str = "current", mtp: bool = True,
             mtp_only: bool = False) -> Path:
     """Convert the HF Qwen3-Next checkpoint in `hf_dir` into a `qwen3next` GGUF at `out_path`.
@@ -658,7 +671,8 @@ def convert(hf_dir, out_path, out_type: str = "f32", layout: str = "current", mt
 
     tmp = out_path.with_name(out_path.name + ".tmp")
     w = gguf.GGUFWriter(tmp, ARCH)
-    try:
+
+    def write():
         w.data_alignment = ALIGNMENT
         _add_metadata(w, md)
         for o in outs:
@@ -672,12 +686,8 @@ def convert(hf_dir, out_path, out_type: str = "f32", layout: str = "current", mt
             if a.shape != o.shape:
                 raise ValueError(f"{o.name} (from {o.source}): produced shape {a.shape}, planned {o.shape}")
             w.write_tensor_data(_encode(a, o.qtype))
-        w.close()
-        os.replace(tmp, out_path)
-    except BaseException:
-        w.close()
-        tmp.unlink(missing_ok=True)
-        raise
+
+    write_atomically(w, tmp, out_path, write)
     log.info("wrote %s: %d tensors, %s", out_path, len(outs), out_type)
     return out_path
 

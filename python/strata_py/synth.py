@@ -210,16 +210,12 @@ def write(name: str, out_path, out_type: str = "q8_0", seed: int = 0, mtp: bool 
         norm(p + "post_attention_norm.weight", H)
         attention(p)
         moe(p, hp.n_layer)
-    try:
+    def write():
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
-        w.close()
-        os.replace(tmp, out_path)
-    except BaseException:
-        w.close()
-        tmp.unlink(missing_ok=True)
-        raise
+
+    cv.write_atomically(w, tmp, out_path, write)
     return out_path
 
 

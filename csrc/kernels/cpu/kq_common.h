@@ -20,16 +20,6 @@ constexpr std::array<uint64_t, 128> make_sign_masks() {
 }
 alignas(64) inline constexpr std::array<uint64_t, 128> kSignMask = make_sign_masks();
 
-inline float half_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return fp16_to_f32(h);
-}
-inline uint32_t u32_at(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
 // Q4_K/Q5_K scales and mins, branch-free (ggml's kmask trick): sc[0..7] and m[0..7] as bytes.
 inline void k4_scales(const uint8_t* s, uint8_t* sc, uint8_t* m) {
   uint32_t u[3];
