@@ -1,0 +1,34 @@
+"""A plain Q4_K quantizer for tests (gguf-py has none): per 32-value sub-block an affine min/scale, the 8 scales
+and mins quantized to 6 bits under the block's fp16 d / dmin, packed exactly as ggml's block_q4_K (spec
+qwen3next.md 3.2). Not llama.cpp's search-based quantizer: good enough to make a realistic Q4_K model whose
+dequantization (gguf.quants, the reference) is the ground truth."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def quantize_q4_k(x: np.ndarray) -> np.ndarray:
+    """x [rows, cols] float32, cols % 256 == 0 -> uint8 [rows, cols/256*144]."""
+    rows, cols = x.shape
+    b = x.reshape(-1, 8, 32).astype(np.float32)                       # [blocks, sub, 32]
+    lo = np.minimum(b.min(-1), 0.0)                                   # [blocks, 8] (<= 0)
+    hi = b.max(-1)
+    scale = np.maximum(hi - lo, 1e-12) / 15.0
+    d = (scale.max(-1) / 63.0).astype(np.float16)                     # [blocks]
+    dmin = ((-lo).max(-1) / 63.0).astype(np.float16)
+    df, dmf = d.astype(np.float32), dmin.astype(np.float32)
+    sc = np.clip(np.round(scale / np.where(df > 0, df, 1)[:, None]), 1, 63).astype(np.uint8)
+    mn = np.clip(np.round(-lo / np.where(dmf > 0, dmf, 1)[:, None]), 0, 63).astype(np.uint8)
+    step = (df[:, None] * sc)[:, :, None]                             # value = step*q - dmin*mn
+    off = (dmf[:, None] * mn)[:, :, None]
+    q = np.clip(np.round((b + off) / step), 0, 15).astype(np.uint8)    # [blocks, 8, 32]
+    s = np.zeros((b.shape[0], 12), np.uint8)
+    for j in range(4):
+        s[:, j] = (sc[:, j] & 63) | ((sc[:, j + 4] >> 4) << 6)
+        s[:, j + 4] = (mn[:, j] & 63) | ((mn[:, j + 4] >> 4) << 6)
+        s[:, j + 8] = (sc[:, j + 4] & 0xF) | ((mn[:, j + 4] & 0xF) << 4)
+    qs = np.zeros((b.shape[0], 128), np.uint8)
+    for c in range(4):  # chunk c: low nibbles = sub-block 2c, high nibbles = sub-block 2c+1
+        qs[:, 32 * c:32 * c + 32] = q[:, 2 * c] | (q[:, 2 * c + 1] << 4)
+    out = np.concatenate([d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2), s, qs], axis=1)
+    return out.reshape(rows, cols // 256 * 144)
