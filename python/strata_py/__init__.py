@@ -11,8 +11,6 @@ tokenizer) work before the extension is built.
 from __future__ import annotations
 
 from .config import GenerationConfig
-# Bound eagerly: the submodule strata_py.generate would otherwise shadow the function of the same name.
-from .generate import generate
 
 __all__ = ["Model", "Session", "GenerationConfig", "generate"]
 __version__ = "0.1.0"
@@ -22,4 +20,8 @@ def __getattr__(name):
     if name in ("Model", "Session"):
         from . import model as _model
         return getattr(_model, name)
+    if name == "generate":
+        # the module strata_py.generate (the CLI) is itself callable as generate(model, prompt, **options)
+        import importlib
+        return importlib.import_module(".generate", __name__)
     raise AttributeError(f"module 'strata_py' has no attribute {name!r}")

@@ -256,5 +256,15 @@ def main(argv=None) -> int:
     return 130 if interrupted else 0
 
 
+class _CallableModule(type(sys)):
+    """`strata_py.generate` names both this module (the CLI: python -m strata_py.generate) and the function
+    generate(); importing the module rebinds the package attribute to it, so the module calls the function."""
+
+    def __call__(self, *args, **kwargs):
+        return generate(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
 if __name__ == "__main__":
     sys.exit(main())

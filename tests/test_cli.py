@@ -1,0 +1,52 @@
+"""The CLI as a user drives it: prompt from an argument, a file or stdin; --json; a bad option; Ctrl-C keeps what
+was produced, prints the stats and exits 130."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+CLI = [sys.executable, "-m", "strata_py.generate"]
+
+
+def test_json_and_stdin(tiny_gguf):
+    r = subprocess.run(CLI + ["--model", str(tiny_gguf), "--json", "-n", "6", "--threads", "2"], input="hello",
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["prompt"] == "hello" and d["stats"]["generated_tokens"] <= 6 and "decode_tok_s" in d["stats"]
+
+
+def test_prompt_file(tiny_gguf, tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text("def f(x):\n")
+    r = subprocess.run(CLI + ["--model", str(tiny_gguf), "--file", str(f), "-n", "4"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("def f(x):\n"), r.stderr
+
+
+def test_bad_option_is_named(tiny_gguf):
+    r = subprocess.run(CLI + ["--model", str(tiny_gguf), "x", "--top-p", "1.5"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "top_p=1.5" in r.stderr
+
+
+def test_missing_model_is_named(tmp_path):
+    r = subprocess.run(CLI + ["--model", str(tmp_path / "nope.gguf"), "x"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "nope.gguf" in r.stderr
+
+
+def test_ctrl_c_keeps_output():
+    # the default model, greedy, writes code without an end-of-text for thousands of tokens
+    p = subprocess.Popen(CLI + ["def main(", "-n", "100000", "--draft", "none", "--stats", "--threads", "2"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    got = b""
+    while len(got) < 200:  # interrupt mid-stream, once text is flowing
+        got += p.stdout.read(1)
+    p.send_signal(signal.SIGINT)
+    rest, err = p.communicate(timeout=60)
+    out, err = (got + rest).decode(), err.decode()
+    assert p.returncode == 130, err[-2000:]
+    assert out.startswith("def main(") and len(out) > 200
+    assert "interrupted" in err and "Traceback" not in err and "RuntimeWarning" not in err
