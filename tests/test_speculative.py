@@ -260,8 +260,9 @@ def test_controller_acceptance_is_per_bucket_and_position():
 def test_controller_probes_after_a_long_idle_stretch_and_fixed_t():
     c = _trained(0.0, lambda T: 0.01 * (1 + 0.05 * (T - 1)))
     c.probe_every = 5
-    picks = [c.choose(7, 16) for _ in range(10)]
-    assert picks == [0, 0, 0, 0, 1, 0, 0, 0, 0, 1] and c.probes == 2
+    picks = [c.choose(7, 16) for _ in range(35)]
+    # a probe after 5 idle windows, then the gap doubles while drafting keeps not paying: 10, then 20
+    assert [i for i, p in enumerate(picks) if p] == [4, 14, 34] and c.probes == 3
     f = LengthController(fixed_t=3)
     assert [f.choose(a, 8) for a in (0, 1, 2, 7)] == [0, 1, 2, 2]
     with pytest.raises(ValueError, match="fixed_t"):

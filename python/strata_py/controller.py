@@ -16,7 +16,8 @@ Estimates, all online:
         adds its own lookup time). A T not measured yet is read off a line c0 + c1 (T - 1) fitted to the
         measured ones (with one measured T, c1 = `slope_prior` * c0), so it gets tried when it looks cheap.
 Probing: a bucket whose estimate fell so low that T = 1 wins would never be observed again; after
-`probe_every` consecutive such windows the controller offers one draft (T = 2) once to refresh it.
+`probe_every` consecutive such windows the controller offers one draft (T = 2) once to refresh it, and doubles
+that gap (up to 32x) while drafting keeps not paying, so a losing drafter costs ever less.
 """
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ class LengthController:
     _cost_n: dict = field(default_factory=dict, repr=False)
     _chosen: dict = field(default_factory=dict, repr=False)
     _idle: int = 0
+    _probe_gap: int = 0            # T = 1 windows before the next probe (0: probe_every; doubles while idle)
     probes: int = 0
 
     def __post_init__(self):
@@ -126,11 +128,15 @@ class LengthController:
             d = best - 1
             if d == 0:
                 self._idle += 1
-                if self._idle >= self.probe_every:
+                if self._idle >= (self._probe_gap or self.probe_every):
+                    # probe once; if drafting still does not pay afterwards, wait twice as long next time
+                    # (up to 32x probe_every), so a drafter that loses costs ever less
                     self._idle, d = 0, 1
                     self.probes += 1
+                    self._probe_gap = min(2 * (self._probe_gap or self.probe_every), 32 * self.probe_every)
             else:
                 self._idle = 0
+                self._probe_gap = 0
         self._chosen[d + 1] = self._chosen.get(d + 1, 0) + 1
         return d
 
