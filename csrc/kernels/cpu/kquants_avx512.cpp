@@ -147,15 +147,16 @@ inline __m512i dot16(__m512i acc, __m512i w, __m512i q) {
   else return _mm512_add_epi32(acc, _mm512_madd_epi16(w, q));
 }
 
-template <class Dec, bool kVnni>
-void rows_kq(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+// T is a compile-time constant so that the T accumulators stay in registers (a runtime-indexed array of
+// __m512 spills); the arithmetic per output element is unchanged.
+template <class Dec, bool kVnni, int T>
+void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int64_t nb = W.cols / QK_K;
-  const int T = a.T;
   const __m512i idx01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m512i idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
   for (int64_t r = r0; r < r1; r++) {
     const uint8_t* row = W.data + r * W.row_bytes;
-    __m512 L[kMaxRowsPerPass];
+    __m512 L[T];
     for (int t = 0; t < T; t++) L[t] = _mm512_setzero_ps();
     __m256 Lm = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -189,6 +190,20 @@ void rows_kq(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, 
     alignas(32) float lm[8];
     _mm256_store_ps(lm, Lm);
     for (int t = 0; t < T; t++) y[t * ldy + r] = hsum16(L[t]) - lm[t];
+  }
+}
+
+template <class Dec, bool kVnni>
+void rows_kq(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  switch (a.T) {
+    case 1: return rows_kq_t<Dec, kVnni, 1>(W, a, y, ldy, r0, r1);
+    case 2: return rows_kq_t<Dec, kVnni, 2>(W, a, y, ldy, r0, r1);
+    case 3: return rows_kq_t<Dec, kVnni, 3>(W, a, y, ldy, r0, r1);
+    case 4: return rows_kq_t<Dec, kVnni, 4>(W, a, y, ldy, r0, r1);
+    case 5: return rows_kq_t<Dec, kVnni, 5>(W, a, y, ldy, r0, r1);
+    case 6: return rows_kq_t<Dec, kVnni, 6>(W, a, y, ldy, r0, r1);
+    case 7: return rows_kq_t<Dec, kVnni, 7>(W, a, y, ldy, r0, r1);
+    default: return rows_kq_t<Dec, kVnni, 8>(W, a, y, ldy, r0, r1);
   }
 }
 
