@@ -144,13 +144,13 @@ struct DecIQ3XXS {
   }
 };
 
-template <class Dec>
-void rows_kq(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+// T is a compile-time constant (the accumulators stay in registers); per output element nothing changes.
+template <class Dec, int T>
+void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int64_t nb = W.cols / QK_K;
-  const int T = a.T;
   for (int64_t r = r0; r < r1; r++) {
     const uint8_t* row = W.data + r * W.row_bytes;
-    __m256 Llo[kMaxRowsPerPass], Lhi[kMaxRowsPerPass];
+    __m256 Llo[T], Lhi[T];
     for (int t = 0; t < T; t++) Llo[t] = Lhi[t] = _mm256_setzero_ps();
     __m256 Lm = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -186,6 +186,26 @@ void rows_kq(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, 
     _mm256_store_ps(lm, Lm);
     for (int t = 0; t < T; t++) y[t * ldy + r] = hsum16(Llo[t], Lhi[t]) - lm[t];
   }
+}
+
+
+#define STRATA_T_SWITCH(CALL)                   \
+  switch (a.T) {                                 \
+    case 1: return CALL(1);                      \
+    case 2: return CALL(2);                      \
+    case 3: return CALL(3);                      \
+    case 4: return CALL(4);                      \
+    case 5: return CALL(5);                      \
+    case 6: return CALL(6);                      \
+    case 7: return CALL(7);                      \
+    default: return CALL(8);                     \
+  }
+
+template <class Dec>
+void rows_kq(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+#define STRATA_CALL(N) rows_kq_t<Dec, N>(W, a, y, ldy, r0, r1)
+  STRATA_T_SWITCH(STRATA_CALL)
+#undef STRATA_CALL
 }
 
 }  // namespace

@@ -34,17 +34,17 @@ struct DecBF16 {
   }
 };
 
-template <class Dec>
-void rows_plain(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+// T is a compile-time constant (the accumulators stay in registers); per output element nothing changes.
+template <class Dec, int T>
+void rows_plain_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const float* x = a.x;
   const int64_t ldx = a.ldx;
-  const int T = a.T;
   const int64_t full = W.cols / 16 * 16;
   const int64_t padded = (W.cols + 15) / 16 * 16;
   const TypeTraits* tt = type_traits(W.type);
   for (int64_t r = r0; r < r1; r++) {
     const uint8_t* row = W.data + r * W.row_bytes;
-    __m256 lo[kMaxRowsPerPass], hi[kMaxRowsPerPass];
+    __m256 lo[T], hi[T];
     for (int t = 0; t < T; t++) lo[t] = hi[t] = _mm256_setzero_ps();
     for (int64_t c = 0; c < full; c += 16) {
       const __m256 w0 = Dec::load(row, c), w1 = Dec::load(row, c + 8);
@@ -72,14 +72,14 @@ inline __m256 q8x8(const uint8_t* p) {  // 8 int8 -> 8 floats
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
-void rows_q8_0(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+template <int T>
+void rows_q8_0_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const float* x = a.x;
   const int64_t ldx = a.ldx;
-  const int T = a.T;
   const int64_t nb = W.cols / 32;
   for (int64_t r = r0; r < r1; r++) {
     const uint8_t* row = W.data + r * W.row_bytes;
-    __m256 lo[kMaxRowsPerPass], hi[kMaxRowsPerPass];
+    __m256 lo[T], hi[T];
     for (int t = 0; t < T; t++) lo[t] = hi[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
       const uint8_t* blk = row + b * 34;
@@ -99,6 +99,32 @@ void rows_q8_0(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0
     }
     for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16_avx2(lo[t], hi[t]);
   }
+}
+
+
+#define STRATA_T_SWITCH(CALL)                   \
+  switch (a.T) {                                 \
+    case 1: return CALL(1);                      \
+    case 2: return CALL(2);                      \
+    case 3: return CALL(3);                      \
+    case 4: return CALL(4);                      \
+    case 5: return CALL(5);                      \
+    case 6: return CALL(6);                      \
+    case 7: return CALL(7);                      \
+    default: return CALL(8);                     \
+  }
+
+template <class Dec>
+void rows_plain(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+#define STRATA_CALL(N) rows_plain_t<Dec, N>(W, a, y, ldy, r0, r1)
+  STRATA_T_SWITCH(STRATA_CALL)
+#undef STRATA_CALL
+}
+
+void rows_q8_0(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+#define STRATA_CALL(N) rows_q8_0_t<N>(W, a, y, ldy, r0, r1)
+  STRATA_T_SWITCH(STRATA_CALL)
+#undef STRATA_CALL
 }
 
 }  // namespace
