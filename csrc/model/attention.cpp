@@ -14,7 +14,10 @@ void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const fl
                      float* out) {
   const HParams& hp = m.hp();
   const int64_t H = hp.n_embd, hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv, group = nh / nkv;
+  STRATA_CHECK(T >= 1, "attention: T = ", T);
   STRATA_CHECK(pos0 + T <= kv.n_ctx, "attention: positions ", pos0, "..", pos0 + T - 1, " exceed the context ", kv.n_ctx);
+  STRATA_CHECK(kv.width == nkv * hd, "attention: KV cell width ", kv.width, " != n_head_kv * head_dim = ", nkv * hd);
+  STRATA_CHECK(w.wq.rows == nh * hd * 2 && w.wq.cols == H && w.wo.cols == nh * hd, "attention: weight shapes do not fit");
   thread_local FBuf qg, kb, vb, att;
   qg.resize((size_t)T * nh * hd * 2);   // [T][nh][q(hd) | gate(hd)]
   kb.resize((size_t)T * nkv * hd);      // [T][nkv][hd]

@@ -16,6 +16,10 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
   const HParams& hp = m.hp();
   const int64_t H = hp.n_embd, nk = st.nk, nv = st.nv, dk = st.dk, dv = st.dv, r = nv / nk;
   const int64_t key_dim = nk * dk, d_inner = nv * dv, cd = st.conv_dim, K = st.d_conv;
+  STRATA_CHECK(T >= 1 && (mode == DnMode::InPlace || T <= (int64_t)(st.eg_rows.size() / nv)),
+               "deltanet: T = ", T, " in a verify window exceeds the saved-row capacity ", st.eg_rows.size() / nv);
+  STRATA_CHECK(nk == hp.ssm_n_group && nv == hp.ssm_dt_rank && dk == hp.dk() && dv == hp.dv() && K == hp.ssm_d_conv,
+               "deltanet: state dimensions do not match the model");
   thread_local FBuf raw, z, ba, hist, conv, o, y, fused;
   raw.resize((size_t)T * cd);       // [T][conv_dim] pre-conv q|k|v
   z.resize((size_t)T * d_inner);    // [T][nv][dv]

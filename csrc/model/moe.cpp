@@ -108,6 +108,8 @@ int route_moce(const float* p, const int32_t* natural, int64_t E, int64_t k, int
 void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float* out) {
   const HParams& hp = m.hp();
   const int64_t H = hp.n_embd, E = hp.n_expert, k = hp.n_expert_used;
+  STRATA_CHECK(T >= 1 && (int64_t)w.gate_inp.size() == E * H, "moe: T = ", T, ", router has ", w.gate_inp.size(),
+               " weights for ", E, " x ", H);
   ThreadPool& pool = m.pool();
   ExpertStream* es = m.experts();                 // null: every expert is in the mapping
   const int layer = es ? es->layer_of(&w) : -1;  // -1: not streamed (also the MTP block)
