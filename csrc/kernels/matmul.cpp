@@ -1,5 +1,7 @@
 #include "kernels/matmul.h"
 
+#include <vector>
+
 #include "util/common.h"
 #include "util/threads.h"
 
@@ -111,6 +113,35 @@ void matmul(ThreadPool& pool, const MatView& W, const float* x, int64_t ldx, int
     } else {
       pool.parallel_for(W.rows, [&](int64_t b, int64_t e, int) { f(W, a, yp, ldy, b, e); });
     }
+  }
+}
+
+}  // namespace strata
+
+namespace strata {
+
+void matmul_many(ThreadPool& pool, const MatOut* outs, int n, const float* x, int64_t ldx, int T) {
+  STRATA_CHECK(T >= 1 && n >= 1, "matmul_many: T = ", T, ", n = ", n);
+  std::vector<RowsFn> fns(n);
+  std::vector<int64_t> start(n + 1, 0);  // global row index of each product's first row
+  for (int i = 0; i < n; i++) {
+    STRATA_CHECK(outs[i].W->cols == outs[0].W->cols, "matmul_many: products of different input widths");
+    fns[i] = get_fn(*outs[i].W);
+    start[i + 1] = start[i] + outs[i].W->rows;
+  }
+  thread_local std::vector<QActBuf> bufs;
+  if ((int)bufs.size() < n) bufs.resize(n);
+  std::vector<Act> acts(n);
+  for (int t0 = 0; t0 < T; t0 += kMaxRowsPerPass) {
+    const int tn = T - t0 < kMaxRowsPerPass ? T - t0 : kMaxRowsPerPass;
+    for (int i = 0; i < n; i++) acts[i] = prepare_act(outs[i].W->type, x + t0 * ldx, ldx, tn, outs[i].W->cols, bufs[i]);
+    pool.parallel_for(start[n], [&](int64_t b, int64_t e, int) {
+      for (int i = 0; i < n; i++) {
+        const int64_t lo = b > start[i] ? b : start[i], hi = e < start[i + 1] ? e : start[i + 1];
+        if (lo < hi)
+          fns[i](*outs[i].W, acts[i], outs[i].y + t0 * outs[i].ldy, outs[i].ldy, lo - start[i], hi - start[i]);
+      }
+    });
   }
 }
 

@@ -65,6 +65,15 @@ void matmul_range(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t
 // output rows split over the pool.
 void matmul(ThreadPool& pool, const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy);
 
+// Several products of the same input rows (e.g. q, k and v) in one parallel region per pass: each output
+// element is the same kernel call as in matmul(), so results are identical; only the pool wake-ups are saved.
+struct MatOut {
+  const MatView* W;
+  float* y;      // [T][ldy]
+  int64_t ldy;
+};
+void matmul_many(ThreadPool& pool, const MatOut* outs, int n, const float* x, int64_t ldx, int T);
+
 // Kernel table entry: one function per (type, ISA). Declared here so per-ISA files can register.
 using RowsFn = void (*)(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 RowsFn rows_fn(uint32_t type, Isa isa);  // nullptr if no kernel for that pair

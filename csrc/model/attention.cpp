@@ -24,9 +24,8 @@ void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const fl
   vb.resize((size_t)T * nkv * hd);
   att.resize((size_t)T * nh * hd);      // [T][nh][hd]
   ThreadPool& pool = m.pool();
-  matmul(pool, w.wq, x, H, T, qg.data(), nh * hd * 2);
-  matmul(pool, w.wk, x, H, T, kb.data(), nkv * hd);
-  matmul(pool, w.wv, x, H, T, vb.data(), nkv * hd);
+  const MatOut qkv[3] = {{&w.wq, qg.data(), nh * hd * 2}, {&w.wk, kb.data(), nkv * hd}, {&w.wv, vb.data(), nkv * hd}};
+  matmul_many(pool, qkv, 3, x, H, T);
 
   // norms + RoPE, then write this window's cells before any row reads
   for (int t = 0; t < T; t++) {

@@ -31,8 +31,8 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
   ThreadPool& pool = m.pool();
 
   if (!w.legacy) {
-    matmul(pool, w.wqkv, x, H, T, raw.data(), cd);
-    matmul(pool, w.wgate, x, H, T, z.data(), d_inner);
+    const MatOut proj[3] = {{&w.wqkv, raw.data(), cd}, {&w.wgate, z.data(), d_inner}, {&w.ssm_ba, ba.data(), 2 * nv}};
+    matmul_many(pool, proj, 3, x, H, T);
   } else {
     // ssm_in rows: per key head g: [q(dk) | k(dk) | v(r*dv) | z(r*dv)]; regroup into q_all | k_all | v_all and z
     const int64_t gw = 2 * dk + 2 * r * dv;
@@ -47,8 +47,8 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
         std::memcpy(dst + 2 * key_dim + g * r * dv, src + 2 * dk, r * dv * sizeof(float));
         std::memcpy(z.data() + (size_t)t * d_inner + g * r * dv, src + 2 * dk + r * dv, r * dv * sizeof(float));
       }
+    matmul(pool, w.ssm_ba, x, H, T, ba.data(), 2 * nv);
   }
-  matmul(pool, w.ssm_ba, x, H, T, ba.data(), 2 * nv);
 
   // causal conv over [committed history ++ this window's raw rows]; w.conv is [cd][K], tap K-1 = current row
   std::memcpy(hist.data(), st.conv.data(), (size_t)(K - 1) * cd * sizeof(float));
