@@ -151,6 +151,8 @@ def _stats_table(stats: dict, model) -> None:
     rows = [("model", str(model.path.name)), ("threads", str(model.threads)),
             ("prompt tokens", str(stats["prompt_tokens"])), ("prefill tok/s", f"{stats['prefill_tok_s']:.1f}"),
             ("generated tokens", str(stats["generated_tokens"])), ("decode tok/s", f"{stats['decode_tok_s']:.1f}"),
+            ("steady-state tok/s (windows after warm-up)", f"{stats['steady_tok_s']:.1f}"),
+            ("warm-up (first windows) ms", f"{stats['warmup_ms']:.2f}"),
             ("windows", str(stats["windows"])), ("window ms mean / p50 / p99",
              f"{stats['window_ms_mean']:.2f} / {stats['window_ms_p50']:.2f} / {stats['window_ms_p99']:.2f}")]
     if stats["drafted"]:

@@ -43,11 +43,17 @@ class LoopStats:
     accepted: int = 0
     t_hist: dict = field(default_factory=dict)
     window_ms: list = field(default_factory=list)
+    window_tokens: list = field(default_factory=list)  # tokens emitted by each window
+    step_ms: list = field(default_factory=list)        # each window including its drafting
     stop: str = ""
+
+    WARMUP_WINDOWS = 4  # first-touch of buffers, page-ins and cold caches land here (engine spec 8)
 
     def as_dict(self) -> dict:
         wm = sorted(self.window_ms)
         pct = (lambda q: wm[min(len(wm) - 1, int(q * len(wm)))] if wm else 0.0)
+        w = self.WARMUP_WINDOWS
+        steady_ms, steady_tok = sum(self.step_ms[w:]), sum(self.window_tokens[w:])
         return {
             "prompt_tokens": self.prompt_tokens,
             "prefill_s": self.prefill_s,
@@ -64,6 +70,8 @@ class LoopStats:
             "window_ms_mean": sum(wm) / len(wm) if wm else 0.0,
             "window_ms_p50": pct(0.5),
             "window_ms_p99": pct(0.99),
+            "warmup_ms": sum(self.step_ms[:w]),
+            "steady_tok_s": steady_tok / steady_ms * 1e3 if steady_ms > 0 else 0.0,
             "stop": self.stop,
         }
 
@@ -124,6 +132,8 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
         stats.decode_s += t1 - t_start
         stats.windows += 1
         stats.window_ms.append(dt * 1e3)
+        stats.window_tokens.append(keep)
+        stats.step_ms.append((t1 - t_start) * 1e3)
         stats.t_hist[len(inputs)] = stats.t_hist.get(len(inputs), 0) + 1
         stats.drafted += len(drafts)
         stats.accepted += keep - 1
