@@ -20,6 +20,7 @@
 //   activation rounding (|x - dx*q| <= dx/2 per value) plus float32 rounding of the 16-lane sums.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/quants.h"
 #include "kernels/types.h"
@@ -73,6 +74,23 @@ struct MatOut {
   int64_t ldy;
 };
 void matmul_many(ThreadPool& pool, const MatOut* outs, int n, const float* x, int64_t ldx, int T);
+
+// Runtime T (1..kMaxRowsPerPass) -> a compile-time one, so that kernels keep their T accumulators in
+// registers: call(std::integral_constant<int, T>{}).
+template <class F>
+inline void with_rows(int T, F&& call) {
+  static_assert(kMaxRowsPerPass == 8, "with_rows lists the instances 1..8");
+  switch (T) {
+    case 1: return call(std::integral_constant<int, 1>{});
+    case 2: return call(std::integral_constant<int, 2>{});
+    case 3: return call(std::integral_constant<int, 3>{});
+    case 4: return call(std::integral_constant<int, 4>{});
+    case 5: return call(std::integral_constant<int, 5>{});
+    case 6: return call(std::integral_constant<int, 6>{});
+    case 7: return call(std::integral_constant<int, 7>{});
+    default: return call(std::integral_constant<int, 8>{});
+  }
+}
 
 // Kernel table entry: one function per (type, ISA). Declared here so per-ISA files can register.
 using RowsFn = void (*)(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1);

@@ -195,16 +195,7 @@ void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0
 
 template <class Dec, bool kVnni>
 void rows_kq(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  switch (a.T) {
-    case 1: return rows_kq_t<Dec, kVnni, 1>(W, a, y, ldy, r0, r1);
-    case 2: return rows_kq_t<Dec, kVnni, 2>(W, a, y, ldy, r0, r1);
-    case 3: return rows_kq_t<Dec, kVnni, 3>(W, a, y, ldy, r0, r1);
-    case 4: return rows_kq_t<Dec, kVnni, 4>(W, a, y, ldy, r0, r1);
-    case 5: return rows_kq_t<Dec, kVnni, 5>(W, a, y, ldy, r0, r1);
-    case 6: return rows_kq_t<Dec, kVnni, 6>(W, a, y, ldy, r0, r1);
-    case 7: return rows_kq_t<Dec, kVnni, 7>(W, a, y, ldy, r0, r1);
-    default: return rows_kq_t<Dec, kVnni, 8>(W, a, y, ldy, r0, r1);
-  }
+  with_rows(a.T, [&](auto t) { rows_kq_t<Dec, kVnni, decltype(t)::value>(W, a, y, ldy, r0, r1); });
 }
 
 template <class Dec>

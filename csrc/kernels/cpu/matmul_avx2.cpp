@@ -102,29 +102,14 @@ void rows_q8_0_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t 
 }
 
 
-#define STRATA_T_SWITCH(CALL)                   \
-  switch (a.T) {                                 \
-    case 1: return CALL(1);                      \
-    case 2: return CALL(2);                      \
-    case 3: return CALL(3);                      \
-    case 4: return CALL(4);                      \
-    case 5: return CALL(5);                      \
-    case 6: return CALL(6);                      \
-    case 7: return CALL(7);                      \
-    default: return CALL(8);                     \
-  }
 
 template <class Dec>
 void rows_plain(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-#define STRATA_CALL(N) rows_plain_t<Dec, N>(W, a, y, ldy, r0, r1)
-  STRATA_T_SWITCH(STRATA_CALL)
-#undef STRATA_CALL
+  with_rows(a.T, [&](auto t) { rows_plain_t<Dec, decltype(t)::value>(W, a, y, ldy, r0, r1); });
 }
 
 void rows_q8_0(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-#define STRATA_CALL(N) rows_q8_0_t<N>(W, a, y, ldy, r0, r1)
-  STRATA_T_SWITCH(STRATA_CALL)
-#undef STRATA_CALL
+  with_rows(a.T, [&](auto t) { rows_q8_0_t<decltype(t)::value>(W, a, y, ldy, r0, r1); });
 }
 
 }  // namespace

@@ -136,26 +136,14 @@ void rows_q8_0_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t 
   for (; r < r1; r++) q8_0_block<T, 1>(W, a.x, a.ldx, y, ldy, r);
 }
 
-// Runtime T -> the compile-time instance.
-#define STRATA_DISPATCH_T(fn, ...)                      \
-  switch (a.T) {                                         \
-    case 1: return fn<__VA_ARGS__ 1>(W, a, y, ldy, r0, r1); \
-    case 2: return fn<__VA_ARGS__ 2>(W, a, y, ldy, r0, r1); \
-    case 3: return fn<__VA_ARGS__ 3>(W, a, y, ldy, r0, r1); \
-    case 4: return fn<__VA_ARGS__ 4>(W, a, y, ldy, r0, r1); \
-    case 5: return fn<__VA_ARGS__ 5>(W, a, y, ldy, r0, r1); \
-    case 6: return fn<__VA_ARGS__ 6>(W, a, y, ldy, r0, r1); \
-    case 7: return fn<__VA_ARGS__ 7>(W, a, y, ldy, r0, r1); \
-    default: return fn<__VA_ARGS__ 8>(W, a, y, ldy, r0, r1); \
-  }
 
 template <class Dec>
 void rows_plain(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  STRATA_DISPATCH_T(rows_plain_t, Dec, )
+  with_rows(a.T, [&](auto t) { rows_plain_t<Dec, decltype(t)::value>(W, a, y, ldy, r0, r1); });
 }
 
 void rows_q8_0(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  STRATA_DISPATCH_T(rows_q8_0_t, )
+  with_rows(a.T, [&](auto t) { rows_q8_0_t<decltype(t)::value>(W, a, y, ldy, r0, r1); });
 }
 
 }  // namespace
