@@ -6,6 +6,8 @@
 
 #include "kernels/iq_tables.h"
 #include "kernels/quants.h"
+#include <immintrin.h>
+
 #include "util/common.h"
 
 namespace strata::kq {
@@ -32,6 +34,19 @@ inline void k4_scales(const uint8_t* s, uint8_t* sc, uint8_t* m) {
   std::memcpy(sc + 4, &sc_hi, 4);
   std::memcpy(m, &m_lo, 4);
   std::memcpy(m + 4, &m_hi, 4);
+}
+
+// Only for the ISA translation units (which are built with F16C): an fp16 scale.
+inline float h2f(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+// The Q4_K/Q5_K block header: d, dmin, and the eight 6-bit scales and mins.
+inline void k4_head(const uint8_t* b, float& d, float& dmin, uint8_t* sc, uint8_t* m) {
+  d = h2f(b);
+  dmin = h2f(b + 2);
+  k4_scales(b + 4, sc, m);
 }
 
 }  // namespace strata::kq

@@ -19,11 +19,6 @@ inline float hsum16(__m256 lo, __m256 hi) {  // the canonical reduction tree of 
   __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
   return _mm_cvtss_f32(s1);
 }
-inline float h2f(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
 inline __m256i lo16u(__m256i v) { return _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)); }
 inline __m256i hi16u(__m256i v) { return _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1)); }
 inline __m256i lo16s(__m256i v) { return _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)); }
@@ -33,10 +28,8 @@ struct DecQ4K {
   static constexpr int kBytes = 144;
   static constexpr bool kHasMin = true;
   static inline void decode(const uint8_t* b, __m256i* w, float& d, float& dmin, uint8_t* m) {
-    d = h2f(b);
-    dmin = h2f(b + 2);
     uint8_t sc[8];
-    k4_scales(b + 4, sc, m);
+    k4_head(b, d, dmin, sc, m);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int c = 0; c < 4; c++) {
       const __m256i by = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
@@ -54,10 +47,8 @@ struct DecQ5K {
   static constexpr int kBytes = 176;
   static constexpr bool kHasMin = true;
   static inline void decode(const uint8_t* b, __m256i* w, float& d, float& dmin, uint8_t* m) {
-    d = h2f(b);
-    dmin = h2f(b + 2);
     uint8_t sc[8];
-    k4_scales(b + 4, sc, m);
+    k4_head(b, d, dmin, sc, m);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i qhb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
     const __m256i qh0 = lo16u(qhb), qh1 = hi16u(qhb), one = _mm256_set1_epi16(1);

@@ -20,20 +20,13 @@ inline float hsum16(__m512 v) {  // the canonical reduction tree of matmul.h
   __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
   return _mm_cvtss_f32(s1);
 }
-inline float h2f(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
 
 struct DecQ4K {
   static constexpr int kBytes = 144;
   static constexpr bool kHasMin = true;
   static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
-    d = h2f(b);
-    dmin = h2f(b + 2);
     alignas(16) uint8_t sc[8], m[8];
-    k4_scales(b + 4, sc, m);
+    k4_head(b, d, dmin, sc, m);
     mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)));
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int c = 0; c < 4; c++) {
@@ -49,10 +42,8 @@ struct DecQ5K {
   static constexpr int kBytes = 176;
   static constexpr bool kHasMin = true;
   static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
-    d = h2f(b);
-    dmin = h2f(b + 2);
     alignas(16) uint8_t sc[8], m[8];
-    k4_scales(b + 4, sc, m);
+    k4_head(b, d, dmin, sc, m);
     mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)));
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m512i qh = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)));
