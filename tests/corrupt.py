@@ -8,6 +8,15 @@ import gguf
 import numpy as np
 
 
+def copy_field(w: gguf.GGUFWriter, name: str, f) -> None:
+    """Copy one metadata field of a GGUFReader into a writer, keeping its value type."""
+    vt = f.types[0]
+    if vt == gguf.GGUFValueType.ARRAY:
+        w.add_key_value(name, f.contents(), vt, sub_type=f.types[-1])
+    else:
+        w.add_key_value(name, f.contents(), vt)
+
+
 def rewrite(src: Path, dst: Path, *, drop: str | None = None, reshape: tuple[str, tuple] | None = None,
             set_kv: tuple[str, str] | None = None, drop_kv: str | None = None) -> Path:
     """Copy src to dst through gguf's reader/writer, dropping or reshaping one tensor or changing one key."""
@@ -22,11 +31,7 @@ def rewrite(src: Path, dst: Path, *, drop: str | None = None, reshape: tuple[str
         if set_kv and name == set_kv[0]:
             w.add_string(name, set_kv[1])
             continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(name, f.contents(), vt, sub_type=f.types[-1])
-        else:
-            w.add_key_value(name, f.contents(), vt)
+        copy_field(w, name, f)
     for t in r.tensors:
         if t.name == drop:
             continue

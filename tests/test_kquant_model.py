@@ -14,6 +14,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
+from corrupt import copy_field
 from kquant import quantize_q4_k
 from strata_py.convert import gguf_to_hf
 from strata_py.model import Model, default_model_path
@@ -36,11 +37,7 @@ def q4k_default(tmp_path_factory):
     for name, f in r.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
             continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(name, f.contents(), vt, sub_type=f.types[-1])
-        else:
-            w.add_key_value(name, f.contents(), vt)
+        copy_field(w, name, f)
     n_q4 = 0
     for t in r.tensors:
         shape = [int(x) for x in reversed(t.shape)]
