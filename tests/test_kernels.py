@@ -77,3 +77,26 @@ def test_force_isa_refuses_missing():
         pytest.skip("this CPU has every path")
     with pytest.raises(ValueError, match="does not support"):
         _core.force_isa("avx512")
+
+
+@pytest.mark.parametrize("dv", [128, 80, 7])
+@pytest.mark.parametrize("read", [True, False])
+def test_dn_rows_equal_ref(dv, read):
+    # the strip-mined DeltaNet window recurrence against its row-by-row twin, bit for bit, for every
+    # split between rows on S and rows on the working copy
+    rng = np.random.default_rng(dv + read)
+    dk = 128 if dv != 7 else 16
+    for T in (1, 3, 8):
+        S = rng.standard_normal((dk, dv), dtype=np.float32) * 0.1
+        k = rng.standard_normal((T, dk), dtype=np.float32)
+        k /= np.linalg.norm(k, axis=1, keepdims=True)
+        v = rng.standard_normal((T, dv), dtype=np.float32)
+        q = rng.standard_normal((T, dk), dtype=np.float32)
+        gates = np.stack([rng.uniform(0.5, 1.0, T), rng.uniform(0.0, 1.0, T)], axis=1).astype(np.float32)
+        for n_src in range(T + 1):
+            fast = _core.dn_rows(S, k, v, q, gates, n_src, read, False)
+            ref = _core.dn_rows(S, k, v, q, gates, n_src, read, True)
+            for a, b in zip(fast, ref):
+                assert np.array_equal(np.asarray(a), np.asarray(b)), (T, n_src)
+            if n_src < T:  # the committed S saw exactly the first n_src rows, the working copy all of them
+                assert not np.array_equal(np.asarray(fast[0]), np.asarray(fast[1]))

@@ -3,11 +3,13 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <vector>
 
 #include "kernels/matmul.h"
 #include "kernels/quants.h"
+#include "state/deltanet_state.h"
 #include "util/common.h"
 #include "util/threads.h"
 
@@ -79,6 +81,26 @@ void init_kernels(nb::module_& m) {
         return nb::make_tuple(q, d, bs);
       },
       nb::arg("x"), nb::arg("isa") = "scalar", "(q[T][cols], dx[T][nb], bsum[T][nb*8]) as Python lists (tests).");
+  m.def(
+      "dn_rows",
+      [](F2 S, F2 k, F2 v, F2 q, F2 gates, int n_src, bool read, bool ref) {
+        // One value head through T rows (tests): returns (S after rows < n_src, S_work after all rows, o[T][dv]).
+        const int64_t dk = S.shape(0), dv = S.shape(1);
+        const int T = (int)k.shape(0);
+        STRATA_CHECK(T >= 1 && (int64_t)k.shape(1) == dk && (int64_t)q.shape(1) == dk && (int64_t)v.shape(1) == dv &&
+                         (int64_t)v.shape(0) == T && (int64_t)q.shape(0) == T && (int64_t)gates.shape(0) == T &&
+                         gates.shape(1) == 2,
+                     "dn_rows: shapes S[dk][dv], k/q[T][dk], v[T][dv], gates[T][2] (eg, beta)");
+        std::vector<float> s0(S.data(), S.data() + dk * dv), sw((size_t)(dk * dv), 0.f), o((size_t)(T * dv), 0.f);
+        std::vector<DnRow> rows(T);
+        for (int t = 0; t < T; t++)
+          rows[t] = {k.data() + t * dk, v.data() + t * dv, q.data() + t * dk, gates.data()[2 * t], gates.data()[2 * t + 1],
+                     read ? o.data() + t * dv : nullptr};
+        (ref ? dn_rows_ref : dn_rows)(s0.data(), sw.data(), rows.data(), T, n_src, dk, dv);
+        return std::make_tuple(s0, sw, o);
+      },
+      nb::arg("S"), nb::arg("k"), nb::arg("v"), nb::arg("q"), nb::arg("gates"), nb::arg("n_src"), nb::arg("read") = true,
+      nb::arg("ref") = false, "The DeltaNet window recurrence of one head (dn_rows or its row-by-row twin), for tests.");
   m.def(
       "matmul",
       [](U8 w, const std::string& type, int64_t rows, int64_t cols, F2 x, const std::string& isa, int threads) {

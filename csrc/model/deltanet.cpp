@@ -4,6 +4,7 @@
 // head h / (nv / nk), the delta rule (deltanet_state.h), gated RMSNorm * silu(z), then ssm_out.
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "model/layers.h"
 #include "model/ops.h"
@@ -89,23 +90,17 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
   const float* egp = eg.data();
   const float* betap = beta.data();
   float* op = o.data();
+  const int n_src = mode == DnMode::InPlace ? T : mode == DnMode::Partial ? 1 : 0;
   pool.parallel_for(nv, [&](int64_t hb, int64_t he, int) {
-    std::vector<float> mbuf(dv);
+    std::vector<DnRow> rows((size_t)T);
     for (int64_t h = hb; h < he; h++) {
-      const size_t hs = (size_t)h * dk * dv;
-      float* S = st.S.data() + hs;
-      float* Sw = st.S_work.data() + hs;
-      if (mode == DnMode::Window) std::memcpy(Sw, S, dk * dv * sizeof(float));
       for (int t = 0; t < T; t++) {
         const float* row = convp + (size_t)t * cd;
-        const float* q = row + (h / r) * dk;
-        const float* k = row + key_dim + (h / r) * dk;
-        const float* v = row + 2 * key_dim + h * dv;
-        float* Sc = (mode == DnMode::InPlace || (mode == DnMode::Partial && t == 0)) ? S : Sw;
-        dn_update_read(Sc, k, v, egp[t * nv + h], betap[t * nv + h], q, dk, dv, mbuf.data(),
-                       op + (size_t)t * d_inner + h * dv);
-        if (mode == DnMode::Partial && t == 0) std::memcpy(Sw, S, dk * dv * sizeof(float));
+        rows[t] = {row + key_dim + (h / r) * dk, row + 2 * key_dim + h * dv, row + (h / r) * dk, egp[t * nv + h],
+                   betap[t * nv + h], op + (size_t)t * d_inner + h * dv};
       }
+      const size_t hs = (size_t)h * dk * dv;
+      dn_rows(st.S.data() + hs, st.S_work.data() + hs, rows.data(), T, n_src, dk, dv);
     }
   });
 

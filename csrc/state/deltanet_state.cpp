@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "util/common.h"
+
 namespace strata {
 
 void DeltaNetState::init(int64_t nk_, int64_t nv_, int64_t dk_, int64_t dv_, int64_t d_conv_, int max_window) {
@@ -40,12 +42,14 @@ void DeltaNetState::fold(int64_t first, int64_t n) {
   if (first == work_first && n == work_rows) {
     S.swap(S_work);  // S_work ran exactly these rows from S: it is the folded state
   } else {
-    std::vector<float> m(dv);
     const int64_t r = nv / nk;
-    for (int64_t i = first; i < first + n; i++)
-      for (int64_t h = 0; h < nv; h++)
-        dn_update(&S[(size_t)h * dk * dv], &k_rows[((size_t)i * nk + h / r) * dk], &v_rows[((size_t)i * nv + h) * dv],
-                  eg_rows[i * nv + h], beta_rows[i * nv + h], dk, dv, m.data());
+    std::vector<DnRow> rows((size_t)n);
+    for (int64_t h = 0; h < nv; h++) {
+      for (int64_t i = first; i < first + n; i++)
+        rows[i - first] = {&k_rows[((size_t)i * nk + h / r) * dk], &v_rows[((size_t)i * nv + h) * dv], nullptr,
+                           eg_rows[i * nv + h], beta_rows[i * nv + h], nullptr};
+      dn_rows(&S[(size_t)h * dk * dv], nullptr, rows.data(), (int)n, (int)n, dk, dv);
+    }
   }
   for (int64_t i = first; i < first + n; i++) push_conv(&raw_rows[(size_t)i * conv_dim]);
   work_rows = 0;
@@ -99,6 +103,79 @@ void dn_read(const float* S, const float* q, int64_t dk, int64_t dv, float* o) {
     const float* row = S + a * dv;
     const float qa = q[a];
     for (int64_t j = 0; j < dv; j++) o[j] = o[j] + row[j] * qa;
+  }
+}
+
+namespace {
+
+// One strip of W columns [j0, j0 + W) through rows 0..T-1 (see dn_rows). W is a compile-time width so
+// that m and o live in registers; the operations per element are those of dn_decay_delta and
+// dn_update_read, in the same order.
+template <int W>
+void dn_strip(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv, int64_t j0) {
+  float* Sc = S;
+  for (int t = 0; t < T; t++) {
+    if (t == n_src) {  // switch to the working copy: this strip of S as it stands now
+      for (int64_t a = 0; a < dk; a++)
+        for (int j = 0; j < W; j++) S_work[a * dv + j0 + j] = S[a * dv + j0 + j];
+      Sc = S_work;
+    }
+    const DnRow& R = rows[t];
+    float m[W];
+    for (int j = 0; j < W; j++) m[j] = 0.f;
+    for (int64_t a = 0; a < dk; a++) {
+      float* row = Sc + a * dv + j0;
+      const float ka = R.k[a];
+      for (int j = 0; j < W; j++) {
+        row[j] = row[j] * R.eg;
+        m[j] = m[j] + row[j] * ka;
+      }
+    }
+    for (int j = 0; j < W; j++) m[j] = (R.v[j0 + j] - m[j]) * R.beta;
+    if (R.o) {
+      float o[W];
+      for (int j = 0; j < W; j++) o[j] = 0.f;
+      for (int64_t a = 0; a < dk; a++) {
+        float* row = Sc + a * dv + j0;
+        const float ka = R.k[a], qa = R.q[a];
+        for (int j = 0; j < W; j++) {
+          row[j] = row[j] + ka * m[j];
+          o[j] = o[j] + row[j] * qa;
+        }
+      }
+      for (int j = 0; j < W; j++) R.o[j0 + j] = o[j];
+    } else {
+      for (int64_t a = 0; a < dk; a++) {
+        float* row = Sc + a * dv + j0;
+        const float ka = R.k[a];
+        for (int j = 0; j < W; j++) row[j] = row[j] + ka * m[j];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void dn_rows(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv) {
+  STRATA_CHECK(T >= 1 && n_src >= 0 && (n_src >= T || S_work), "dn_rows: T = ", T, ", n_src = ", n_src);
+  int64_t j0 = 0;
+  for (; j0 + 64 <= dv; j0 += 64) dn_strip<64>(S, S_work, rows, T, n_src, dk, dv, j0);
+  for (; j0 + 16 <= dv; j0 += 16) dn_strip<16>(S, S_work, rows, T, n_src, dk, dv, j0);
+  for (; j0 < dv; j0++) dn_strip<1>(S, S_work, rows, T, n_src, dk, dv, j0);
+}
+
+void dn_rows_ref(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv) {
+  STRATA_CHECK(T >= 1 && n_src >= 0 && (n_src >= T || S_work), "dn_rows: T = ", T, ", n_src = ", n_src);
+  std::vector<float> m(dv);
+  float* Sc = S;
+  for (int t = 0; t < T; t++) {
+    if (t == n_src) {
+      std::memcpy(S_work, S, (size_t)dk * dv * sizeof(float));
+      Sc = S_work;
+    }
+    const DnRow& R = rows[t];
+    if (R.o) dn_update_read(Sc, R.k, R.v, R.eg, R.beta, R.q, dk, dv, m.data(), R.o);
+    else dn_update(Sc, R.k, R.v, R.eg, R.beta, dk, dv, m.data());
   }
 }
 

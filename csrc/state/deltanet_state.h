@@ -45,4 +45,21 @@ void dn_update_read(float* S, const float* k, const float* v, float eg, float be
 // o = S^T q for one head.
 void dn_read(const float* S, const float* q, int64_t dk, int64_t dv, float* o);
 
+// Several consecutive rows of one value head. Row t's inputs; o == nullptr: update only (no read).
+struct DnRow {
+  const float* k;  // [dk]
+  const float* v;  // [dv]
+  const float* q;  // [dk] (unused without o)
+  float eg, beta;
+  float* o;        // [dv] or nullptr
+};
+// Rows 0..n_src-1 update S; then S_work becomes a copy of S and rows n_src..T-1 update S_work
+// (n_src = T: in place; 0: a verify window; 1: the partial fold). The same values as dn_update_read /
+// dn_update called row after row, bit for bit, computed strip by strip: column j of S only ever meets
+// column j of v, m and o, so a 64-column strip (32 KB for dk = 128) runs all T rows while it stays in L1
+// instead of S streaming through the cache twice per row.
+void dn_rows(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv);
+// The row-by-row twin of dn_rows (dn_update_read / dn_update per row), for tests.
+void dn_rows_ref(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv);
+
 }  // namespace strata
