@@ -59,6 +59,8 @@ struct DnRow {
 // column j of v, m and o, so a 64-column strip (32 KB for dk = 128) runs all T rows while it stays in L1
 // instead of S streaming through the cache twice per row.
 void dn_rows(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv);
+// dn_rows built with AVX-512 flags (kernels/cpu/deltanet_avx512.cpp); dn_rows picks it when active.
+void dn_rows_avx512(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv);
 // The row-by-row twin of dn_rows (dn_update_read / dn_update per row), for tests.
 void dn_rows_ref(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv);
 
