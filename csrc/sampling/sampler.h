@@ -32,6 +32,9 @@ double uniform_at(uint64_t seed, int64_t pos);
 // In place over one row of logits: penalties from the history tail.
 void apply_penalties(float* logits, int64_t n_vocab, const SamplingParams& p, const int32_t* hist, int64_t n_hist);
 
+// Lowest id among the largest non-NaN logits; -1 if every logit is NaN or -inf.
+int32_t argmax(const float* logits, int64_t n_vocab);
+
 // Pick a token from processed logits (modified in place): greedy if temperature == 0, else
 // temperature -> top-k -> top-p -> min-p -> softmax -> inverse-CDF with uniform_at(seed, pos).
 int32_t pick_token(float* logits, int64_t n_vocab, const SamplingParams& p, int64_t pos);

@@ -143,11 +143,9 @@ std::vector<int32_t> Session::mtp_draft(int32_t root, int k) {
   STRATA_CHECK(mtp_pos_ + n == pos_, "mtp_draft(): MTP state out of step (", mtp_pos_, " + ", n, " != ", pos_, ")");
   const int64_t H = hp.n_embd;
   std::vector<float> out_h, logits(hp.n_vocab);
-  auto argmax = [&]() {
-    int32_t best = 0;
-    for (int64_t v = 1; v < hp.n_vocab; v++)
-      if (logits[v] > logits[best]) best = (int32_t)v;
-    return best;
+  auto best = [&]() {
+    const int32_t b = argmax(logits.data(), hp.n_vocab);
+    return b < 0 ? 0 : b;  // all NaN: any token is a valid (rejected) draft
   };
   constexpr int64_t kChunk = 256;
   for (int64_t c = 0; c < n; c += kChunk) {
@@ -160,7 +158,7 @@ std::vector<int32_t> Session::mtp_draft(int32_t root, int k) {
   std::vector<float> h_last(out_h.end() - H, out_h.end());
   mtp_backlog_h_.clear();
   mtp_backlog_tok_.clear();
-  std::vector<int32_t> drafts{argmax()};
+  std::vector<int32_t> drafts{best()};
   mtp_logits_ = logits;
   // chain: the block's own output hidden state with the token it just drafted, at the next position
   for (int j = 1; j < k && mtp_pos_ + j - 1 < mtp_kv_.n_ctx; j++) {
@@ -168,7 +166,7 @@ std::vector<int32_t> Session::mtp_draft(int32_t root, int k) {
     std::vector<float> nh(H);
     mtp_forward(*model_, mtp_kv_, h_last.data(), &tok, 1, mtp_pos_ + j - 1, nh.data(), logits.data());
     h_last.swap(nh);
-    drafts.push_back(argmax());
+    drafts.push_back(best());
     mtp_logits_.insert(mtp_logits_.end(), logits.begin(), logits.end());
   }
   return drafts;
