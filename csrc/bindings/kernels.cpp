@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "kernels/attend.h"
 #include "kernels/matmul.h"
 #include "kernels/quants.h"
 #include "state/deltanet_state.h"
@@ -81,6 +82,23 @@ void init_kernels(nb::module_& m) {
         return nb::make_tuple(q, d, bs);
       },
       nb::arg("x"), nb::arg("isa") = "scalar", "(q[T][cols], dx[T][nb], bsum[T][nb*8]) as Python lists (tests).");
+  m.def(
+      "attend",
+      [](F2 q, F2 k, F2 v, float scale, const std::string& isa) {
+        // o[nq][hd] = softmax(scale * q K^T) V over all n cells (tests), on the chosen path.
+        const int64_t nq = q.shape(0), hd = q.shape(1), n = k.shape(0);
+        STRATA_CHECK(nq >= 1 && n >= 1 && (int64_t)k.shape(1) == hd && (int64_t)v.shape(0) == n && (int64_t)v.shape(1) == hd,
+                     "attend: shapes q[nq][hd], k[n][hd], v[n][hd]");
+        std::vector<float> o((size_t)(nq * hd)), sc((size_t)n);
+        const AttendArgs a{q.data(), hd, (int)nq, k.data(), v.data(), hd, n, hd, scale, o.data(), hd};
+        const Isa want = parse_isa(isa);
+        STRATA_CHECK((int)want <= (int)best_isa(), "attend: this CPU lacks ", isa);
+        if (want == Isa::AVX512) attend_avx512(a, sc.data());
+        else attend_ref(a, sc.data());
+        return o;
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"), nb::arg("isa") = "avx512",
+      "One query row's attention over n cells for nq heads sharing them (tests).");
   m.def(
       "dn_rows",
       [](F2 S, F2 k, F2 v, F2 q, F2 gates, int n_src, bool read, bool ref) {

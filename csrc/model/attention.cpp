@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/attend.h"
 #include "model/layers.h"
 #include "model/ops.h"
 #include "strata.h"
@@ -48,32 +49,19 @@ void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const fl
   // thread_local buffers are per thread: hand the workers plain pointers
   const float* qgp = qg.data();
   float* attp = att.data();
-  pool.parallel_for((int64_t)T * nh, [&](int64_t b, int64_t e, int) {
+  pool.parallel_for((int64_t)T * nkv, [&](int64_t b, int64_t e, int) {
     std::vector<float> sc;
     for (int64_t job = b; job < e; job++) {
-      const int64_t t = job / nh, h = job % nh, g = h / group, pos = pos0 + t;
-      const float* q = qgp + ((size_t)t * nh + h) * hd * 2;
-      const float* gate = q + hd;
+      const int64_t t = job / nkv, g = job % nkv, pos = pos0 + t;
       sc.resize(pos + 1);
-      float mx = -INFINITY;
-      for (int64_t c = 0; c <= pos; c++) {
-        sc[c] = dot16(q, kv.k_at(c) + g * hd, hd) * scale;
-        mx = sc[c] > mx ? sc[c] : mx;
+      const float* q = qgp + ((size_t)t * nh + g * group) * hd * 2;  // first query head of the group
+      float* o = attp + ((size_t)t * nh + g * group) * hd;
+      attend({q, 2 * hd, (int)group, kv.k_at(0) + g * hd, kv.v_at(0) + g * hd, kv.width, pos + 1, hd, scale, o, hd},
+             sc.data());
+      for (int64_t j = 0; j < group; j++) {
+        const float* gate = q + j * 2 * hd + hd;
+        for (int64_t d = 0; d < hd; d++) o[j * hd + d] *= sigmoid(gate[d]);
       }
-      float sum = 0.f;
-      for (int64_t c = 0; c <= pos; c++) {
-        sc[c] = std::exp(sc[c] - mx);
-        sum += sc[c];
-      }
-      const float inv = 1.f / sum;
-      float* o = attp + ((size_t)t * nh + h) * hd;
-      for (int64_t d = 0; d < hd; d++) o[d] = 0.f;
-      for (int64_t c = 0; c <= pos; c++) {
-        const float p = sc[c] * inv;
-        const float* v = kv.v_at(c) + g * hd;
-        for (int64_t d = 0; d < hd; d++) o[d] += p * v[d];
-      }
-      for (int64_t d = 0; d < hd; d++) o[d] *= sigmoid(gate[d]);
     }
   });
   matmul(pool, w.wo, att.data(), nh * hd, T, out, H);
