@@ -94,10 +94,16 @@ def test_dn_rows_equal_ref(dv, read):
         q = rng.standard_normal((T, dk), dtype=np.float32)
         gates = np.stack([rng.uniform(0.5, 1.0, T), rng.uniform(0.0, 1.0, T)], axis=1).astype(np.float32)
         for n_src in range(T + 1):
-            fast = _core.dn_rows(S, k, v, q, gates, n_src, read, False)
             ref = _core.dn_rows(S, k, v, q, gates, n_src, read, True)
-            for a, b in zip(fast, ref):
-                assert np.array_equal(np.asarray(a), np.asarray(b)), (T, n_src)
+            for isa in ("scalar", "avx512") if _core.best_isa() == "avx512" else ("scalar",):
+                prev = _core.active_isa()
+                _core.force_isa(isa)
+                try:
+                    fast = _core.dn_rows(S, k, v, q, gates, n_src, read, False)
+                finally:
+                    _core.force_isa(prev)
+                for a, b in zip(fast, ref):
+                    assert np.array_equal(np.asarray(a), np.asarray(b)), (isa, T, n_src)
             if n_src < T:  # the committed S saw exactly the first n_src rows, the working copy all of them
                 assert not np.array_equal(np.asarray(fast[0]), np.asarray(fast[1]))
 
