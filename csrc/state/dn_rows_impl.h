@@ -23,7 +23,7 @@ void dn_strip(float* S, float* S_work, const DnRow* rows, int T, int n_src, int6
         for (int j = 0; j < W; j++) S_work[a * dv + j0 + j] = S[a * dv + j0 + j];
       Sc = S_work;
     }
-    const DnRow& R = rows[t];
+    const DnRow R = rows[t];  // a copy: the stores into S below must not make the compiler reload it
     float m[W];
     for (int j = 0; j < W; j++) m[j] = 0.f;
     for (int64_t a = 0; a < dk; a++) {

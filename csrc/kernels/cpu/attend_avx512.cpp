@@ -20,7 +20,8 @@ inline float reduce16(__m512 v) {
 }
 
 template <int NC>  // NC = hd / 16
-void attend_t(const AttendArgs& a, float* sc) {
+void attend_t(const AttendArgs& args, float* sc) {
+  const AttendArgs a = args;  // a copy: the stores into sc must not make the compiler reload the fields
   for (int h = 0; h < a.nq; h++) {
     const float* qp = a.q + h * a.ldq;
     __m512 q[NC];

@@ -17,13 +17,15 @@ void dn_strip64(float* S, float* S_work, const DnRow* rows, int T, int n_src, in
         for (int i = 0; i < 4; i++) _mm512_storeu_ps(S_work + a * dv + j0 + 16 * i, _mm512_loadu_ps(S + a * dv + j0 + 16 * i));
       Sc = S_work;
     }
-    const DnRow& R = rows[t];
+    const DnRow R = rows[t];  // a copy: the stores into S below must not make the compiler reload it
+    const float* __restrict kp = R.k;
+    const float* __restrict qp = R.q;
     const __m512 eg = _mm512_set1_ps(R.eg);
     __m512 m[4];
     for (int i = 0; i < 4; i++) m[i] = _mm512_setzero_ps();
     for (int64_t a = 0; a < dk; a++) {
       float* row = Sc + a * dv + j0;
-      const __m512 ka = _mm512_set1_ps(R.k[a]);
+      const __m512 ka = _mm512_set1_ps(kp[a]);
       for (int i = 0; i < 4; i++) {
         const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * i), eg);
         _mm512_storeu_ps(row + 16 * i, s);
@@ -37,7 +39,7 @@ void dn_strip64(float* S, float* S_work, const DnRow* rows, int T, int n_src, in
       for (int i = 0; i < 4; i++) o[i] = _mm512_setzero_ps();
       for (int64_t a = 0; a < dk; a++) {
         float* row = Sc + a * dv + j0;
-        const __m512 ka = _mm512_set1_ps(R.k[a]), qa = _mm512_set1_ps(R.q[a]);
+        const __m512 ka = _mm512_set1_ps(kp[a]), qa = _mm512_set1_ps(qp[a]);
         for (int i = 0; i < 4; i++) {
           const __m512 s = _mm512_add_ps(_mm512_loadu_ps(row + 16 * i), _mm512_mul_ps(ka, m[i]));
           _mm512_storeu_ps(row + 16 * i, s);
@@ -48,7 +50,7 @@ void dn_strip64(float* S, float* S_work, const DnRow* rows, int T, int n_src, in
     } else {
       for (int64_t a = 0; a < dk; a++) {
         float* row = Sc + a * dv + j0;
-        const __m512 ka = _mm512_set1_ps(R.k[a]);
+        const __m512 ka = _mm512_set1_ps(kp[a]);
         for (int i = 0; i < 4; i++)
           _mm512_storeu_ps(row + 16 * i, _mm512_add_ps(_mm512_loadu_ps(row + 16 * i), _mm512_mul_ps(ka, m[i])));
       }
