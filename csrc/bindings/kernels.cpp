@@ -10,6 +10,7 @@
 #include "kernels/attend.h"
 #include "kernels/matmul.h"
 #include "kernels/quants.h"
+#include "kernels/rowops.h"
 #include "state/deltanet_state.h"
 #include "util/common.h"
 #include "util/threads.h"
@@ -82,6 +83,40 @@ void init_kernels(nb::module_& m) {
         return nb::make_tuple(q, d, bs);
       },
       nb::arg("x"), nb::arg("isa") = "scalar", "(q[T][cols], dx[T][nb], bsum[T][nb*8]) as Python lists (tests).");
+  m.def(
+      "rowop",
+      [](const std::string& name, F2 x, F2 y, const std::string& isa) {
+        // One rowops.h function on the chosen build (tests): x is modified in a copy and returned;
+        // y is the second operand (u, z or g; conv: the transposed taps [K][cd] with x the history).
+        const Isa want = parse_isa(isa);
+        STRATA_CHECK((int)want <= (int)best_isa(), "rowop: this CPU lacks ", isa);
+        const RowOps& ops = want == Isa::AVX512 ? rowops_avx512() : rowops_base();
+        std::vector<float> a(x.data(), x.data() + x.size());
+        const int64_t n = (int64_t)a.size();
+        if (name == "vexp") {
+          for (auto& v : a) v = vexp(v);
+        } else if (name == "silu") {
+          ops.silu_inplace(a.data(), n);
+        } else if (name == "exp_shift") {
+          ops.exp_shift(a.data(), y.data()[0], n);
+        } else if (name == "conv") {
+          const int K = (int)y.shape(0);
+          const int64_t cd = y.shape(1);
+          const int T = (int)x.shape(0) - (K - 1);
+          STRATA_CHECK(T >= 1 && (int64_t)x.shape(1) == cd, "rowop conv: x[K-1+T][cd], y[K][cd]");
+          std::vector<float> out((size_t)(T * cd));
+          ops.causal_conv_silu(x.data(), y.data(), T, cd, K, out.data());
+          return out;
+        } else {
+          STRATA_CHECK((int64_t)y.size() == n, "rowop: y must have x's size");
+          if (name == "silu_mul") ops.silu_mul(a.data(), y.data(), n);
+          else if (name == "mul_silu") ops.mul_silu(a.data(), y.data(), n);
+          else if (name == "mul_sigmoid") ops.mul_sigmoid(a.data(), y.data(), n);
+          else fail<std::invalid_argument>("rowop: unknown function '", name, "'");
+        }
+        return a;
+      },
+      nb::arg("name"), nb::arg("x"), nb::arg("y"), nb::arg("isa") = "avx512", "One rowops.h function (tests).");
   m.def(
       "attend",
       [](F2 q, F2 k, F2 v, float scale, const std::string& isa) {

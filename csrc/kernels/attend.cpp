@@ -1,6 +1,7 @@
 // Scalar twin of the attention kernel (attend.h) and the dispatch. dot16 sums in 16 lanes with a fixed
 // tree; softmax subtracts the maximum; the output accumulates p * v over cells in increasing order.
 #include "kernels/attend.h"
+#include "kernels/rowops.h"
 
 #include <cmath>
 
@@ -18,10 +19,8 @@ void attend_ref(const AttendArgs& a, float* sc) {
       mx = sc[c] > mx ? sc[c] : mx;
     }
     float sum = 0.f;
-    for (int64_t c = 0; c < a.n; c++) {
-      sc[c] = std::exp(sc[c] - mx);
-      sum += sc[c];
-    }
+    exp_shift(sc, mx, a.n);
+    for (int64_t c = 0; c < a.n; c++) sum += sc[c];
     const float inv = 1.f / sum;
     float* o = a.o + h * a.ldo;
     for (int64_t d = 0; d < a.hd; d++) o[d] = 0.f;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/attend.h"
+#include "kernels/rowops.h"
 #include "model/layers.h"
 #include "model/ops.h"
 #include "strata.h"
@@ -58,10 +59,7 @@ void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const fl
       float* o = attp + ((size_t)t * nh + g * group) * hd;
       attend({q, 2 * hd, (int)group, kv.k_at(0) + g * hd, kv.v_at(0) + g * hd, kv.width, pos + 1, hd, scale, o, hd},
              sc.data());
-      for (int64_t j = 0; j < group; j++) {
-        const float* gate = q + j * 2 * hd + hd;
-        for (int64_t d = 0; d < hd; d++) o[j * hd + d] *= sigmoid(gate[d]);
-      }
+      for (int64_t j = 0; j < group; j++) mul_sigmoid(o + j * hd, q + j * 2 * hd + hd, hd);
     }
   });
   matmul(pool, w.wo, att.data(), nh * hd, T, out, H);

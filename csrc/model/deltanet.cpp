@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/rowops.h"
 #include "model/layers.h"
 #include "model/ops.h"
 #include "strata.h"
@@ -54,12 +55,7 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
   // causal conv over [committed history ++ this window's raw rows]; w.conv is [cd][K], tap K-1 = current row
   std::memcpy(hist.data(), st.conv.data(), (size_t)(K - 1) * cd * sizeof(float));
   std::memcpy(hist.data() + (size_t)(K - 1) * cd, raw.data(), (size_t)T * cd * sizeof(float));
-  for (int t = 0; t < T; t++)
-    for (int64_t c = 0; c < cd; c++) {
-      float s = 0.f;
-      for (int64_t j = 0; j < K; j++) s += w.conv[c * K + j] * hist[(size_t)(t + j) * cd + c];
-      conv[(size_t)t * cd + c] = silu(s);
-    }
+  causal_conv_silu(hist.data(), w.conv_t.data(), T, cd, (int)K, conv.data());
 
   // per-row gates and normalised q, k (q, k, v are views into conv)
   thread_local FBuf eg, beta;
@@ -130,12 +126,10 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
   // gated RMSNorm per value head (weight not zero-centred), times silu(z)
   for (int t = 0; t < T; t++)
     for (int64_t h = 0; h < nv; h++) {
-      const float* oh = o.data() + (size_t)t * d_inner + h * dv;
-      const float* zh = z.data() + (size_t)t * d_inner + h * dv;
-      float* yh = y.data() + (size_t)t * d_inner + h * dv;
-      rmsnorm(oh, w.norm.data(), dv, hp.rms_eps, yh);
-      for (int64_t i = 0; i < dv; i++) yh[i] = yh[i] * silu(zh[i]);
+      const size_t off = (size_t)t * d_inner + h * dv;
+      rmsnorm(o.data() + off, w.norm.data(), dv, hp.rms_eps, y.data() + off);
     }
+  mul_silu(y.data(), z.data(), (int64_t)T * d_inner);
   matmul(pool, w.ssm_out, y.data(), d_inner, T, out, H);
 }
 

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/rowops.h"
 #include "model/layers.h"
 #include "model/ops.h"
 #include "strata.h"
@@ -64,7 +65,7 @@ void run_experts(ThreadPool& pool, std::vector<ExpertJob>& jobs, int64_t H) {
     }
   });
   for (size_t i = 0; i < jobs.size(); i++)
-    for (int64_t k = 0; k < (int64_t)jobs[i].n * F; k++) jobs[i].act[k] = silu(jobs[i].act[k]) * ups[i][k];
+    silu_mul(jobs[i].act, ups[i], (int64_t)jobs[i].n * F);
   pool.parallel_for((int64_t)jobs.size() * H, [&](int64_t b, int64_t e, int) {
     for (int64_t g = b; g < e;) {
       const int64_t j = g / H, r = g % H;

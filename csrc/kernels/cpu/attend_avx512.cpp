@@ -1,11 +1,12 @@
 // AVX-512 attention (attend.h): per head, scores as 16-lane FMA dots (four cells at a time for
-// independent chains) reduced with the fixed tree of reduce16; softmax with the scalar exp of the twin;
+// independent chains) reduced with the fixed tree of reduce16; softmax exponentials by exp_shift (rowops.h);
 // the output as FMA over cells in increasing order, the head's hd values held in registers.
 #include <immintrin.h>
 
 #include <cmath>
 
 #include "kernels/attend.h"
+#include "kernels/rowops.h"
 
 namespace strata {
 
@@ -50,10 +51,8 @@ void attend_t(const AttendArgs& args, float* sc) {
     float mx = -INFINITY;
     for (int64_t j = 0; j < a.n; j++) mx = sc[j] > mx ? sc[j] : mx;
     float sum = 0.f;
-    for (int64_t j = 0; j < a.n; j++) {
-      sc[j] = std::exp(sc[j] - mx);
-      sum += sc[j];
-    }
+    exp_shift(sc, mx, a.n);
+    for (int64_t j = 0; j < a.n; j++) sum += sc[j];
     const float inv = 1.f / sum;
     __m512 o[NC];
     for (int i = 0; i < NC; i++) o[i] = _mm512_setzero_ps();
