@@ -105,7 +105,7 @@ void init_kernels(nb::module_& m) {
           const int T = (int)x.shape(0) - (K - 1);
           STRATA_CHECK(T >= 1 && (int64_t)x.shape(1) == cd, "rowop conv: x[K-1+T][cd], y[K][cd]");
           std::vector<float> out((size_t)(T * cd));
-          ops.causal_conv_silu(x.data(), y.data(), T, cd, K, out.data());
+          ops.causal_conv_silu(x.data(), y.data(), T, cd, cd, K, out.data());
           return out;
         } else {
           STRATA_CHECK((int64_t)y.size() == n, "rowop: y must have x's size");

@@ -16,9 +16,10 @@ void mul_silu(float* y, const float* z, int64_t n);
 void mul_sigmoid(float* o, const float* g, int64_t n);
 // x <- exp(x - m); returns nothing (callers sum in their own order)
 void exp_shift(float* x, float m, int64_t n);
-// Causal depthwise conv + SiLU over T rows: out[t][c] = silu(sum_j w_t[j][c] * hist[t + j][c]), j = 0..K-1
-// in increasing order from 0. hist is [K-1+T][cd], w_t the taps transposed to [K][cd].
-void causal_conv_silu(const float* hist, const float* w_t, int T, int64_t cd, int K, float* out);
+// Causal depthwise conv + SiLU over T rows for n channels: out[t][c] = silu(sum_j w_t[j][c] * hist[t + j][c]),
+// j = 0..K-1 in increasing order from 0. hist is [K-1+T][ld], w_t the taps transposed to [K][ld], out [T][ld];
+// columns c < n are computed (pass pointers offset to a channel range).
+void causal_conv_silu(const float* hist, const float* w_t, int T, int64_t n, int64_t ld, int K, float* out);
 
 // exp(x) in float32: Cody-Waite reduction by ln 2 and Cephes' degree-6 polynomial (about 1 ulp), inputs
 // clamped to [-87.3, 88] so 2^n stays a normal number; the scalar twin of what the loops inline.
@@ -31,7 +32,7 @@ struct RowOps {
   void (*mul_silu)(float*, const float*, int64_t);
   void (*mul_sigmoid)(float*, const float*, int64_t);
   void (*exp_shift)(float*, float, int64_t);
-  void (*causal_conv_silu)(const float*, const float*, int, int64_t, int, float*);
+  void (*causal_conv_silu)(const float*, const float*, int, int64_t, int64_t, int, float*);
 };
 const RowOps& rowops_base();
 const RowOps& rowops_avx512();

@@ -45,16 +45,16 @@ void mul_sigmoid_impl(float* o, const float* g, int64_t n) {
 void exp_shift_impl(float* x, float m, int64_t n) {
   for (int64_t i = 0; i < n; i++) x[i] = exp_inl(x[i] - m);
 }
-void causal_conv_silu_impl(const float* hist, const float* w_t, int T, int64_t cd, int K, float* out) {
+void causal_conv_silu_impl(const float* hist, const float* w_t, int T, int64_t n, int64_t ld, int K, float* out) {
   for (int t = 0; t < T; t++) {
-    float* o = out + (int64_t)t * cd;
-    for (int64_t c = 0; c < cd; c++) o[c] = 0.f;
+    float* o = out + (int64_t)t * ld;
+    for (int64_t c = 0; c < n; c++) o[c] = 0.f;
     for (int j = 0; j < K; j++) {
-      const float* h = hist + (int64_t)(t + j) * cd;
-      const float* w = w_t + (int64_t)j * cd;
-      for (int64_t c = 0; c < cd; c++) o[c] = o[c] + w[c] * h[c];
+      const float* h = hist + (int64_t)(t + j) * ld;
+      const float* w = w_t + (int64_t)j * ld;
+      for (int64_t c = 0; c < n; c++) o[c] = o[c] + w[c] * h[c];
     }
-    silu_inplace_impl(o, cd);
+    silu_inplace_impl(o, n);
   }
 }
 

@@ -55,64 +55,82 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
   // causal conv over [committed history ++ this window's raw rows]; w.conv is [cd][K], tap K-1 = current row
   std::memcpy(hist.data(), st.conv.data(), (size_t)(K - 1) * cd * sizeof(float));
   std::memcpy(hist.data() + (size_t)(K - 1) * cd, raw.data(), (size_t)T * cd * sizeof(float));
-  causal_conv_silu(hist.data(), w.conv_t.data(), T, cd, (int)K, conv.data());
 
-  // per-row gates and normalised q, k (q, k, v are views into conv)
+  // Everything per row after the projections, one job per key head g (its q and k channels, its r value
+  // heads): conv + SiLU, l2norm(q) / sqrt(dk), l2norm(k), the gates, the recurrence, the replay inputs, the
+  // gated RMSNorm * silu(z). Jobs touch disjoint channels and heads; rows are sequential within a head.
+  // thread_local buffers are per thread: hand the workers plain pointers.
   thread_local FBuf eg, beta;
   eg.resize((size_t)T * nv);
   beta.resize((size_t)T * nv);
   const float qscale = 1.f / std::sqrt((float)dk);
-  for (int t = 0; t < T; t++) {
-    float* row = conv.data() + (size_t)t * cd;
-    for (int64_t g = 0; g < nk; g++) {
-      float* q = row + g * dk;
-      l2norm(q, dk, 1e-6f);
-      for (int64_t i = 0; i < dk; i++) q[i] = q[i] * qscale;
-      l2norm(row + key_dim + g * dk, dk, 1e-6f);
-    }
-    for (int64_t g = 0; g < nk; g++)
-      for (int64_t j = 0; j < r; j++) {
-        const int64_t h = g * r + j;
-        const float b = ba[(size_t)t * 2 * nv + g * 2 * r + j];
-        const float a = ba[(size_t)t * 2 * nv + g * 2 * r + r + j];
-        beta[t * nv + h] = sigmoid(b);
-        eg[t * nv + h] = std::exp(w.ssm_a[h] * softplus(a + w.dt_bias[h]));
-      }
-  }
-
-  // the recurrence: heads are independent, rows sequential within a head.
-  // thread_local buffers are per thread: hand the workers plain pointers.
-  const float* convp = conv.data();
-  const float* egp = eg.data();
-  const float* betap = beta.data();
-  float* op = o.data();
+  const bool save = mode != DnMode::InPlace;
   const int n_src = mode == DnMode::InPlace ? T : mode == DnMode::Partial ? 1 : 0;
-  pool.parallel_for(nv, [&](int64_t hb, int64_t he, int) {
+  const float* histp = hist.data();
+  const float* rawp = raw.data();
+  const float* bap = ba.data();
+  const float* zp = z.data();
+  float* convp = conv.data();
+  float* egp = eg.data();
+  float* betap = beta.data();
+  float* op = o.data();
+  float* yp = y.data();
+  pool.parallel_for(nk, [&](int64_t gb, int64_t ge, int) {
     std::vector<DnRow> rows((size_t)T);
-    for (int64_t h = hb; h < he; h++) {
+    for (int64_t g = gb; g < ge; g++) {
+      const int64_t cq = g * dk, ck = key_dim + g * dk, cv = 2 * key_dim + g * r * dv;
+      causal_conv_silu(histp + cq, w.conv_t.data() + cq, T, dk, cd, (int)K, convp + cq);
+      causal_conv_silu(histp + ck, w.conv_t.data() + ck, T, dk, cd, (int)K, convp + ck);
+      causal_conv_silu(histp + cv, w.conv_t.data() + cv, T, r * dv, cd, (int)K, convp + cv);
       for (int t = 0; t < T; t++) {
-        const float* row = convp + (size_t)t * cd;
-        rows[t] = {row + key_dim + (h / r) * dk, row + 2 * key_dim + h * dv, row + (h / r) * dk, egp[t * nv + h],
-                   betap[t * nv + h], op + (size_t)t * d_inner + h * dv};
+        float* row = convp + (size_t)t * cd;
+        float* q = row + cq;
+        l2norm(q, dk, 1e-6f);
+        for (int64_t i = 0; i < dk; i++) q[i] = q[i] * qscale;
+        l2norm(row + ck, dk, 1e-6f);
+        for (int64_t j = 0; j < r; j++) {
+          const int64_t h = g * r + j;
+          const float b = bap[(size_t)t * 2 * nv + g * 2 * r + j];
+          const float a = bap[(size_t)t * 2 * nv + g * 2 * r + r + j];
+          betap[t * nv + h] = sigmoid(b);
+          egp[t * nv + h] = std::exp(w.ssm_a[h] * softplus(a + w.dt_bias[h]));
+        }
       }
-      const size_t hs = (size_t)h * dk * dv;
-      dn_rows(st.S.data() + hs, st.S_work.data() + hs, rows.data(), T, n_src, dk, dv);
+      for (int64_t h = g * r; h < (g + 1) * r; h++) {
+        for (int t = 0; t < T; t++) {
+          const float* row = convp + (size_t)t * cd;
+          rows[t] = {row + ck, row + 2 * key_dim + h * dv, row + cq, egp[t * nv + h], betap[t * nv + h],
+                     op + (size_t)t * d_inner + h * dv};
+        }
+        const size_t hs = (size_t)h * dk * dv;
+        dn_rows(st.S.data() + hs, st.S_work.data() + hs, rows.data(), T, n_src, dk, dv);
+      }
+      if (save)  // replay inputs for the fold
+        for (int t = 0; t < T; t++) {
+          const float* row = convp + (size_t)t * cd;
+          std::memcpy(&st.k_rows[(size_t)t * key_dim + g * dk], row + ck, dk * sizeof(float));
+          std::memcpy(&st.v_rows[(size_t)t * d_inner + g * r * dv], row + cv, r * dv * sizeof(float));
+          for (int64_t h = g * r; h < (g + 1) * r; h++) {
+            st.eg_rows[(size_t)t * nv + h] = egp[t * nv + h];
+            st.beta_rows[(size_t)t * nv + h] = betap[t * nv + h];
+          }
+        }
+      // gated RMSNorm per value head (weight not zero-centred), times silu(z)
+      for (int t = 0; t < T; t++) {
+        const size_t off = (size_t)t * d_inner + g * r * dv;
+        for (int64_t j = 0; j < r; j++)
+          rmsnorm(op + off + j * dv, w.norm.data(), dv, hp.rms_eps, yp + off + j * dv);
+        mul_silu(yp + off, zp + off, r * dv);
+      }
     }
   });
+  if (save)
+    for (int t = 0; t < T; t++) std::memcpy(&st.raw_rows[(size_t)t * cd], rawp + (size_t)t * cd, cd * sizeof(float));
 
   if (mode == DnMode::InPlace) {
     for (int t = 0; t < T; t++) st.push_conv(raw.data() + (size_t)t * cd);
     st.work_rows = 0;
   } else {
-    // save replay inputs for the fold
-    for (int t = 0; t < T; t++) {
-      const float* row = conv.data() + (size_t)t * cd;
-      std::memcpy(&st.k_rows[(size_t)t * key_dim], row + key_dim, key_dim * sizeof(float));
-      std::memcpy(&st.v_rows[(size_t)t * d_inner], row + 2 * key_dim, d_inner * sizeof(float));
-      std::memcpy(&st.eg_rows[(size_t)t * nv], eg.data() + (size_t)t * nv, nv * sizeof(float));
-      std::memcpy(&st.beta_rows[(size_t)t * nv], beta.data() + (size_t)t * nv, nv * sizeof(float));
-      std::memcpy(&st.raw_rows[(size_t)t * cd], raw.data() + (size_t)t * cd, cd * sizeof(float));
-    }
     if (mode == DnMode::Partial) {
       st.push_conv(raw.data());
       st.work_first = 1;
@@ -123,13 +141,6 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
     }
   }
 
-  // gated RMSNorm per value head (weight not zero-centred), times silu(z)
-  for (int t = 0; t < T; t++)
-    for (int64_t h = 0; h < nv; h++) {
-      const size_t off = (size_t)t * d_inner + h * dv;
-      rmsnorm(o.data() + off, w.norm.data(), dv, hp.rms_eps, y.data() + off);
-    }
-  mul_silu(y.data(), z.data(), (int64_t)T * d_inner);
   matmul(pool, w.ssm_out, y.data(), d_inner, T, out, H);
 }
 
