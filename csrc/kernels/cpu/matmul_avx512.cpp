@@ -52,7 +52,7 @@ struct DecBF16 {
 // canonical one-row loop, so results are unchanged (bit-identical to the scalar twin).
 template <int T>
 constexpr int rows_per_block() {
-  return T == 1 ? 4 : T == 2 ? 2 : 1;
+  return T == 1 ? 4 : T == 2 ? 2 : T >= 5 ? 2 : 1;
 }
 
 template <class Dec, int T, int R>
@@ -96,8 +96,11 @@ void rows_plain_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t
 }
 
 // Q8_0: block of 32 = half d + 32 int8; w = d * (float)q, the same product the scalar dequantizer forms.
+// Activation row t's block b at x + b * bstride + t * ldx: plain rows (32, row stride) or rows packed
+// block-major (32 * T, 32), where one base pointer reaches every row (T row pointers exhaust the
+// general registers and the loop reloads them).
 template <int T, int R>
-inline void q8_0_block(const MatView& W, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t r) {
+inline void q8_0_block(const MatView& W, const float* x, int64_t bstride, int64_t ldx, float* y, int64_t ldy, int64_t r) {
   const int64_t nb = W.cols / 32;
   const uint8_t* row[R];
   __m512 acc[R][T];
@@ -115,7 +118,7 @@ inline void q8_0_block(const MatView& W, const float* x, int64_t ldx, float* y, 
       w0[i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(blk + 2)))));
       w1[i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(blk + 18)))));
     }
-    const float* xb = x + b * 32;
+    const float* xb = x + b * bstride;
     for (int t = 0; t < T; t++) {
       const __m512 x0 = _mm512_loadu_ps(xb + t * ldx), x1 = _mm512_loadu_ps(xb + t * ldx + 16);
       for (int i = 0; i < R; i++) {
@@ -132,8 +135,20 @@ template <int T>
 void rows_q8_0_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   constexpr int R = rows_per_block<T>();
   int64_t r = r0;
-  for (; r + R <= r1; r += R) q8_0_block<T, R>(W, a.x, a.ldx, y, ldy, r);
-  for (; r < r1; r++) q8_0_block<T, 1>(W, a.x, a.ldx, y, ldy, r);
+  constexpr int64_t kPackCols = 512;
+  if (T >= 5 && W.cols <= kPackCols && r1 - r0 >= 16) {
+    alignas(64) float xp[kMaxRowsPerPass * kPackCols];
+    const int64_t nb = W.cols / 32;
+    float* p = xp;
+    for (int64_t b = 0; b < nb; b++)
+      for (int t = 0; t < T; t++, p += 32)
+        for (int j = 0; j < 32; j += 16) _mm512_store_ps(p + j, _mm512_loadu_ps(a.x + t * a.ldx + b * 32 + j));
+    for (; r + R <= r1; r += R) q8_0_block<T, R>(W, xp, 32 * T, 32, y, ldy, r);
+    for (; r < r1; r++) q8_0_block<T, 1>(W, xp, 32 * T, 32, y, ldy, r);
+    return;
+  }
+  for (; r + R <= r1; r += R) q8_0_block<T, R>(W, a.x, 32, a.ldx, y, ldy, r);
+  for (; r < r1; r++) q8_0_block<T, 1>(W, a.x, 32, a.ldx, y, ldy, r);
 }
 
 
