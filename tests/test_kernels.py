@@ -110,26 +110,30 @@ def test_dn_rows_equal_ref(dv, read):
 
 @pytest.mark.parametrize("hd", [64, 128, 256, 48])
 def test_attend_paths(hd):
-    # the AVX-512 attention against its scalar twin (within float rounding: the paths sum in different
-    # orders), and each head's output independent of which heads share the call
+    # the AVX-512 attention against its scalar twin and float64 (the paths sum in different orders), and
+    # every (row, head) output bit-identical whatever rows and heads share the call: a T-row window
+    # against the same rows one at a time
     if _core.best_isa() != "avx512":
         pytest.skip("no AVX-512 on this CPU")
     rng = np.random.default_rng(hd)
-    for n in (1, 3, 4, 37, 300):
-        q = rng.standard_normal((4, hd), dtype=np.float32)
-        k = rng.standard_normal((n, hd), dtype=np.float32)
-        v = rng.standard_normal((n, hd), dtype=np.float32)
-        scale = 1.0 / np.sqrt(hd)
-        fast = np.asarray(_core.attend(q, k, v, scale, "avx512")).reshape(4, hd)
-        ref = np.asarray(_core.attend(q, k, v, scale, "scalar")).reshape(4, hd)
-        s = (q.astype(np.float64) @ k.T.astype(np.float64)) * scale
-        p = np.exp(s - s.max(axis=1, keepdims=True))
-        exact = (p / p.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
-        for got in (fast, ref):
-            assert np.max(np.abs(got - exact)) <= 1e-5 * max(1.0, np.max(np.abs(exact)))
-        for h in range(4):
-            one = np.asarray(_core.attend(q[h:h + 1], k, v, scale, "avx512"))
-            assert np.array_equal(one, fast[h])
+    nh, scale = 2, 1.0 / np.sqrt(hd)
+    for n0, T in ((1, 1), (3, 2), (16, 1), (17, 8), (37, 3), (300, 8)):
+        q = rng.standard_normal((T * nh, hd), dtype=np.float32)
+        k = rng.standard_normal((n0 + T - 1, hd), dtype=np.float32)
+        v = rng.standard_normal((n0 + T - 1, hd), dtype=np.float32)
+        fast = np.asarray(_core.attend(q, nh, k, v, n0, scale, "avx512")).reshape(T * nh, hd)
+        ref = np.asarray(_core.attend(q, nh, k, v, n0, scale, "scalar")).reshape(T * nh, hd)
+        for t in range(T):
+            kk, vv = k[:n0 + t].astype(np.float64), v[:n0 + t].astype(np.float64)
+            for j in range(nh):
+                i = t * nh + j
+                s = (q[i].astype(np.float64) @ kk.T) * scale
+                p = np.exp(s - s.max())
+                exact = (p / p.sum()) @ vv
+                for got in (fast[i], ref[i]):
+                    assert np.max(np.abs(got - exact)) <= 1e-5 * max(1.0, np.max(np.abs(exact)))
+                one = np.asarray(_core.attend(q[i:i + 1], 1, k, v, n0 + t, scale, "avx512"))
+                assert np.array_equal(one, fast[i]), (n0, T, t, j)
 
 
 def test_vexp_accuracy():

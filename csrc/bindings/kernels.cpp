@@ -119,21 +119,25 @@ void init_kernels(nb::module_& m) {
       nb::arg("name"), nb::arg("x"), nb::arg("y"), nb::arg("isa") = "avx512", "One rowops.h function (tests).");
   m.def(
       "attend",
-      [](F2 q, F2 k, F2 v, float scale, const std::string& isa) {
-        // o[nq][hd] = softmax(scale * q K^T) V over all n cells (tests), on the chosen path.
+      [](F2 q, int nh, F2 k, F2 v, int64_t n0, float scale, const std::string& isa) {
+        // Rows t = 0..T-1 of nh heads (q[T*nh][hd], row-major by row then head) over cells 0..n0+t-1 of
+        // k/v[n][hd] (tests); returns o[T*nh][hd] on the chosen path.
         const int64_t nq = q.shape(0), hd = q.shape(1), n = k.shape(0);
-        STRATA_CHECK(nq >= 1 && n >= 1 && (int64_t)k.shape(1) == hd && (int64_t)v.shape(0) == n && (int64_t)v.shape(1) == hd,
-                     "attend: shapes q[nq][hd], k[n][hd], v[n][hd]");
-        std::vector<float> o((size_t)(nq * hd)), sc((size_t)n);
-        const AttendArgs a{q.data(), hd, (int)nq, k.data(), v.data(), hd, n, hd, scale, o.data(), hd};
+        STRATA_CHECK(nh >= 1 && nq % nh == 0 && n0 >= 1 && (int64_t)k.shape(1) == hd && (int64_t)v.shape(0) == n &&
+                         (int64_t)v.shape(1) == hd && n0 + nq / nh - 1 <= n,
+                     "attend: shapes q[T*nh][hd], k[n][hd], v[n][hd], n0 + T - 1 <= n");
+        const int T = (int)(nq / nh);
+        std::vector<float> o((size_t)(nq * hd));
+        const AttendArgs a{q.data(), nh * hd, hd, T, nh, k.data(), v.data(), hd, n0, hd, scale, o.data(), nh * hd, hd};
+        std::vector<float> sc((size_t)attend_scratch(a));
         const Isa want = parse_isa(isa);
         STRATA_CHECK((int)want <= (int)best_isa(), "attend: this CPU lacks ", isa);
         if (want == Isa::AVX512) attend_avx512(a, sc.data());
         else attend_ref(a, sc.data());
         return o;
       },
-      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"), nb::arg("isa") = "avx512",
-      "One query row's attention over n cells for nq heads sharing them (tests).");
+      nb::arg("q"), nb::arg("nh"), nb::arg("k"), nb::arg("v"), nb::arg("n0"), nb::arg("scale"),
+      nb::arg("isa") = "avx512", "Causal attention of T rows x nh heads over shared cells (tests).");
   m.def(
       "dn_rows",
       [](F2 S, F2 k, F2 v, F2 q, F2 gates, int n_src, bool read, bool ref) {

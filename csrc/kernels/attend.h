@@ -1,32 +1,35 @@
-// Causal attention of one query row over the cached cells of one KV head, for the nq query heads that
-// share that KV head (GQA): o[h] = softmax(scale * q[h] . K^T) V over cells 0..n-1.
+// Causal attention over the cached cells of one KV head for the query heads that share it (GQA), for T
+// consecutive rows of a window: row t, head j gets o = softmax(scale * q . K^T) V over cells 0..n+t-1.
 //
-// Exactness contract: o[h] depends only on q[h], the cells and n; never on nq, on which heads share
-// the call, on the window's T or on the thread partition. Each ISA path has its own (fixed) summation
-// order, so paths may differ from each other in the last bits (the model is checked against transformers
-// within 1e-4 on every path); one session always uses one path, so windows stay bit-identical to serial.
+// Exactness contract: each output depends only on its own query, the cells and its cell count; never on
+// T, on which rows or heads share the call, or on the thread partition (the fast path blocks cells at
+// fixed multiples of 16, whatever the call). Each ISA path has its own fixed summation order, so paths
+// may differ from each other in the last bits (the model is checked against transformers within 1e-4 on
+// every path); one session always uses one path, so windows stay bit-identical to serial decoding.
 #pragma once
 #include <cstdint>
 
 namespace strata {
 
 struct AttendArgs {
-  const float* q;    // query head h at q + h * ldq, hd floats
-  int64_t ldq;
-  int nq;            // query heads sharing this KV head
+  const float* q;    // row t, head j at q + t * ldq_t + j * ldq_h, hd floats
+  int64_t ldq_t, ldq_h;
+  int T;             // rows
+  int nh;            // query heads sharing this KV head
   const float* k;    // cell c's key at k + c * ldkv, hd floats
   const float* v;    // cell c's value at v + c * ldkv
   int64_t ldkv;
-  int64_t n;         // cells 0..n-1 (causal: n = pos + 1)
+  int64_t n;         // cells seen by row 0 (row t sees n + t)
   int64_t hd;
   float scale;
-  float* o;          // head h's output at o + h * ldo, hd floats
-  int64_t ldo;
+  float* o;          // row t, head j at o + t * ldo_t + j * ldo_h
+  int64_t ldo_t, ldo_h;
 };
 
-// Scratch: n floats per call (one head at a time).
+// Scratch: attend_scratch(a) floats.
+inline int64_t attend_scratch(const AttendArgs& a) { return (int64_t)a.T * a.nh * (a.n + a.T + 16); }
 void attend_ref(const AttendArgs& a, float* scratch);
-// AVX-512 (kernels/cpu/attend_avx512.cpp); hd % 16 == 0 and hd <= 256, else it calls attend_ref.
+// AVX-512 (kernels/cpu/attend_avx512.cpp) for hd = 64 or 128, else it calls attend_ref.
 void attend_avx512(const AttendArgs& a, float* scratch);
 // The active ISA's path.
 void attend(const AttendArgs& a, float* scratch);

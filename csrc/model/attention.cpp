@@ -1,6 +1,7 @@
 // Gated full attention (spec qwen3next.md 1.4): q and gate interleaved per head in attn_q, zero-centred
 // q/k norms before partial NeoX RoPE, GQA (query head h reads KV head h / (n_head / n_head_kv)),
 // causal softmax with scale 1/sqrt(head_dim), output * sigmoid(gate), then attn_output.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -50,16 +51,23 @@ void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const fl
   // thread_local buffers are per thread: hand the workers plain pointers
   const float* qgp = qg.data();
   float* attp = att.data();
-  pool.parallel_for((int64_t)T * nkv, [&](int64_t b, int64_t e, int) {
+  // jobs: a KV head with a run of rows (all T rows when there are enough KV heads for the threads)
+  const int64_t chunks = std::min<int64_t>(T, std::max<int64_t>(1, (pool.size() + nkv - 1) / nkv));
+  const int64_t rows_per = (T + chunks - 1) / chunks;
+  pool.parallel_for(nkv * chunks, [&](int64_t b, int64_t e, int) {
     std::vector<float> sc;
     for (int64_t job = b; job < e; job++) {
-      const int64_t t = job / nkv, g = job % nkv, pos = pos0 + t;
-      sc.resize(pos + 1);
-      const float* q = qgp + ((size_t)t * nh + g * group) * hd * 2;  // first query head of the group
-      float* o = attp + ((size_t)t * nh + g * group) * hd;
-      attend({q, 2 * hd, (int)group, kv.k_at(0) + g * hd, kv.v_at(0) + g * hd, kv.width, pos + 1, hd, scale, o, hd},
-             sc.data());
-      for (int64_t j = 0; j < group; j++) mul_sigmoid(o + j * hd, q + j * 2 * hd + hd, hd);
+      const int64_t g = job / chunks, t0 = (job % chunks) * rows_per, tn = std::min<int64_t>(rows_per, T - t0);
+      if (tn <= 0) continue;
+      const float* q = qgp + ((size_t)t0 * nh + g * group) * hd * 2;  // row t0, first query head of the group
+      float* o = attp + ((size_t)t0 * nh + g * group) * hd;
+      const AttendArgs args{q, nh * hd * 2, 2 * hd, (int)tn, (int)group, kv.k_at(0) + g * hd, kv.v_at(0) + g * hd,
+                            kv.width, pos0 + t0 + 1, hd, scale, o, nh * hd, hd};
+      sc.resize((size_t)attend_scratch(args));
+      attend(args, sc.data());
+      for (int64_t t = 0; t < tn; t++)
+        for (int64_t j = 0; j < group; j++)
+          mul_sigmoid(o + t * nh * hd + j * hd, q + t * nh * hd * 2 + j * 2 * hd + hd, hd);
     }
   });
   matmul(pool, w.wo, att.data(), nh * hd, T, out, H);
