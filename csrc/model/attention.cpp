@@ -31,17 +31,19 @@ void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const fl
   matmul_many(pool, qkv, 3, x, H, T);
 
   // norms + RoPE, then write this window's cells before any row reads
+  std::vector<float> cs(hp.n_rot / 2), sn(hp.n_rot / 2);
   for (int t = 0; t < T; t++) {
     const int64_t pos = pos0 + t;
+    rope_angles(hp.n_rot, pos, hp.rope_theta, cs.data(), sn.data());
     for (int64_t h = 0; h < nh; h++) {
       float* q = qg.data() + ((size_t)t * nh + h) * hd * 2;
       rmsnorm(q, w.q_norm.data(), hd, hp.rms_eps, q);
-      rope_neox(q, hp.n_rot, pos, hp.rope_theta);
+      rope_neox(q, hp.n_rot, cs.data(), sn.data());
     }
     for (int64_t g = 0; g < nkv; g++) {
       float* k = kb.data() + ((size_t)t * nkv + g) * hd;
       rmsnorm(k, w.k_norm.data(), hd, hp.rms_eps, k);
-      rope_neox(k, hp.n_rot, pos, hp.rope_theta);
+      rope_neox(k, hp.n_rot, cs.data(), sn.data());
     }
     std::copy(kb.data() + (size_t)t * nkv * hd, kb.data() + (size_t)(t + 1) * nkv * hd, kv.k_at(pos));
     std::copy(vb.data() + (size_t)t * nkv * hd, vb.data() + (size_t)(t + 1) * nkv * hd, kv.v_at(pos));

@@ -36,16 +36,22 @@ inline void l2norm(float* x, int64_t n, float eps) {
   const float r = 1.f / std::sqrt(ss + eps);
   for (int64_t i = 0; i < n; i++) x[i] = x[i] * r;
 }
-// NeoX rotation of the first n_rot dims of one head at position pos: pairs (i, i + n_rot/2).
-inline void rope_neox(float* x, int64_t n_rot, int64_t pos, float theta) {
-  const int64_t half = n_rot / 2;
-  for (int64_t i = 0; i < half; i++) {
+// NeoX rotation of the first n_rot dims of a head at position pos: pairs (i, i + n_rot/2) rotated by
+// pos * theta^(-2i/n_rot). rope_angles fills cos/sin (n_rot/2 each) once per position for every head.
+inline void rope_angles(int64_t n_rot, int64_t pos, float theta, float* cs, float* sn) {
+  for (int64_t i = 0; i < n_rot / 2; i++) {
     const float inv_freq = (float)(1.0 / std::pow((double)theta, (double)(2 * i) / (double)n_rot));
     const float ang = (float)pos * inv_freq;
-    const float c = (float)std::cos((double)ang), s = (float)std::sin((double)ang);
+    cs[i] = (float)std::cos((double)ang);
+    sn[i] = (float)std::sin((double)ang);
+  }
+}
+inline void rope_neox(float* x, int64_t n_rot, const float* cs, const float* sn) {
+  const int64_t half = n_rot / 2;
+  for (int64_t i = 0; i < half; i++) {
     const float a = x[i], b = x[i + half];
-    x[i] = a * c - b * s;
-    x[i + half] = b * c + a * s;
+    x[i] = a * cs[i] - b * sn[i];
+    x[i + half] = b * cs[i] + a * sn[i];
   }
 }
 
