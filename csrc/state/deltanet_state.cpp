@@ -5,6 +5,7 @@
 #include "kernels/matmul.h"
 #include "state/dn_rows_impl.h"
 #include "util/common.h"
+#include "util/threads.h"
 
 namespace strata {
 
@@ -39,22 +40,40 @@ void DeltaNetState::push_conv(const float* raw) {
   std::memcpy(conv.data() + (h - 1) * conv_dim, raw, (size_t)conv_dim * sizeof(float));
 }
 
-void DeltaNetState::fold(int64_t first, int64_t n) {
-  if (n <= 0) return;
-  if (first == work_first && n == work_rows) {
-    S.swap(S_work);  // S_work ran exactly these rows from S: it is the folded state
-  } else {
-    const int64_t r = nv / nk;
-    std::vector<DnRow> rows((size_t)n);
-    for (int64_t h = 0; h < nv; h++) {
-      for (int64_t i = first; i < first + n; i++)
-        rows[i - first] = {&k_rows[((size_t)i * nk + h / r) * dk], &v_rows[((size_t)i * nv + h) * dv], nullptr,
-                           eg_rows[i * nv + h], beta_rows[i * nv + h], nullptr};
-      dn_rows(&S[(size_t)h * dk * dv], nullptr, rows.data(), (int)n, (int)n, dk, dv);
-    }
-  }
+bool DeltaNetState::fold_swaps(int64_t first, int64_t n) const { return first == work_first && n == work_rows; }
+
+void DeltaNetState::replay_head(int64_t h, int64_t first, int64_t n) {
+  const int64_t r = nv / nk;
+  std::vector<DnRow> rows((size_t)n);
+  for (int64_t i = first; i < first + n; i++)
+    rows[i - first] = {&k_rows[((size_t)i * nk + h / r) * dk], &v_rows[((size_t)i * nv + h) * dv], nullptr,
+                       eg_rows[i * nv + h], beta_rows[i * nv + h], nullptr};
+  dn_rows(&S[(size_t)h * dk * dv], nullptr, rows.data(), (int)n, (int)n, dk, dv);
+}
+
+void DeltaNetState::fold_finish(int64_t first, int64_t n) {
+  if (fold_swaps(first, n)) S.swap(S_work);  // S_work ran exactly these rows from S: it is the folded state
   for (int64_t i = first; i < first + n; i++) push_conv(&raw_rows[(size_t)i * conv_dim]);
   work_rows = 0;
+}
+
+void DeltaNetState::fold(int64_t first, int64_t n) {
+  if (n <= 0) return;
+  if (!fold_swaps(first, n))
+    for (int64_t h = 0; h < nv; h++) replay_head(h, first, n);
+  fold_finish(first, n);
+}
+
+void fold_layers(ThreadPool& pool, std::vector<DeltaNetState>& layers, int64_t first, int64_t n) {
+  if (n <= 0) return;
+  std::vector<std::pair<DeltaNetState*, int64_t>> heads;  // (layer, head) pairs that replay
+  for (auto& st : layers)
+    if (!st.fold_swaps(first, n))
+      for (int64_t h = 0; h < st.nv; h++) heads.push_back({&st, h});
+  pool.parallel_for((int64_t)heads.size(), [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; i++) heads[i].first->replay_head(heads[i].second, first, n);
+  });
+  for (auto& st : layers) st.fold_finish(first, n);
 }
 
 // First half of a step, shared by dn_update and dn_update_read: S <- S * eg, then

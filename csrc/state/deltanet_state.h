@@ -30,9 +30,17 @@ struct DeltaNetState {
   void reset();
   // Replays saved rows [first, first+n) into S and shifts their raw rows into the history.
   void fold(int64_t first, int64_t n);
+  // fold() in parts, so that the heads of all layers can replay in one parallel region (fold_layers):
+  bool fold_swaps(int64_t first, int64_t n) const;          // S_work already is the folded state
+  void replay_head(int64_t h, int64_t first, int64_t n);     // rows into S for value head h
+  void fold_finish(int64_t first, int64_t n);                // swap if fold_swaps, then the conv history
   // Shifts one raw pre-conv row into the committed history.
   void push_conv(const float* raw);
 };
+
+class ThreadPool;
+// fold(first, n) of every layer, the replaying heads of all layers split over the pool.
+void fold_layers(ThreadPool& pool, std::vector<DeltaNetState>& layers, int64_t first, int64_t n);
 
 // One delta-rule update of one value head, the only place S is updated:
 //   S <- S * eg;  m = S^T k;  delta = beta * (v - m);  S <- S + k delta^T

@@ -114,7 +114,7 @@ void Session::commit(int keep) {
     const int64_t n = keep - first;
     if (opt_.fold == FoldMode::Eager) {
       Timer tm;
-      for (auto& st : dn_) st.fold(first, n);
+      fold_layers(model_->pool(), dn_, first, n);
       fold_s_ += tm.seconds();
     } else {
       pend_first_ = first;
@@ -175,7 +175,7 @@ std::vector<int32_t> Session::mtp_draft(int32_t root, int k) {
 void Session::flush() {
   if (pend_n_ > 0) {
     Timer tm;
-    for (auto& st : dn_) st.fold(pend_first_, pend_n_);
+    fold_layers(model_->pool(), dn_, pend_first_, pend_n_);
     fold_s_ += tm.seconds();
   }
   pend_n_ = 0;
