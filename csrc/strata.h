@@ -108,6 +108,9 @@ class Session {
   // token at t+1), then chains k drafts, each from the block's own output hidden state. The MTP KV cache
   // rolls back by counter: only cells of committed rows persist; chain cells are scratch.
   std::vector<int32_t> mtp_draft(int32_t root, int k);
+  // The prompt's share of that work, at prefill: feeds the MTP block every committed row whose next token
+  // is known (all but the last; mtp_draft feeds that one with its root), without drafting.
+  void mtp_prefill();
   int64_t mtp_position() const { return mtp_pos_; }
   const std::vector<float>& mtp_logits() const { return mtp_logits_; }  // [k][V] of the last mtp_draft
   // Finish: processors + choice for every row of the last run (needs all-row logits).
@@ -158,7 +161,8 @@ class Session {
 
 // The MTP block (spec qwen3next.md 1.8) over T rows at positions pos0..: input rows are main hidden states
 // (or the block's own output, when chaining) and the tokens that follow them. Writes MTP KV cells, returns
-// the block's output hidden states (after shared_head_norm) [T][H] and the last row's logits [V].
+// the block's output hidden states (after shared_head_norm) [T][H] and the last row's logits [V]
+// (logits_last may be null: no head).
 void mtp_forward(const Model& m, KvCache& kv, const float* hidden, const int32_t* next_tokens, int T, int64_t pos0,
                  float* out_hidden, float* logits_last);
 

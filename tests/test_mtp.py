@@ -116,6 +116,25 @@ def test_mtp_state_follows_commits(tiny_q8_model):
         s.mtp_draft(5, 1)
 
 
+def test_mtp_prefill_then_draft_equals_draft(tiny_q8_model):
+    # feeding the prompt rows at prefill (mtp_prefill) and the last one at the first draft gives the very
+    # drafts (and draft logits) of feeding them all at the first draft
+    prompt = list(range(3, 40))
+    out = []
+    for early in (False, True):
+        s = tiny_q8_model.session(n_ctx=128, mtp=True)
+        s.run(prompt)
+        s.commit(len(prompt))
+        if early:
+            s.mtp_prefill()
+            assert s._core.mtp_position == len(prompt) - 1
+            s.mtp_prefill()  # nothing more to feed until the next root is known
+            assert s._core.mtp_position == len(prompt) - 1
+        out.append((s.mtp_draft(7, 3), s._core.mtp_logits()))
+    assert out[0][0] == out[1][0]
+    np.testing.assert_array_equal(out[0][1], out[1][1])
+
+
 def test_separate_mtp_file(hf_mtp, tmp_path):
     """An MTP-only GGUF (the converter's --mtp-only) attaches to the trunk converted with --no-mtp and drafts
     exactly as the built-in block; one from another model is refused with a clear error."""

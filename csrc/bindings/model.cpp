@@ -353,6 +353,13 @@ void init_model(nb::module_& m) {
             return d;
           },
           nb::arg("root"), nb::arg("k"), "After commit: k greedy drafts from the MTP block (see strata.h).")
+      .def(
+          "mtp_prefill",
+          [](Session& s) {
+            nb::gil_scoped_release rel;
+            s.mtp_prefill();
+          },
+          "At prefill: feed the MTP block the committed rows whose next token is known (see strata.h).")
       .def_prop_ro("mtp_position", &Session::mtp_position)
       .def("mtp_logits", [](const Session& s) {
         const auto& l = s.mtp_logits();

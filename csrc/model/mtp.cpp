@@ -39,7 +39,7 @@ void mtp_forward(const Model& m, KvCache& kv, const float* hidden, const int32_t
   moe_layer(m, L.moe, h.data(), T, mix.data());
   for (int64_t i = 0; i < (int64_t)T * H; i++) x[i] = x[i] + mix[i];
   for (int t = 0; t < T; t++) rmsnorm(x.data() + t * H, M.shared_head_norm.data(), H, hp.rms_eps, out_hidden + (size_t)t * H);
-  matmul(m.pool(), W.output, out_hidden + (size_t)(T - 1) * H, H, 1, logits_last, hp.n_vocab);
+  if (logits_last) matmul(m.pool(), W.output, out_hidden + (size_t)(T - 1) * H, H, 1, logits_last, hp.n_vocab);
 }
 
 }  // namespace strata

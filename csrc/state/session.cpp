@@ -172,6 +172,26 @@ std::vector<int32_t> Session::mtp_draft(int32_t root, int k) {
   return drafts;
 }
 
+void Session::mtp_prefill() {
+  if (!opt_.mtp) fail<std::logic_error>("mtp_prefill(): the session was created without mtp=True");
+  if (last_T_ > 0) fail<std::logic_error>("mtp_prefill() while a commit is pending");
+  const int64_t n = (int64_t)mtp_backlog_tok_.size() - 1;  // rows whose next token is known
+  if (n <= 0) return;
+  const int64_t H = model_->hp().n_embd;
+  STRATA_CHECK(mtp_pos_ + n + 1 == pos_, "mtp_prefill(): MTP state out of step (", mtp_pos_, " + ", n + 1, " != ", pos_, ")");
+  constexpr int64_t kChunk = 256;
+  std::vector<float> out_h;
+  for (int64_t c = 0; c < n; c += kChunk) {
+    const int64_t m = std::min(kChunk, n - c);
+    out_h.resize((size_t)m * H);
+    mtp_forward(*model_, mtp_kv_, mtp_backlog_h_.data() + (size_t)c * H, mtp_backlog_tok_.data() + c, (int)m,
+                mtp_pos_ + c, out_h.data(), nullptr);
+  }
+  mtp_pos_ += n;
+  mtp_backlog_h_.erase(mtp_backlog_h_.begin(), mtp_backlog_h_.begin() + (size_t)n * H);
+  mtp_backlog_tok_.erase(mtp_backlog_tok_.begin(), mtp_backlog_tok_.begin() + n);
+}
+
 void Session::flush() {
   if (pend_n_ > 0) {
     Timer tm;

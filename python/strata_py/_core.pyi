@@ -33,6 +33,17 @@ def dequantize(data: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu
 def quantize_act(x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = 'scalar') -> tuple:
     """(q[T][cols], dx[T][nb], bsum[T][nb*8]) as Python lists (tests)."""
 
+def rowop(name: str, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], y: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = 'avx512') -> list[float]:
+    """One rowops.h function (tests)."""
+
+def attend(q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], nh: int, k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], n0: int, scale: float, isa: str = 'avx512') -> list[float]:
+    """Causal attention of T rows x nh heads over shared cells (tests)."""
+
+def dn_rows(S: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], gates: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], n_src: int, read: bool = True, ref: bool = False) -> tuple[list[float], list[float], list[float]]:
+    """
+    The DeltaNet window recurrence of one head (dn_rows or its row-by-row twin), for tests.
+    """
+
 def matmul(w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = 'avx512', threads: int = 1) -> Annotated[NDArray[numpy.float32], dict(shape=(None, None))]:
     """y[T, rows] = x[T, cols] @ W^T on the chosen kernel path."""
 
@@ -204,6 +215,11 @@ class Session:
 
     def mtp_draft(self, root: int, k: int) -> list[int]:
         """After commit: k greedy drafts from the MTP block (see strata.h)."""
+
+    def mtp_prefill(self) -> None:
+        """
+        At prefill: feed the MTP block the committed rows whose next token is known (see strata.h).
+        """
 
     @property
     def mtp_position(self) -> int: ...

@@ -62,6 +62,8 @@ def generate_ids(model, prompt_ids: list[int], config: GenerationConfig | None =
         e0 = _experts.snapshot(model)
     t0 = time.perf_counter()
     prefill(session, ids[:-1])
+    if getattr(proposer, "needs_mtp", False) and session.position > 0:
+        session.mtp_prefill()  # the MTP block reads the prompt too: prefill work, not drafting
     stats.prefill_s = time.perf_counter() - t0
     if streaming:
         e1 = _experts.snapshot(model)

@@ -251,6 +251,10 @@ class Session:
         """After commit: k greedy drafts from the model's MTP block for the positions after `root`."""
         return self._core.mtp_draft(int(root), int(k))
 
+    def mtp_prefill(self) -> None:
+        """At prefill: feed the MTP block every committed row whose next token is known (no drafts)."""
+        self._core.mtp_prefill()
+
     def hidden(self) -> np.ndarray:
         """Post-final-norm hidden states of the last run's output rows [rows, n_embd]."""
         return self._core.hidden()
