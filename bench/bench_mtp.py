@@ -6,8 +6,9 @@ drafting vs verifying on a larger model.
 
 Part 1 (default: the shipped model): greedy decoding from the held-out snippets of
 tools/default_model_run/heldout_snippets.json (code the model never trained on), plain vs MTP with a fixed
-k = 1, 2, 3 (fixed_t = k + 1) and the controller's choice (`mtp`), and `auto` (suffix lookup) for comparison;
-acceptance per draft depth, tokens per window, decode tok/s (drafting included), output identical to plain.
+k = 1, 2, 3 (fixed_t = k + 1), the controller's choice (`mtp`), `mtp+suffix`, and `auto` (suffix lookup) for
+comparison, every variant in turn per prompt; acceptance per draft depth, tokens per window, decode tok/s
+(drafting included; the MTP block's pass over the prompt is prefill), output identical to plain.
 Part 2 (--cost-model): on a model with an MTP block, the median time of mtp_draft(k) for k = 1..3 and of a
 verify window at T = 2, 3, 4 next to one plain T = 1 step.
 """
@@ -48,36 +49,37 @@ def acceptance_part(model, a) -> list[dict]:
     for k in (1, 2, 3):
         variants.append((f"mtp k={k}", base.replace(draft="mtp", fixed_t=k + 1, max_draft=k)))
     variants.append(("mtp (controller)", base.replace(draft="mtp")))
+    variants.append(("mtp+suffix", base.replace(draft="mtp+suffix")))
     run(model, prompts[0][:20], base.replace(max_tokens=8))  # warm-up
-    rows = []
-    for name, cfg in variants:
-        gen = dec_s = 0.0
-        windows = drafted = accepted = 0
-        offered = [0, 0, 0]
-        kept = [0, 0, 0]
-        same = True
-        for ids in prompts:
-            outs = []
-            for _ in range(a.repeat):
-                out, d = run(model, ids, cfg)
-                outs.append((out, d))
-            ref, _ = run(model, ids, base.replace(draft="none")) if name != "none" else outs[0]
+    # per prompt, every variant in turn (a slow spell of the machine hits all variants alike)
+    acc = {name: {"gen": 0.0, "dec_s": 0.0, "windows": 0, "drafted": 0, "accepted": 0, "offered": [0, 0, 0],
+                  "kept": [0, 0, 0], "same": True} for name, _ in variants}
+    for ids in prompts:
+        ref = None
+        for name, cfg in variants:
+            outs = [run(model, ids, cfg) for _ in range(a.repeat)]
             out, d = sorted(outs, key=lambda od: od[1]["decode_s"])[len(outs) // 2]
-            same &= out == ref
-            gen += d["generated_tokens"]
-            dec_s += d["decode_s"]
-            windows += d["windows"]
-            drafted += d["drafted"]
-            accepted += d["accepted"]
+            if name == "none":
+                ref = out
+            A = acc[name]
+            A["same"] &= out == ref
+            A["gen"] += d["generated_tokens"]
+            A["dec_s"] += d["decode_s"]
+            A["windows"] += d["windows"]
+            A["drafted"] += d["drafted"]
+            A["accepted"] += d["accepted"]
             dd = d.get("draft", {})
             for i, o in enumerate(dd.get("mtp_offered_by_depth", [])[:3]):
-                offered[i] += o
-                acc = dd.get("mtp_acceptance_by_depth", [None] * 3)[i]
-                kept[i] += round(acc * o) if acc is not None else 0
-        rows.append({"variant": name, "tok_s": gen / dec_s, "tokens_per_window": gen / windows,
-                     "acceptance": accepted / drafted if drafted else 0.0,
-                     "acceptance_by_depth": [k / o if o else None for k, o in zip(kept, offered)],
-                     "identical": same})
+                A["offered"][i] += o
+                ad = dd.get("mtp_acceptance_by_depth", [None] * 3)[i]
+                A["kept"][i] += round(ad * o) if ad is not None else 0
+    rows = []
+    for name, _ in variants:
+        A = acc[name]
+        rows.append({"variant": name, "tok_s": A["gen"] / A["dec_s"], "tokens_per_window": A["gen"] / A["windows"],
+                     "acceptance": A["accepted"] / A["drafted"] if A["drafted"] else 0.0,
+                     "acceptance_by_depth": [k / o if o else None for k, o in zip(A["kept"], A["offered"])],
+                     "identical": A["same"]})
     plain = rows[0]["tok_s"]
     for r in rows:
         r["speedup"] = r["tok_s"] / plain

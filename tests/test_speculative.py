@@ -277,4 +277,6 @@ def test_controller_cost_estimates():
     c.record_window(2, 0.012)
     assert abs(c.cost(4) - 0.016) < 1e-12  # two points: the fitted line
     c.record_window(2, 0.014)
-    assert abs(c.cost(2) - 0.013) < 1e-12  # EMA
+    assert abs(c.cost(2) - 0.014) < 1e-12  # the first measurement of a T (cold caches) is replaced
+    c.record_window(2, 0.016)
+    assert abs(c.cost(2) - 0.015) < 1e-12  # then an EMA

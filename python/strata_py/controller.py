@@ -13,7 +13,8 @@ Estimates, all online:
         previous position (0.5 before draft 1), each with strength `prior_strength`: a bucket seen rarely
         borrows from the others, a position never tried yet from the one before it.
   C(T)  EMA of measured window seconds per T (the decode loop calls record_window(T, seconds); the drafter
-        adds its own lookup time). A T not measured yet is read off a line c0 + c1 (T - 1) fitted to the
+        adds its own lookup time; the first measurement of each T only stands in until the second, since
+        the first windows run on cold caches). A T not measured yet is read off a line c0 + c1 (T - 1) fitted to the
         measured ones (with one measured T, c1 = `slope_prior` * c0), so it gets tried when it looks cheap.
 Probing: a bucket whose estimate fell so low that T = 1 wins would never be observed again; after
 `probe_every` consecutive such windows the controller offers one draft (T = 2) once to refresh it, and doubles
@@ -151,12 +152,23 @@ class LengthController:
             self._rej[b][accepted] += 1
 
     def record_window(self, T: int, seconds: float) -> None:
-        """Measured cost of a window of T rows (run + sample + commit + drafting)."""
-        if T in self._cost:
+        """Measured cost of a window of T rows (run + sample + commit + drafting).
+
+        The first measurement of a T is provisional: the second replaces it rather than averaging with it
+        (the first windows after prefill run on cold caches and would bias the estimate for long)."""
+        n = self._cost_n.get(T, 0)
+        if n == 1:
+            self._cost[T] = seconds
+        elif T in self._cost:
             self._cost[T] += self.cost_ema * (seconds - self._cost[T])
         else:
             self._cost[T] = seconds
-        self._cost_n[T] = self._cost_n.get(T, 0) + 1
+        self._cost_n[T] = n + 1
+
+    def observations(self, match_len: int) -> float:
+        """Windows observed for this match length's bucket (outcomes of their first draft)."""
+        b = bucket_of(max(1, match_len))
+        return self._acc[b][0] + self._rej[b][0] if self.max_window > 1 else 0.0
 
     def stats(self) -> dict:
         seen = [b for b in range(len(BUCKET_EDGES)) if sum(self._acc[b]) + sum(self._rej[b]) > 0]

@@ -6,8 +6,11 @@ drafts, each from its own output hidden state. Drafts only change speed: the win
 
 "mtp"          MTP drafts, k chosen by a LengthController (acceptance per draft depth, C(T) online,
                the MTP time included in the window cost).
-"mtp+suffix"   per window, the proposal with the higher expected throughput E(T)/C(T): the suffix-lookup
-               continuation (when it has a match) or the MTP chain.
+"mtp+suffix"   per window, the proposal with the higher expected throughput: the suffix-lookup continuation
+               (when it has a match) or the MTP chain. Both are priced with one table of verify-window costs
+               C(T) (every window, drafting excluded) plus, for MTP, its measured draft time per step; a
+               match length whose suffix drafts were tried fewer than EXPLORE times is tried (that is how
+               its acceptance gets measured).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from . import register
 from .suffix import MAX_WINDOW, SuffixDrafter
 
 MAX_MTP_DRAFTS = 3
+EXPLORE = 2  # suffix windows per match-length bucket before mtp+suffix trusts its acceptance estimate
 
 
 class MtpDrafter:
@@ -39,6 +43,8 @@ class MtpDrafter:
         self.kept_by_depth = [0] * self.max_drafts
         self.mtp_windows = 0
         self.suffix_windows = 0
+        self.windows = LengthController(max_window=MAX_WINDOW)  # verify-window costs of both drafters
+        self._step_s = None   # EMA of MTP draft seconds per drafted token
 
     def bind(self, session) -> None:
         if not session._core.mtp:
@@ -53,22 +59,32 @@ class MtpDrafter:
         k = self.controller.choose(min(max_drafts, self.max_drafts), 1)
         if self.suffix is not None:
             sd = self.suffix.propose(context, max_drafts)
+            if sd and self._prefer_suffix(sd, k):
+                self._used = "suffix"
+                self._draft_s = time.perf_counter() - t0
+                return sd
             if sd:
-                m = self.suffix._pending[0]
-                ctl = self.suffix.controller
-                e_s = expected_keep(ctl.acceptance(m, len(sd)))[-1] / ctl.cost(len(sd) + 1) if ctl else float("inf")
-                e_m = expected_keep(self.controller.acceptance(1, k))[-1] / self.controller.cost(k + 1) if k else 0.0
-                if e_s >= e_m:
-                    self._used = "suffix"
-                    self._draft_s = time.perf_counter() - t0
-                    return sd
+                self.suffix.withdraw()
         drafts: list[int] = []
         if k > 0 and self.session.position > 0:  # the block drafts from committed rows
+            t1 = time.perf_counter()
             drafts = self.session.mtp_draft(int(context[-1]), k)
+            step = (time.perf_counter() - t1) / k
+            self._step_s = step if self._step_s is None else self._step_s + 0.2 * (step - self._step_s)
             self._used = "mtp"
         self._draft_s = time.perf_counter() - t0
         self.draft_s_total += self._draft_s
         return drafts
+
+    def _prefer_suffix(self, sd: list[int], k: int) -> bool:
+        """Whether the suffix proposal sd promises more tokens per second than k MTP drafts."""
+        m = self.suffix._pending[0]
+        ctl = self.suffix.controller
+        if ctl is None or k == 0 or ctl.observations(m) < EXPLORE:
+            return True
+        e_s = expected_keep(ctl.acceptance(m, len(sd)))[-1] / self.windows.cost(len(sd) + 1)
+        e_m = expected_keep(self.controller.acceptance(1, k))[-1] / (self.windows.cost(k + 1) + k * (self._step_s or 0.0))
+        return e_s >= e_m
 
     def observe(self, drafts: Sequence[int], accepted: int) -> None:
         if self._used == "suffix":
@@ -82,6 +98,7 @@ class MtpDrafter:
                 self.kept_by_depth[i] += 1 if i < accepted else 0
 
     def record_window(self, T: int, seconds: float) -> None:
+        self.windows.record_window(T, seconds)
         if self._used == "suffix":
             self.suffix.record_window(T, seconds + self._draft_s)
         else:

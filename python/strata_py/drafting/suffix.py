@@ -94,6 +94,12 @@ class SuffixDrafter:
         self._propose_s = time.perf_counter() - t0
         return drafts
 
+    def withdraw(self) -> None:
+        """The last proposal was not used (a combining drafter chose another): forget it."""
+        self.offered -= self._pending[1]
+        self._pending = (0, 0)
+        self._propose_s = 0.0
+
     def observe(self, drafts: Sequence[int], accepted: int) -> None:
         self.kept += accepted
         self.draft_windows += 1
