@@ -1,8 +1,9 @@
-// The strip-mined DeltaNet window recurrence (dn_rows in deltanet_state.h), as a header compiled twice:
-// for baseline x86-64 (deltanet_state.cpp) and with AVX-512 flags (kernels/cpu/deltanet_avx512.cpp),
-// picked at run time. Only elementwise float multiplies and adds, never reassociated or contracted
-// (-ffp-contract=off), so both compilations give the same bits. Internal linkage: each including
-// file gets its own copy, so the linker cannot mix the two.
+// The strip-mined DeltaNet window recurrence (dn_rows in deltanet_state.h), generic form: the whole of
+// dn_rows in the baseline x86-64 build (deltanet_state.cpp), and the columns left over after the 64-wide
+// intrinsic strips in the AVX-512 build (kernels/cpu/deltanet_avx512.cpp); dn_rows picks the build at run
+// time. Only elementwise float multiplies and adds, never reassociated or contracted (-ffp-contract=off),
+// so every build gives the same bits. Internal linkage: each including file gets its own copy, so the
+// linker cannot mix the two builds.
 #pragma once
 #include <cstdint>
 
@@ -11,9 +12,8 @@
 namespace strata {
 namespace {
 
-// One strip of W columns [j0, j0 + W) through rows 0..T-1 (see dn_rows). W is a compile-time width so
-// that m and o live in registers; the operations per element are those of dn_decay_delta and
-// dn_update_read, in the same order.
+// One strip of W columns [j0, j0 + W) through rows 0..T-1 (see dn_rows), W a compile-time width; the
+// operations per element are those of dn_decay_delta and dn_update_read, in the same order.
 template <int W>
 void dn_strip(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv, int64_t j0) {
   float* Sc = S;
