@@ -119,7 +119,9 @@ def test_controller_drives_the_loop_exactly(tiny_model):
         spec, st = _run(tiny_model, prompt, max_tokens=80, proposer=orc, **SAMPLED)
         assert spec == plain
         assert st.windows < 80 and st.accepted > 0
-        assert sum(ctl._cost_n.values()) == st.windows  # every window's cost reached the controller
+        # every window's cost reached the controller; the first warmup_windows are not used as C(T) samples
+        assert ctl._seen == st.windows
+        assert sum(ctl._cost_n.values()) == st.windows - ctl.warmup_windows
 
 
 def test_real_acceptance_via_global_index(tiny_model):
@@ -269,8 +271,29 @@ def test_controller_probes_after_a_long_idle_stretch_and_fixed_t():
         LengthController(fixed_t=-1)
 
 
+def test_controller_ignores_warmup_costs():
+    # a cold first window (2.5x) must not become C(T) for a T the controller then avoids
+    c = LengthController(warmup_windows=2)
+    c.record_window(3, 0.050)
+    c.record_window(1, 0.030)
+    assert c._cost == {}
+    c.record_window(1, 0.010)
+    c.record_window(3, 0.016)
+    assert c.cost(1) == 0.010 and c.cost(3) == 0.016
+
+
+def test_controller_single_slow_sample_does_not_set_the_line():
+    # once two Ts are measured twice, a T measured once (e.g. a slow window) no longer bends C(T)
+    c = LengthController(warmup_windows=0)
+    c.record_window(8, 0.090)  # one slow window at T = 8, then the controller sticks to T = 1, 2
+    for _ in range(2):
+        c.record_window(1, 0.010)
+        c.record_window(2, 0.012)
+    assert abs(c.cost(8) - 0.024) < 1e-12 and abs(c.cost(4) - 0.016) < 1e-12
+
+
 def test_controller_cost_estimates():
-    c = LengthController(cost_ema=0.5)
+    c = LengthController(cost_ema=0.5, warmup_windows=0)
     assert c.cost(3) > c.cost(1)  # prior before any measurement
     c.record_window(1, 0.010)
     assert abs(c.cost(3) - 0.010 * (1 + 2 * c.slope_prior)) < 1e-12  # one point: prior slope

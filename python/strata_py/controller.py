@@ -13,12 +13,13 @@ Estimates, all online:
         previous position (0.5 before draft 1), each with strength `prior_strength`: a bucket seen rarely
         borrows from the others, a position never tried yet from the one before it.
   C(T)  EMA of measured window seconds per T (the decode loop calls record_window(T, seconds); the drafter
-        adds its own lookup time; the first measurement of each T only stands in until the second, since
-        the first windows run on cold caches). A T not measured yet is read off a line c0 + c1 (T - 1) fitted to the
-        measured ones (with one measured T, c1 = `slope_prior` * c0), so it gets tried when it looks cheap.
+        adds its own lookup time; the request's first windows are skipped and the first measurement of each T
+        only stands in until the second, since the first windows run on cold caches). A T not measured twice
+        is read off a line c0 + c1 (T - 1) fitted to the Ts that were (to every measured T while fewer than two
+        were; with one measured T, c1 = `slope_prior` * c0), so it gets tried when it looks cheap.
 Probing: a bucket whose estimate fell so low that T = 1 wins would never be observed again; after
-`probe_every` consecutive such windows the controller offers one draft (T = 2) once to refresh it, and doubles
-that gap (up to 32x) while drafting keeps not paying, so a losing drafter costs ever less.
+`probe_every` (8) consecutive such windows the controller offers one draft (T = 2) once to refresh it, and
+doubles that gap (up to 32x) while drafting keeps not paying, so a losing drafter costs ever less.
 """
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ class LengthController:
     prior_strength: float = 2.0
     cost_ema: float = 0.2          # weight of the newest window in C(T)
     slope_prior: float = 0.15      # C(T) ~ C(1) (1 + slope (T - 1)) until two T's are measured
-    probe_every: int = 32
+    probe_every: int = 8
+    warmup_windows: int = 4        # cost samples of a request's first windows are ignored (cold caches)
     _acc: list = field(default_factory=list, repr=False)   # [bucket][pos] accepted counts
     _rej: list = field(default_factory=list, repr=False)   # [bucket][pos] rejected counts
     _cost: dict = field(default_factory=dict, repr=False)  # T -> EMA seconds
@@ -68,6 +70,7 @@ class LengthController:
     _chosen: dict = field(default_factory=dict, repr=False)
     _idle: int = 0
     _probe_gap: int = 0            # T = 1 windows before the next probe (0: probe_every; doubles while idle)
+    _seen: int = 0                 # windows recorded so far (warm-up ones included)
     probes: int = 0
 
     def __post_init__(self):
@@ -94,10 +97,18 @@ class LengthController:
         return out
 
     def cost(self, T: int) -> float:
-        """C(T) in seconds (or relative units before anything is measured)."""
-        if T in self._cost:
+        """C(T) in seconds (or relative units before anything is measured).
+
+        A T measured twice or more is read directly. Otherwise C(T) comes from the line through the Ts measured
+        at least twice (when there are two), else through every measured T (a single measurement of T counts
+        as that only if nothing better exists: one slow window must not set C(T) for a T rarely tried again).
+        """
+        if self._cost_n.get(T, 0) >= 2:
             return self._cost[T]
-        pts = sorted(self._cost.items())
+        sure = sorted((t, c) for t, c in self._cost.items() if self._cost_n.get(t, 0) >= 2)
+        pts = sure if len(sure) >= 2 else sorted(self._cost.items())
+        if T in self._cost and pts is not sure:
+            return self._cost[T]
         if not pts:
             return 1.0 + self.slope_prior * (T - 1)
         if len(pts) == 1:
@@ -154,8 +165,13 @@ class LengthController:
     def record_window(self, T: int, seconds: float) -> None:
         """Measured cost of a window of T rows (run + sample + commit + drafting).
 
-        The first measurement of a T is provisional: the second replaces it rather than averaging with it
-        (the first windows after prefill run on cold caches and would bias the estimate for long)."""
+        The first `warmup_windows` windows of a request are not measurements of C(T): right after prefill
+        the weights are partly out of cache and a step costs up to 2.5x its steady value, and one such sample
+        for a T that is then rarely chosen would skew the fitted line for the whole request. Past that, the
+        first measurement of a T is provisional: the second replaces it rather than averaging with it."""
+        self._seen += 1
+        if self._seen <= self.warmup_windows:
+            return
         n = self._cost_n.get(T, 0)
         if n == 1:
             self._cost[T] = seconds
