@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include "kernels/cpu/kq_common.h"
+#include "kernels/cpu/reduce16.h"
 #include "kernels/matmul.h"
 
 namespace strata {
@@ -12,13 +13,6 @@ namespace {
 
 using namespace kq;
 
-inline float hsum16(__m256 lo, __m256 hi) {  // the canonical reduction tree of matmul.h
-  __m256 s8 = _mm256_add_ps(lo, hi);
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
-}
 inline __m256i lo16u(__m256i v) { return _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)); }
 inline __m256i hi16u(__m256i v) { return _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1)); }
 inline __m256i lo16s(__m256i v) { return _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)); }
@@ -175,11 +169,9 @@ void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0
     }
     alignas(32) float lm[8];
     _mm256_store_ps(lm, Lm);
-    for (int t = 0; t < T; t++) y[t * ldy + r] = hsum16(Llo[t], Lhi[t]) - lm[t];
+    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16(Llo[t], Lhi[t]) - lm[t];
   }
 }
-
-
 
 template <class Dec>
 void rows_kq(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include "kernels/cpu/kq_common.h"
+#include "kernels/cpu/reduce16.h"
 #include "kernels/matmul.h"
 
 namespace strata {
@@ -12,14 +13,6 @@ namespace strata {
 namespace {
 
 using namespace kq;
-
-inline float hsum16(__m512 v) {  // the canonical reduction tree of matmul.h
-  __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
-}
 
 struct DecQ4K {
   static constexpr int kBytes = 144;
@@ -180,7 +173,7 @@ void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0
     }
     alignas(32) float lm[8];
     _mm256_store_ps(lm, Lm);
-    for (int t = 0; t < T; t++) y[t * ldy + r] = hsum16(L[t]) - lm[t];
+    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16(L[t]) - lm[t];
   }
 }
 

@@ -4,19 +4,12 @@
 
 #include <cstring>
 
+#include "kernels/cpu/reduce16.h"
 #include "kernels/matmul.h"
 
 namespace strata {
 
 namespace {
-
-inline float reduce16_avx2(__m256 lo, __m256 hi) {
-  __m256 s8 = _mm256_add_ps(lo, hi);
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
-}
 
 // 8 weights at column c (c % 8 == 0, c + 8 <= cols).
 struct DecF32 {
@@ -64,7 +57,7 @@ void rows_plain_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t
         hi[t] = _mm256_fmadd_ps(w1, _mm256_load_ps(xt + 8), hi[t]);
       }
     }
-    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16_avx2(lo[t], hi[t]);
+    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16(lo[t], hi[t]);
   }
 }
 
@@ -97,11 +90,9 @@ void rows_q8_0_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t 
         hi[t] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xt + 24), hi[t]);
       }
     }
-    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16_avx2(lo[t], hi[t]);
+    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16(lo[t], hi[t]);
   }
 }
-
-
 
 template <class Dec>
 void rows_plain(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {

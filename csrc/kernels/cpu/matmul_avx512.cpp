@@ -5,20 +5,12 @@
 
 #include <cstring>
 
+#include "kernels/cpu/reduce16.h"
 #include "kernels/matmul.h"
 
 namespace strata {
 
 namespace {
-
-inline float reduce16_avx512(__m512 v) {
-  // canonical tree: s8[j] = l[j] + l[j+8]; s4[j] = s8[j] + s8[j+4]; s2[j] = s4[j] + s4[j+2]; s2[0] + s2[1]
-  __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
-}
 
 // Decoders: produce 16 weights starting at column c of a row.
 struct DecF32 {
@@ -81,7 +73,7 @@ inline void plain_block(const MatView& W, const float* x, int64_t ldx, float* y,
     }
   }
   for (int i = 0; i < R; i++)
-    for (int t = 0; t < T; t++) y[t * ldy + r + i] = reduce16_avx512(acc[i][t]);
+    for (int t = 0; t < T; t++) y[t * ldy + r + i] = reduce16(acc[i][t]);
 }
 
 template <class Dec, int T>
@@ -128,7 +120,7 @@ inline void q8_0_block(const MatView& W, const float* x, int64_t bstride, int64_
     }
   }
   for (int i = 0; i < R; i++)
-    for (int t = 0; t < T; t++) y[t * ldy + r + i] = reduce16_avx512(acc[i][t]);
+    for (int t = 0; t < T; t++) y[t * ldy + r + i] = reduce16(acc[i][t]);
 }
 
 template <int T>
@@ -150,7 +142,6 @@ void rows_q8_0_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t 
   for (; r + R <= r1; r += R) q8_0_block<T, R>(W, a.x, 32, a.ldx, y, ldy, r);
   for (; r < r1; r++) q8_0_block<T, 1>(W, a.x, 32, a.ldx, y, ldy, r);
 }
-
 
 template <class Dec>
 void rows_plain(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
