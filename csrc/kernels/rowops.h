@@ -6,9 +6,7 @@
 
 namespace strata {
 
-// x <- silu(x) = x / (1 + exp(-x))
-void silu_inplace(float* x, int64_t n);
-// g <- silu(g) * u   (SwiGLU)
+// g <- silu(g) * u   (SwiGLU), silu(x) = x / (1 + exp(-x))
 void silu_mul(float* g, const float* u, int64_t n);
 // y <- y * silu(z)
 void mul_silu(float* y, const float* z, int64_t n);
@@ -27,7 +25,7 @@ float vexp(float x);
 
 // The same functions per ISA (rowops.cpp: baseline; cpu/rowops_avx512.cpp).
 struct RowOps {
-  void (*silu_inplace)(float*, int64_t);
+  void (*silu_inplace)(float*, int64_t);  // x <- silu(x): the conv's activation (tested per build)
   void (*silu_mul)(float*, const float*, int64_t);
   void (*mul_silu)(float*, const float*, int64_t);
   void (*mul_sigmoid)(float*, const float*, int64_t);

@@ -52,7 +52,7 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
     matmul(pool, w.ssm_ba, x, H, T, ba.data(), 2 * nv);
   }
 
-  // causal conv over [committed history ++ this window's raw rows]; w.conv is [cd][K], tap K-1 = current row
+  // causal conv over [committed history ++ this window's raw rows]; w.conv is [K][cd], tap K-1 = current row
   std::memcpy(hist.data(), st.conv.data(), (size_t)(K - 1) * cd * sizeof(float));
   std::memcpy(hist.data() + (size_t)(K - 1) * cd, raw.data(), (size_t)T * cd * sizeof(float));
 
@@ -79,9 +79,9 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
     std::vector<DnRow> rows((size_t)T);
     for (int64_t g = gb; g < ge; g++) {
       const int64_t cq = g * dk, ck = key_dim + g * dk, cv = 2 * key_dim + g * r * dv;
-      causal_conv_silu(histp + cq, w.conv_t.data() + cq, T, dk, cd, (int)K, convp + cq);
-      causal_conv_silu(histp + ck, w.conv_t.data() + ck, T, dk, cd, (int)K, convp + ck);
-      causal_conv_silu(histp + cv, w.conv_t.data() + cv, T, r * dv, cd, (int)K, convp + cv);
+      causal_conv_silu(histp + cq, w.conv.data() + cq, T, dk, cd, (int)K, convp + cq);
+      causal_conv_silu(histp + ck, w.conv.data() + ck, T, dk, cd, (int)K, convp + ck);
+      causal_conv_silu(histp + cv, w.conv.data() + cv, T, r * dv, cd, (int)K, convp + cv);
       for (int t = 0; t < T; t++) {
         float* row = convp + (size_t)t * cd;
         float* q = row + cq;

@@ -26,7 +26,6 @@ inline float dot16(const float* a, const float* b, int64_t n) {
   for (int j = 0; j < 4; j++) s4[j] = s8[j] + s8[j + 4];
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
-inline float silu(float x) { return x / (1.f + std::exp(-x)); }
 inline float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
 inline float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }  // torch's threshold 20
 // x * rsqrt(sum(x^2) + eps), the l2norm of the HF / FLA delta rule

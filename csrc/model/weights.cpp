@@ -117,11 +117,11 @@ struct Loader {
     }
     d.ssm_ba = mat(p + "ssm_ba.weight", H, 2 * nv);
     (void)nk;
-    d.conv = mat_f32(p + "ssm_conv1d.weight", hp.ssm_d_conv, hp.conv_dim());
+    const std::vector<float> taps = mat_f32(p + "ssm_conv1d.weight", hp.ssm_d_conv, hp.conv_dim());  // [cd][K]
     const int64_t K = hp.ssm_d_conv, cd = hp.conv_dim();
-    d.conv_t.resize(d.conv.size());
+    d.conv.resize(taps.size());
     for (int64_t c = 0; c < cd; c++)
-      for (int64_t j = 0; j < K; j++) d.conv_t[j * cd + c] = d.conv[c * K + j];
+      for (int64_t j = 0; j < K; j++) d.conv[j * cd + c] = taps[c * K + j];
     d.dt_bias = vec(p + "ssm_dt.bias", nv);
     d.ssm_a = vec(p + "ssm_a", nv);
     d.norm = vec(p + "ssm_norm.weight", hp.dv());

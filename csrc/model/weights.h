@@ -46,8 +46,7 @@ struct DeltaNetWeights {
   MatView wqkv, wgate;      // current layout
   MatView ssm_in;           // legacy layout
   MatView ssm_ba;           // rows grouped per key head: [b(r) | a(r)]
-  std::vector<float> conv;    // [conv_dim][d_conv]
-  std::vector<float> conv_t;  // the same taps as [d_conv][conv_dim] (the conv kernel's layout)
+  std::vector<float> conv;   // [d_conv][conv_dim]: the GGUF's [conv_dim][d_conv] taps transposed for the conv kernel
   std::vector<float> dt_bias, ssm_a;  // [nv]
   std::vector<float> norm;  // [dv] gated norm, not zero-centred
   MatView ssm_out;

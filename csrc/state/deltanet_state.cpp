@@ -57,13 +57,6 @@ void DeltaNetState::fold_finish(int64_t first, int64_t n) {
   work_rows = 0;
 }
 
-void DeltaNetState::fold(int64_t first, int64_t n) {
-  if (n <= 0) return;
-  if (!fold_swaps(first, n))
-    for (int64_t h = 0; h < nv; h++) replay_head(h, first, n);
-  fold_finish(first, n);
-}
-
 void fold_layers(ThreadPool& pool, std::vector<DeltaNetState>& layers, int64_t first, int64_t n) {
   if (n <= 0) return;
   std::vector<std::pair<DeltaNetState*, int64_t>> heads;  // (layer, head) pairs that replay
@@ -104,8 +97,7 @@ void dn_update(float* S, const float* k, const float* v, float eg, float beta, i
 
 void dn_update_read(float* S, const float* k, const float* v, float eg, float beta, const float* q, int64_t dk,
                     int64_t dv, float* m, float* o) {
-  // dn_update followed by dn_read, with the read fused into the update's pass over S: every S value and
-  // every partial sum of o is formed by the same operations in the same order as the two separate calls.
+  // dn_update, then o = sum_a S[a] * q[a] accumulated in increasing a, fused into the update's last pass.
   dn_decay_delta(S, k, v, eg, beta, dk, dv, m);
   for (int64_t j = 0; j < dv; j++) o[j] = 0.f;
   for (int64_t a = 0; a < dk; a++) {
@@ -115,15 +107,6 @@ void dn_update_read(float* S, const float* k, const float* v, float eg, float be
       row[j] = row[j] + ka * m[j];
       o[j] = o[j] + row[j] * qa;
     }
-  }
-}
-
-void dn_read(const float* S, const float* q, int64_t dk, int64_t dv, float* o) {
-  for (int64_t j = 0; j < dv; j++) o[j] = 0.f;
-  for (int64_t a = 0; a < dk; a++) {
-    const float* row = S + a * dv;
-    const float qa = q[a];
-    for (int64_t j = 0; j < dv; j++) o[j] = o[j] + row[j] * qa;
   }
 }
 

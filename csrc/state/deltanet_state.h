@@ -4,9 +4,9 @@
 // Rollback contract (engine spec 3): a T = 1 step and a prompt window update S and the history in the
 // step ("in place"). A verify window with T > 1 never writes the committed S or history: its rows run
 // on S_work (a copy) and each row's replay inputs are saved (l2-normed k, v, exp(g), beta, raw pre-conv
-// row). fold(first, n) replays saved rows first..first+n-1 into S with the very same update function
-// (dn_update), so the folded state is bit-identical to serial stepping; when the fold covers every row
-// that ran on S_work, S_work already *is* that state and is swapped in instead.
+// row). fold_layers(pool, layers, first, n) replays saved rows first..first+n-1 into S with the window's
+// own update (dn_rows), so the folded state is bit-identical to serial stepping; when the fold covers
+// every row that ran on S_work, S_work already *is* that state and is swapped in instead.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -28,9 +28,8 @@ struct DeltaNetState {
 
   void init(int64_t nk_, int64_t nv_, int64_t dk_, int64_t dv_, int64_t d_conv_, int max_window);
   void reset();
-  // Replays saved rows [first, first+n) into S and shifts their raw rows into the history.
-  void fold(int64_t first, int64_t n);
-  // fold() in parts, so that the heads of all layers can replay in one parallel region (fold_layers):
+  // The fold of saved rows [first, first+n) in parts, so that the heads of all layers can replay in one
+  // parallel region (fold_layers):
   bool fold_swaps(int64_t first, int64_t n) const;          // S_work already is the folded state
   void replay_head(int64_t h, int64_t first, int64_t n);     // rows into S for value head h
   void fold_finish(int64_t first, int64_t n);                // swap if fold_swaps, then the conv history
@@ -39,19 +38,18 @@ struct DeltaNetState {
 };
 
 class ThreadPool;
-// fold(first, n) of every layer, the replaying heads of all layers split over the pool.
+// Replays saved rows [first, first+n) of every layer into S (or swaps S_work in) and shifts their raw rows
+// into the conv history; the replaying heads of all layers split over the pool.
 void fold_layers(ThreadPool& pool, std::vector<DeltaNetState>& layers, int64_t first, int64_t n);
 
-// One delta-rule update of one value head, the only place S is updated:
+// One delta-rule update of one value head (row by row: the twin of dn_rows below):
 //   S <- S * eg;  m = S^T k;  delta = beta * (v - m);  S <- S + k delta^T
 // S is [dk][dv] with dv contiguous. m_scratch has dv floats.
 void dn_update(float* S, const float* k, const float* v, float eg, float beta, int64_t dk, int64_t dv,
                float* m_scratch);
-// dn_update then o = S^T q in one pass less; bit-identical to calling the two (tests check the fold).
+// dn_update, then o = S^T q, the read fused into the update's last pass over S.
 void dn_update_read(float* S, const float* k, const float* v, float eg, float beta, const float* q, int64_t dk,
                     int64_t dv, float* m_scratch, float* o);
-// o = S^T q for one head.
-void dn_read(const float* S, const float* q, int64_t dk, int64_t dv, float* o);
 
 // Several consecutive rows of one value head. Row t's inputs; o == nullptr: update only (no read).
 struct DnRow {
