@@ -105,10 +105,11 @@ class LengthController:
         """
         if self._cost_n.get(T, 0) >= 2:
             return self._cost[T]
-        sure = sorted((t, c) for t, c in self._cost.items() if self._cost_n.get(t, 0) >= 2)
-        pts = sure if len(sure) >= 2 else sorted(self._cost.items())
-        if T in self._cost and pts is not sure:
-            return self._cost[T]
+        pts = sorted((t, c) for t, c in self._cost.items() if self._cost_n.get(t, 0) >= 2)
+        if len(pts) < 2:
+            if T in self._cost:
+                return self._cost[T]
+            pts = sorted(self._cost.items())
         if not pts:
             return 1.0 + self.slope_prior * (T - 1)
         if len(pts) == 1:
@@ -173,12 +174,10 @@ class LengthController:
         if self._seen <= self.warmup_windows:
             return
         n = self._cost_n.get(T, 0)
-        if n == 1:
+        if n <= 1:
             self._cost[T] = seconds
-        elif T in self._cost:
-            self._cost[T] += self.cost_ema * (seconds - self._cost[T])
         else:
-            self._cost[T] = seconds
+            self._cost[T] += self.cost_ema * (seconds - self._cost[T])
         self._cost_n[T] = n + 1
 
     def observations(self, match_len: int) -> float:

@@ -83,7 +83,8 @@ class MtpDrafter:
         if ctl is None or k == 0 or ctl.observations(m) < EXPLORE:
             return True
         e_s = expected_keep(ctl.acceptance(m, len(sd)))[-1] / self.windows.cost(len(sd) + 1)
-        e_m = expected_keep(self.controller.acceptance(1, k))[-1] / (self.windows.cost(k + 1) + k * (self._step_s or 0.0))
+        c_m = self.windows.cost(k + 1) + k * (self._step_s or 0.0)
+        e_m = expected_keep(self.controller.acceptance(1, k))[-1] / c_m
         return e_s >= e_m
 
     def observe(self, drafts: Sequence[int], accepted: int) -> None:
