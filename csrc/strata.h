@@ -132,6 +132,9 @@ class Session {
 
  private:
   friend void forward(const Model&, Session&, const int32_t*, int, int64_t, bool, bool, bool, float*, float*);
+  // Feeds the first n backlog rows to the MTP block (in chunks), drops them from the backlog and returns the
+  // block's output hidden state of the last one; logits_last (or null) receives that row's logits.
+  std::vector<float> mtp_feed(int64_t n, float* logits_last);
   std::shared_ptr<const Model> model_;
   SessionOptions opt_;
   int64_t pos_ = 0;

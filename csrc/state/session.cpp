@@ -142,22 +142,12 @@ std::vector<int32_t> Session::mtp_draft(int32_t root, int k) {
   if (mtp_backlog_tok_.back() < 0) mtp_backlog_tok_.back() = root;
   STRATA_CHECK(mtp_pos_ + n == pos_, "mtp_draft(): MTP state out of step (", mtp_pos_, " + ", n, " != ", pos_, ")");
   const int64_t H = hp.n_embd;
-  std::vector<float> out_h, logits(hp.n_vocab);
+  std::vector<float> logits(hp.n_vocab);
   auto best = [&]() {
     const int32_t b = argmax(logits.data(), hp.n_vocab);
     return b < 0 ? 0 : b;  // all NaN: any token is a valid (rejected) draft
   };
-  constexpr int64_t kChunk = 256;
-  for (int64_t c = 0; c < n; c += kChunk) {
-    const int64_t m = std::min(kChunk, n - c);
-    out_h.resize((size_t)m * H);
-    mtp_forward(*model_, mtp_kv_, mtp_backlog_h_.data() + (size_t)c * H, mtp_backlog_tok_.data() + c, (int)m,
-                mtp_pos_ + c, out_h.data(), logits.data());
-  }
-  mtp_pos_ += n;
-  std::vector<float> h_last(out_h.end() - H, out_h.end());
-  mtp_backlog_h_.clear();
-  mtp_backlog_tok_.clear();
+  std::vector<float> h_last = mtp_feed(n, logits.data());
   std::vector<int32_t> drafts{best()};
   mtp_logits_ = logits;
   // chain: the block's own output hidden state with the token it just drafted, at the next position
@@ -177,19 +167,24 @@ void Session::mtp_prefill() {
   if (last_T_ > 0) fail<std::logic_error>("mtp_prefill() while a commit is pending");
   const int64_t n = (int64_t)mtp_backlog_tok_.size() - 1;  // rows whose next token is known
   if (n <= 0) return;
-  const int64_t H = model_->hp().n_embd;
   STRATA_CHECK(mtp_pos_ + n + 1 == pos_, "mtp_prefill(): MTP state out of step (", mtp_pos_, " + ", n + 1, " != ", pos_, ")");
+  mtp_feed(n, nullptr);
+}
+
+std::vector<float> Session::mtp_feed(int64_t n, float* logits_last) {
+  const int64_t H = model_->hp().n_embd;
   constexpr int64_t kChunk = 256;
   std::vector<float> out_h;
   for (int64_t c = 0; c < n; c += kChunk) {
     const int64_t m = std::min(kChunk, n - c);
     out_h.resize((size_t)m * H);
     mtp_forward(*model_, mtp_kv_, mtp_backlog_h_.data() + (size_t)c * H, mtp_backlog_tok_.data() + c, (int)m,
-                mtp_pos_ + c, out_h.data(), nullptr);
+                mtp_pos_ + c, out_h.data(), c + m == n ? logits_last : nullptr);
   }
   mtp_pos_ += n;
   mtp_backlog_h_.erase(mtp_backlog_h_.begin(), mtp_backlog_h_.begin() + (size_t)n * H);
   mtp_backlog_tok_.erase(mtp_backlog_tok_.begin(), mtp_backlog_tok_.begin() + n);
+  return std::vector<float>(out_h.end() - H, out_h.end());
 }
 
 void Session::flush() {
