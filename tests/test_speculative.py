@@ -9,7 +9,7 @@ import pytest
 
 from strata_py import drafting
 from strata_py.config import GenerationConfig
-from strata_py.controller import LengthController, expected_keep
+from strata_py.controller import LengthController, WindowCosts, expected_keep, window_costs
 from strata_py.drafting.suffix import SuffixDrafter
 from strata_py.generate import generate_ids
 from strata_py.speculative import LoopStats
@@ -121,7 +121,7 @@ def test_controller_drives_the_loop_exactly(tiny_model):
         assert st.windows < 80 and st.accepted > 0
         # every window's cost reached the controller; the first warmup_windows are not used as C(T) samples
         assert ctl._seen == st.windows
-        assert sum(ctl._cost_n.values()) == st.windows - ctl.warmup_windows
+        assert ctl.costs.samples == st.windows - ctl.warmup_windows
 
 
 def test_real_acceptance_via_global_index(tiny_model):
@@ -248,8 +248,15 @@ def test_controller_acceptance_is_per_bucket_and_position():
         c.observe(40, 4, 4)   # long matches: always right
         c.observe(4, 4, 0)    # short matches: always wrong
     assert min(c.acceptance(40, 4)) > 0.95 and c.acceptance(4, 4)[0] < 0.05
-    # a position never observed in a bucket borrows from the pooled estimate (here: always accepted)
-    assert c.acceptance(4, 4)[1] > 0.95
+    # draft i of a match of length L, never observed in its bucket, follows draft 1 of a match of length
+    # L + i - 1 (the context matches that far once the earlier drafts are in)
+    assert c.acceptance(4, 4)[1] < 0.05
+    shift = LengthController()
+    for _ in range(200):
+        shift.observe(6, 1, 1)    # matches of 6-7 tokens: the first draft always right
+        shift.observe(12, 1, 0)   # matches of 12-15 tokens: always wrong
+    a = shift.acceptance(6, 7)
+    assert a[1] > 0.95 and a[6] < 0.05  # draft 2 of a 6-match ~ a 7-match; draft 7 ~ a 12-match
     fresh = LengthController()
     for _ in range(50):
         fresh.observe(8, 1, 1)  # only one draft ever offered: draft 2's estimate follows draft 1's
@@ -276,7 +283,7 @@ def test_controller_ignores_warmup_costs():
     c = LengthController(warmup_windows=2)
     c.record_window(3, 0.050)
     c.record_window(1, 0.030)
-    assert c._cost == {}
+    assert c.costs.samples == 0
     c.record_window(1, 0.010)
     c.record_window(3, 0.016)
     assert c.cost(1) == 0.010 and c.cost(3) == 0.016
@@ -293,13 +300,32 @@ def test_controller_single_slow_sample_does_not_set_the_line():
 
 
 def test_controller_cost_estimates():
-    c = LengthController(cost_ema=0.5, warmup_windows=0)
-    assert c.cost(3) > c.cost(1)  # prior before any measurement
-    c.record_window(1, 0.010)
-    assert abs(c.cost(3) - 0.010 * (1 + 2 * c.slope_prior)) < 1e-12  # one point: prior slope
-    c.record_window(2, 0.012)
-    assert abs(c.cost(4) - 0.016) < 1e-12  # two points: the fitted line
-    c.record_window(2, 0.014)
-    assert abs(c.cost(2) - 0.014) < 1e-12  # the first measurement of a T (cold caches) is replaced
-    c.record_window(2, 0.016)
-    assert abs(c.cost(2) - 0.015) < 1e-12  # then an EMA
+    c = WindowCosts(cost_ema=0.5)
+    assert c(3) > c(1)  # prior before any measurement
+    c.record(1, 0.010)
+    assert abs(c(3) - 0.010 * (1 + 2 * c.slope_prior)) < 1e-12  # one point: prior slope
+    c.record(2, 0.012)
+    assert abs(c(4) - 0.016) < 1e-12  # two points: the fitted line
+    c.record(2, 0.014)
+    assert abs(c(2) - 0.014) < 1e-12  # the first measurement of a T (cold caches) is replaced
+    c.record(2, 0.016)
+    assert abs(c(2) - 0.015) < 1e-12  # then an EMA
+    c.record(2, 0.100)
+    assert abs(c(2) - 0.01875) < 1e-12  # a spike (preemption) counts as 1.5x the estimate
+
+
+def test_window_costs_smooth_over_T_once_two_are_measured():
+    # noisy per-T estimates (C(6) > C(7)) must not rank longer windows out of order: the weighted line
+    c = WindowCosts()
+    for T, sec in ((1, 0.010), (4, 0.016), (6, 0.030), (7, 0.020)):
+        c.record(T, sec)
+        c.record(T, sec)
+    assert all(c(T + 1) > c(T) for T in range(1, 8))
+    assert c(6) < 0.030 and c(7) > 0.020
+
+
+def test_window_costs_are_shared_per_model(tiny_model):
+    a = drafting.create("auto", model=tiny_model, cfg=GenerationConfig())
+    b = drafting.create("auto", model=tiny_model, cfg=GenerationConfig())
+    assert a.controller.costs is b.controller.costs is window_costs(tiny_model)
+    assert drafting.create("auto", model=None, cfg=GenerationConfig()).controller.costs is not a.controller.costs

@@ -8,15 +8,25 @@ so the controller picks the T in 1..1+available with the highest E(T)/C(T), comp
 the best so far by that marginal rule. Nothing pays -> T = 1 (no drafts).
 
 Estimates, all online:
-  a_i   per (match-length bucket, draft position i): Beta counts; the prior of a cell is the pooled
-        acceptance at that position over all buckets, whose own prior is the pooled acceptance at the
-        previous position (0.5 before draft 1), each with strength `prior_strength`: a bucket seen rarely
-        borrows from the others, a position never tried yet from the one before it.
-  C(T)  EMA of measured window seconds per T (the decode loop calls record_window(T, seconds); the drafter
-        adds its own lookup time; the request's first windows are skipped and the first measurement of each T
-        only stands in until the second, since the first windows run on cold caches). A T not measured twice
-        is read off a line c0 + c1 (T - 1) fitted to the Ts that were (to every measured T while fewer than two
-        were; with one measured T, c1 = `slope_prior` * c0), so it gets tried when it looks cheap.
+  a_i   per (match-length bucket, draft position i): Beta counts with strength-`prior_strength` priors.
+        Draft 1 of a match of length L: prior mean L / (L + s), the longer the match the likelier its
+        continuation (the premise of suffix lookup), with one scale s fitted (maximum likelihood) to every
+        first-draft outcome of the request so far, all buckets together, plus one accepted and one rejected
+        pseudo-outcome at L = 4 (s = 4 before any data). A bucket seen rarely thus follows the request's
+        overall level at its own length. Draft i > 1 is offered only after drafts 1..i-1 were accepted, when
+        the context matches its source over L + i - 1 tokens: its prior is draft 1's estimate for a match of
+        that length. So a position rarely tried (long windows are chosen only when they pay) follows what
+        the first drafts of longer matches show, instead of the few deep outcomes of short matches.
+  C(T)  WindowCosts: measured window seconds per T (the decode loop calls record_window(T, seconds); the
+        drafter adds its own lookup time; the request's first windows are skipped, since they run on cold
+        caches). C(T) is a property of the model and the machine, not of the request, so one table per loaded
+        model is shared by every request's controller (window_costs(model)). Per T an EMA whose first
+        measurement only stands in until the second, and a sample above 1.5x the estimate (the machine
+        preempted us) counts as 1.5x. Once two Ts are measured twice, every C(T) is read off the line
+        c0 + c1 (T - 1) fitted to them (weighted by samples, up to 8): a few noisy windows at one T must not
+        make a longer window look cheaper or dearer than its neighbours. Before that, a measured T is read
+        directly and others off the line through the measured Ts (with one, c1 = `slope_prior` * c0), so a T
+        gets tried when it looks cheap.
 Probing: a bucket whose estimate fell so low that T = 1 wins would never be observed again; after
 `probe_every` (8) consecutive such windows the controller offers one draft (T = 2) once to refresh it, and
 doubles that gap (up to 32x) while drafting keeps not paying, so a losing drafter costs ever less.
@@ -55,19 +65,79 @@ def expected_keep(a: list[float]) -> list[float]:
 
 
 @dataclass
+class WindowCosts:
+    """C(T): measured seconds of a verify window of T rows (see the module docstring)."""
+    cost_ema: float = 0.2          # weight of the newest window
+    slope_prior: float = 0.15      # C(T) ~ C(1) (1 + slope (T - 1)) until two T's are measured
+    spike: float = 1.5             # a sample above spike x the estimate counts as spike x the estimate
+    _cost: dict = field(default_factory=dict, repr=False)  # T -> EMA seconds
+    _n: dict = field(default_factory=dict, repr=False)     # T -> samples
+
+    def record(self, T: int, seconds: float) -> None:
+        n = self._n.get(T, 0)
+        if n <= 1:
+            self._cost[T] = seconds  # the first sample only stands in until the second
+        else:
+            seconds = min(seconds, self.spike * self._cost[T])
+            self._cost[T] += self.cost_ema * (seconds - self._cost[T])
+        self._n[T] = n + 1
+
+    @property
+    def samples(self) -> int:
+        return sum(self._n.values())
+
+    def __call__(self, T: int) -> float:
+        """C(T) in seconds (or relative units before anything is measured)."""
+        return self.table(T)[T - 1]
+
+    def table(self, n: int) -> list[float]:
+        """[C(1), ..., C(n)], one fit for all of them."""
+        pts = [(t, c, min(self._n[t], 8)) for t, c in sorted(self._cost.items()) if self._n[t] >= 2]
+        direct = len(pts) < 2  # measured Ts are read directly until two are measured twice
+        if direct:
+            pts = [(t, c, 1) for t, c in sorted(self._cost.items())]
+        if not pts:
+            c0, slope, mx = 1.0, self.slope_prior, 1.0
+        elif len(pts) == 1:
+            t0, c, _ = pts[0]
+            c0 = c / (1.0 + self.slope_prior * (t0 - 1))
+            c0, slope, mx = c0, c0 * self.slope_prior, 1.0
+        else:
+            w = sum(wt for _, _, wt in pts)
+            mx = sum(t * wt for t, _, wt in pts) / w
+            c0 = sum(c * wt for _, c, wt in pts) / w
+            sxx = sum(wt * (t - mx) ** 2 for t, _, wt in pts)
+            slope = max(0.0, sum(wt * (t - mx) * (c - c0) for t, c, wt in pts) / sxx)
+        return [self._cost[T] if direct and T in self._cost else max(1e-9, c0 + slope * (T - mx))
+                for T in range(1, n + 1)]
+
+    def stats(self) -> dict:
+        return {str(t): round(c * 1e3, 3) for t, c in sorted(self._cost.items())}
+
+
+def window_costs(model) -> WindowCosts:
+    """The C(T) table shared by every request on this loaded model (created on first use)."""
+    if model is None:
+        return WindowCosts()
+    costs = getattr(model, "_window_costs", None)
+    if costs is None:
+        costs = WindowCosts()
+        model._window_costs = costs
+    return costs
+
+
+@dataclass
 class LengthController:
     max_window: int = 8
     fixed_t: int = 0               # > 0: always this T (bounded by what the loop allows); experiments
     prior_strength: float = 2.0
-    cost_ema: float = 0.2          # weight of the newest window in C(T)
-    slope_prior: float = 0.15      # C(T) ~ C(1) (1 + slope (T - 1)) until two T's are measured
     probe_every: int = 8
     warmup_windows: int = 4        # cost samples of a request's first windows are ignored (cold caches)
+    costs: WindowCosts = field(default_factory=WindowCosts)  # C(T); pass window_costs(model) to share it
     _acc: list = field(default_factory=list, repr=False)   # [bucket][pos] accepted counts
     _rej: list = field(default_factory=list, repr=False)   # [bucket][pos] rejected counts
-    _cost: dict = field(default_factory=dict, repr=False)  # T -> EMA seconds
-    _cost_n: dict = field(default_factory=dict, repr=False)
     _chosen: dict = field(default_factory=dict, repr=False)
+    _scale: float | None = field(default=None, repr=False)  # length_scale() until the next observe()
     _idle: int = 0
     _probe_gap: int = 0            # T = 1 windows before the next probe (0: probe_every; doubles while idle)
     _seen: int = 0                 # windows recorded so far (warm-up ones included)
@@ -85,43 +155,37 @@ class LengthController:
     # ------------------------------------------------------------------ estimates
     def acceptance(self, match_len: int, n: int | None = None) -> list[float]:
         """Posterior-mean a_1..a_n for a match of this length."""
-        b = bucket_of(max(1, match_len))
+        L = max(1, match_len)
+        b = bucket_of(L)
         n = self.max_window - 1 if n is None else min(n, self.max_window - 1)
-        out, k, prev = [], self.prior_strength, 0.5
-        for i in range(n):
-            acc_all = sum(row[i] for row in self._acc)
-            rej_all = sum(row[i] for row in self._rej)
-            pooled = (acc_all + k * prev) / (acc_all + rej_all + k)
-            out.append((self._acc[b][i] + k * pooled) / (self._acc[b][i] + self._rej[b][i] + k))
-            prev = pooled
+        k, s = self.prior_strength, self.length_scale()
+
+        def first(Lq: int) -> float:  # draft 1 of a match of Lq tokens
+            bb = bucket_of(Lq)
+            return (self._acc[bb][0] + k * Lq / (Lq + s)) / (self._acc[bb][0] + self._rej[bb][0] + k)
+
+        out = [first(L)]
+        for i in range(1, n):
+            out.append((self._acc[b][i] + k * first(L + i)) / (self._acc[b][i] + self._rej[b][i] + k))
         return out
 
-    def cost(self, T: int) -> float:
-        """C(T) in seconds (or relative units before anything is measured).
+    def length_scale(self) -> float:
+        """s of the draft-1 prior L / (L + s): the maximum-likelihood fit to the first-draft outcomes (each
+        bucket at its lower edge) plus one accepted and one rejected pseudo-outcome at L = 4."""
+        if self._scale is not None:
+            return self._scale
+        obs = [(4.0, 1.0, 1.0)] + [(float(BUCKET_EDGES[b]), self._acc[b][0], self._rej[b][0])
+                                   for b in range(len(BUCKET_EDGES)) if self._acc[b][0] + self._rej[b][0] > 0]
+        rej = sum(r for _, _, r in obs)
+        s = 4.0
+        for _ in range(20):  # fixed point of d(log-likelihood)/ds = 0: s = sum(rej) / sum(n / (L + s))
+            s = rej / sum((a + r) / (L + s) for L, a, r in obs)
+        self._scale = s
+        return s
 
-        A T measured twice or more is read directly. Otherwise C(T) comes from the line through the Ts measured
-        at least twice (when there are two), else through every measured T (a single measurement of T counts
-        as that only if nothing better exists: one slow window must not set C(T) for a T rarely tried again).
-        """
-        if self._cost_n.get(T, 0) >= 2:
-            return self._cost[T]
-        pts = sorted((t, c) for t, c in self._cost.items() if self._cost_n.get(t, 0) >= 2)
-        if len(pts) < 2:
-            if T in self._cost:
-                return self._cost[T]
-            pts = sorted(self._cost.items())
-        if not pts:
-            return 1.0 + self.slope_prior * (T - 1)
-        if len(pts) == 1:
-            t0, c = pts[0]
-            c0 = c / (1.0 + self.slope_prior * (t0 - 1))
-            return c0 * (1.0 + self.slope_prior * (T - 1))
-        n = len(pts)
-        mx = sum(t for t, _ in pts) / n
-        my = sum(c for _, c in pts) / n
-        sxx = sum((t - mx) ** 2 for t, _ in pts)
-        slope = max(0.0, sum((t - mx) * (c - my) for t, c in pts) / sxx)
-        return max(1e-9, my + slope * (T - mx))
+    def cost(self, T: int) -> float:
+        """C(T) in seconds (WindowCosts)."""
+        return self.costs(T)
 
     # ------------------------------------------------------------------ decisions
     def choose(self, available: int, match_len: int) -> int:
@@ -133,10 +197,11 @@ class LengthController:
             d = 0
         else:
             E = expected_keep(self.acceptance(match_len, available))
+            C = self.costs.table(available + 1)
             best = 1
             for T in range(2, available + 2):
                 # marginal rule between the best shorter window and T: E(T)/C(T) > E(best)/C(best)
-                if E[T - 1] * self.cost(best) > E[best - 1] * self.cost(T):
+                if E[T - 1] * C[best - 1] > E[best - 1] * C[T - 1]:
                     best = T
             d = best - 1
             if d == 0:
@@ -158,6 +223,7 @@ class LengthController:
         if offered <= 0:
             return
         b = bucket_of(max(1, match_len))
+        self._scale = None
         for i in range(min(accepted, offered, self.max_window - 1)):
             self._acc[b][i] += 1
         if accepted < offered and accepted < self.max_window - 1:
@@ -171,14 +237,8 @@ class LengthController:
         for a T that is then rarely chosen would skew the fitted line for the whole request. Past that, the
         first measurement of a T is provisional: the second replaces it rather than averaging with it."""
         self._seen += 1
-        if self._seen <= self.warmup_windows:
-            return
-        n = self._cost_n.get(T, 0)
-        if n <= 1:
-            self._cost[T] = seconds
-        else:
-            self._cost[T] += self.cost_ema * (seconds - self._cost[T])
-        self._cost_n[T] = n + 1
+        if self._seen > self.warmup_windows:
+            self.costs.record(T, seconds)
 
     def observations(self, match_len: int) -> float:
         """Windows observed for this match length's bucket (outcomes of their first draft)."""
@@ -191,7 +251,7 @@ class LengthController:
             "mode": f"fixed T={self.fixed_t}" if self.fixed_t else "marginal E/C",
             "chosen_t_hist": {str(k): v for k, v in sorted(self._chosen.items())},
             "probes": self.probes,
-            "cost_ms": {str(t): round(c * 1e3, 3) for t, c in sorted(self._cost.items())},
+            "cost_ms": self.costs.stats(),
             "acceptance_by_bucket": {bucket_label(b): [round(x, 3) for x in self.acceptance(BUCKET_EDGES[b], 4)]
                                      for b in seen},
         }

@@ -18,7 +18,7 @@ import time
 from typing import Sequence
 
 from ..config import GenerationConfig
-from ..controller import LengthController, expected_keep
+from ..controller import LengthController, WindowCosts, expected_keep, window_costs
 from . import register
 from .suffix import MAX_WINDOW, SuffixDrafter
 
@@ -31,7 +31,7 @@ class MtpDrafter:
 
     needs_mtp = True
 
-    def __init__(self, cfg: GenerationConfig, suffix: SuffixDrafter | None = None):
+    def __init__(self, cfg: GenerationConfig, suffix: SuffixDrafter | None = None, costs: WindowCosts | None = None):
         self.max_drafts = max(0, min(cfg.max_draft, MAX_MTP_DRAFTS))
         self.controller = LengthController(max_window=self.max_drafts + 1, fixed_t=min(cfg.fixed_t, self.max_drafts + 1))
         self.suffix = suffix
@@ -43,7 +43,8 @@ class MtpDrafter:
         self.kept_by_depth = [0] * self.max_drafts
         self.mtp_windows = 0
         self.suffix_windows = 0
-        self.windows = LengthController(max_window=MAX_WINDOW)  # verify-window costs of both drafters
+        # verify-window costs of both drafters (the model's shared table when given)
+        self.windows = LengthController(max_window=MAX_WINDOW, costs=costs if costs is not None else WindowCosts())
         self._step_s = None   # EMA of MTP draft seconds per drafted token
 
     def bind(self, session) -> None:
@@ -130,7 +131,7 @@ class MtpDrafter:
 def _mtp(*, model, cfg: GenerationConfig) -> MtpDrafter:
     if not model.has_mtp:
         raise ValueError(f"--draft mtp: {model.path} has no MTP block (blk.N.nextn.*)")
-    return MtpDrafter(cfg)
+    return MtpDrafter(cfg, costs=window_costs(model))
 
 
 @register("mtp+suffix")
@@ -138,4 +139,4 @@ def _mtp_suffix(*, model, cfg: GenerationConfig) -> MtpDrafter:
     if not model.has_mtp:
         raise ValueError(f"--draft mtp+suffix: {model.path} has no MTP block (blk.N.nextn.*)")
     suffix = SuffixDrafter(cfg, LengthController(max_window=MAX_WINDOW, fixed_t=cfg.fixed_t), max_window=MAX_WINDOW)
-    return MtpDrafter(cfg, suffix)
+    return MtpDrafter(cfg, suffix, costs=window_costs(model))

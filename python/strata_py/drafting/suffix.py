@@ -17,7 +17,7 @@ from typing import Sequence
 
 from .. import _core
 from ..config import GenerationConfig
-from ..controller import BUCKET_EDGES, LengthController, bucket_label, bucket_of
+from ..controller import BUCKET_EDGES, LengthController, bucket_label, bucket_of, window_costs
 from . import register
 
 MAX_MATCH = 64       # backward extension bound (tokens)
@@ -170,5 +170,5 @@ def _suffix(*, model, cfg: GenerationConfig) -> SuffixDrafter:
 
 @register("auto")
 def _auto(*, model, cfg: GenerationConfig) -> SuffixDrafter:
-    return SuffixDrafter(cfg, LengthController(max_window=MAX_WINDOW, fixed_t=cfg.fixed_t),
+    return SuffixDrafter(cfg, LengthController(max_window=MAX_WINDOW, fixed_t=cfg.fixed_t, costs=window_costs(model)),
                          global_tokens=_global_tokens(cfg), max_window=MAX_WINDOW)
