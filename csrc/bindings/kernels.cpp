@@ -112,6 +112,7 @@ void init_kernels(nb::module_& m) {
           if (name == "silu_mul") ops.silu_mul(a.data(), y.data(), n);
           else if (name == "mul_silu") ops.mul_silu(a.data(), y.data(), n);
           else if (name == "mul_sigmoid") ops.mul_sigmoid(a.data(), y.data(), n);
+          else if (name == "axpy") ops.axpy(a.data(), y.data(), 0.7f, n);  // x + 0.7 * y
           else fail<std::invalid_argument>("rowop: unknown function '", name, "'");
         }
         return a;

@@ -14,6 +14,8 @@ void mul_silu(float* y, const float* z, int64_t n);
 void mul_sigmoid(float* o, const float* g, int64_t n);
 // x <- exp(x - m); returns nothing (callers sum in their own order)
 void exp_shift(float* x, float m, int64_t n);
+// y <- y + a * x   (a multiply, then an add: never fused)
+void axpy(float* y, const float* x, float a, int64_t n);
 // Causal depthwise conv + SiLU over T rows for n channels: out[t][c] = silu(sum_j w_t[j][c] * hist[t + j][c]),
 // j = 0..K-1 in increasing order from 0. hist is [K-1+T][ld], w_t the taps transposed to [K][ld], out [T][ld];
 // columns c < n are computed (pass pointers offset to a channel range).
@@ -30,6 +32,7 @@ struct RowOps {
   void (*mul_silu)(float*, const float*, int64_t);
   void (*mul_sigmoid)(float*, const float*, int64_t);
   void (*exp_shift)(float*, float, int64_t);
+  void (*axpy)(float*, const float*, float, int64_t);
   void (*causal_conv_silu)(const float*, const float*, int, int64_t, int64_t, int, float*);
 };
 const RowOps& rowops_base();

@@ -45,6 +45,9 @@ void mul_sigmoid_impl(float* o, const float* g, int64_t n) {
 void exp_shift_impl(float* x, float m, int64_t n) {
   for (int64_t i = 0; i < n; i++) x[i] = exp_inl(x[i] - m);
 }
+void axpy_impl(float* y, const float* x, float a, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = y[i] + a * x[i];
+}
 void causal_conv_silu_impl(const float* hist, const float* w_t, int T, int64_t n, int64_t ld, int K, float* out) {
   for (int t = 0; t < T; t++) {
     float* o = out + (int64_t)t * ld;
@@ -59,7 +62,7 @@ void causal_conv_silu_impl(const float* hist, const float* w_t, int T, int64_t n
 }
 
 constexpr RowOps kRowOps{silu_inplace_impl, silu_mul_impl, mul_silu_impl, mul_sigmoid_impl, exp_shift_impl,
-                         causal_conv_silu_impl};
+                         axpy_impl, causal_conv_silu_impl};
 
 }  // namespace
 }  // namespace strata

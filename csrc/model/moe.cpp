@@ -18,14 +18,14 @@ namespace strata {
 
 namespace {
 
-// One expert's SwiGLU over its gathered rows; the experts of a window run as one job list so the pool is
-// woken twice per layer (gate+up, then down) instead of three times per expert.
+// One expert's SwiGLU over its rows (the routed experts' gathered rows, or every row for the shared expert).
 struct ExpertJob {
   MatView gate, up, down;
-  const float* x;  // [n][H] gathered rows
+  const float* x;  // [n][H] (one row: read in place)
   int n;
-  float* act;      // [n][F]
+  float* act;      // [n][F], F = gate.rows
   float* out;      // [n][H]
+  bool split = false;  // rows divided among the threads (the shared expert); else the job goes to one thread
 };
 
 // rows [r0, r1) of W for all n rows of x (passes of at most kMaxRowsPerPass)
@@ -36,44 +36,68 @@ void rows_all(const MatView& W, const float* x, int64_t ldx, int n, float* y, in
   }
 }
 
+// Every job's SwiGLU in two parallel regions:
+//   (1) for each of a job's F rows r: gate row r and up row r, then silu(gate) * up on the act column r;
+//   (2) the down projection.
+// Jobs marked `split` (the shared expert: all T rows) are divided row-wise among the threads; the others
+// (routed experts, one or a few rows each) go whole to one thread, in contiguous runs of about equal cost
+// (a job of n rows ~ 3 + n: its decode, then n multiply-adds per weight). So both cores stream expert bytes
+// and both do the shared expert's arithmetic: a split by whole jobs alone leaves one core with the
+// memory-bound experts, and splitting every job costs twice the kernel calls.
 void run_experts(ThreadPool& pool, std::vector<ExpertJob>& jobs, int64_t H) {
   if (jobs.empty()) return;
-  const int64_t F = jobs[0].gate.rows;
-  // gate and up: global row g = job * 2F + (0..F-1 gate | F..2F-1 up)
-  thread_local FBuf upbuf;
+  // thread_local buffers are per thread: the workers get references to the calling thread's
+  thread_local FBuf upbuf_tl;
+  thread_local std::vector<float*> ups_tl;
+  thread_local std::vector<size_t> owner_tl;  // owner_tl[p] .. owner_tl[p+1]: the whole jobs of thread p
+  FBuf& upbuf = upbuf_tl;
+  std::vector<float*>& ups = ups_tl;
+  std::vector<size_t>& owner = owner_tl;
   int64_t total_act = 0;
-  for (auto& j : jobs) total_act += (int64_t)j.n * F;
+  for (auto& j : jobs) total_act += (int64_t)j.n * j.gate.rows;
   upbuf.resize((size_t)total_act);
-  std::vector<float*> ups(jobs.size());
-  {
-    float* p = upbuf.data();
-    for (size_t i = 0; i < jobs.size(); i++) {
-      ups[i] = p;
-      p += (size_t)jobs[i].n * F;
-    }
+  ups.resize(jobs.size());
+  for (size_t q = 0, o = 0; q < jobs.size(); o += (size_t)jobs[q].n * jobs[q].gate.rows, q++) ups[q] = upbuf.data() + o;
+  const int parts = pool.size();
+  double total = 0;
+  for (auto& j : jobs) total += j.split ? 0 : 3 + j.n;
+  owner.assign(parts + 1, jobs.size());
+  owner[0] = 0;
+  double acc = 0;
+  for (size_t q = 0, p = 1; q < jobs.size() && p < (size_t)parts; q++) {
+    if (jobs[q].split) continue;
+    const double c = 3 + jobs[q].n;
+    while (p < (size_t)parts && acc + c / 2 >= total * p / parts) owner[p++] = q;
+    acc += c;
   }
-  const int64_t per = 2 * F;
-  pool.parallel_for((int64_t)jobs.size() * per, [&](int64_t b, int64_t e, int) {
-    for (int64_t g = b; g < e;) {
-      const int64_t j = g / per, r = g % per;
-      const int64_t end = std::min(e, (j + 1) * per);
-      const int64_t r_end = r + (end - g);
-      ExpertJob& J = jobs[j];
-      if (r < F) rows_all(J.gate, J.x, H, J.n, J.act, F, r, std::min(r_end, F));
-      if (r_end > F) rows_all(J.up, J.x, H, J.n, ups[j], F, std::max(r, F) - F, r_end - F);
-      g = end;
-    }
-  });
-  for (size_t i = 0; i < jobs.size(); i++)
-    silu_mul(jobs[i].act, ups[i], (int64_t)jobs[i].n * F);
-  pool.parallel_for((int64_t)jobs.size() * H, [&](int64_t b, int64_t e, int) {
-    for (int64_t g = b; g < e;) {
-      const int64_t j = g / H, r = g % H;
-      const int64_t end = std::min(e, (j + 1) * H);
-      rows_all(jobs[j].down, jobs[j].act, F, jobs[j].n, jobs[j].out, H, r, r + (end - g));
-      g = end;
-    }
-  });
+  auto gate_up = [&](size_t q, int64_t r0, int64_t r1) {
+    const ExpertJob& J = jobs[q];
+    const int64_t F = J.gate.rows;
+    rows_all(J.gate, J.x, H, J.n, J.act, F, r0, r1);
+    rows_all(J.up, J.x, H, J.n, ups[q], F, r0, r1);
+    for (int t = 0; t < J.n; t++) silu_mul(J.act + t * F + r0, ups[q] + t * F + r0, r1 - r0);
+  };
+  auto down = [&](size_t q, int64_t r0, int64_t r1) {
+    const ExpertJob& J = jobs[q];
+    rows_all(J.down, J.act, J.gate.rows, J.n, J.out, H, r0, r1);
+  };
+  auto region = [&](auto&& fn, bool is_down) {
+    pool.parallel_for(parts, [&](int64_t pb, int64_t pe, int) {
+      for (int64_t p = pb; p < pe; p++)
+        for (size_t q = 0; q < jobs.size(); q++) {
+          const int64_t R = is_down ? H : jobs[q].gate.rows;
+          if (jobs[q].split) {
+            int64_t r0, r1;
+            ThreadPool::chunk(R, parts, (int)p, &r0, &r1);
+            if (r0 < r1) fn(q, r0, r1);
+          } else if (q >= owner[p] && q < owner[p + 1]) {
+            fn(q, 0, R);
+          }
+        }
+    });
+  };
+  region(gate_up, false);
+  region(down, true);
 }
 
 // Cache-aware routing (MoCE, engine spec 6), APPROXIMATE: the natural top-`protect` stay; the other slots
@@ -114,7 +138,7 @@ void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float
   ThreadPool& pool = m.pool();
   ExpertStream* es = m.experts();                 // null: every expert is in the mapping
   const int layer = es ? es->layer_of(&w) : -1;  // -1: not streamed (also the MTP block)
-  thread_local FBuf logits, slot_out, xg, yg, sh;
+  thread_local FBuf logits, xg, yg, sh;
   logits.resize((size_t)T * E);
   MatView router{reinterpret_cast<const uint8_t*>(w.gate_inp.data()), GGML_F32, E, H, (size_t)H * sizeof(float)};
   matmul(pool, router, x, H, T, logits.data(), E);  // [T][E]
@@ -127,18 +151,18 @@ void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float
     es->cache().resident_mask(es->key(layer, 0), (int)E, resident.data());
   }
   uint64_t moce_changed = 0;
-  std::vector<int32_t> sel((size_t)T * k);
-  std::vector<float> wt((size_t)T * k);
-  std::vector<int32_t> idx(E);
+  thread_local std::vector<int32_t> sel, idx;
+  thread_local FBuf wt;
+  sel.resize((size_t)T * k);
+  wt.resize((size_t)T * k);
+  idx.resize(E);
   for (int t = 0; t < T; t++) {
     float* l = logits.data() + (size_t)t * E;
     float mx = l[0];
     for (int64_t e = 1; e < E; e++) mx = std::max(mx, l[e]);
+    exp_shift(l, mx, E);
     float sum = 0.f;
-    for (int64_t e = 0; e < E; e++) {
-      l[e] = std::exp(l[e] - mx);
-      sum += l[e];
-    }
+    for (int64_t e = 0; e < E; e++) sum += l[e];
     for (int64_t e = 0; e < E; e++) l[e] = l[e] / sum;
     std::iota(idx.begin(), idx.end(), 0);
     std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
@@ -159,46 +183,55 @@ void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float
   if (moce) es->note_moce(moce_changed, (uint64_t)T);
 
   // experts: the union over rows, each expert run once over the rows that chose it (+ the shared expert
-  // over all rows), as one job list
-  const int64_t F = hp.n_ff_exp;
-  slot_out.resize((size_t)T * k * H);
-  xg.resize((size_t)T * k * H);
-  yg.resize((size_t)T * k * F);
-  std::vector<int32_t> order((size_t)T * k);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return sel[a] < sel[b]; });
-  std::vector<ExpertJob> jobs;
-  std::vector<int32_t> uni;                       // the union, ascending; jobs[q] runs expert uni[q]
-  std::vector<std::pair<size_t, int>> job_slots;  // (first index into order, n)
-  for (size_t i = 0; i < order.size();) {
-    const int32_t e = sel[order[i]];
-    size_t j = i;
-    for (; j < order.size() && sel[order[j]] == e; j++)
-      std::memcpy(xg.data() + j * H, x + (size_t)(order[j] / k) * H, H * sizeof(float));
-    jobs.push_back({{}, {}, {}, xg.data() + i * H, (int)(j - i), yg.data() + i * F, nullptr});
-    uni.push_back(e);
-    job_slots.push_back({i, (int)(j - i)});
-    i = j;
+  // over all rows), as one job list. The slots (row t, rank j) = t * k + j sorted by expert, stably (a
+  // counting sort); a job with several rows gathers them into xg, a job with one reads it in place; each
+  // job's outputs land contiguously in ygather, slot i's at row pos[i].
+  const int64_t F = hp.n_ff_exp, S = (int64_t)T * k;
+  thread_local std::vector<int32_t> order, pos, first;
+  order.resize(S);
+  pos.resize(S);
+  first.assign(E + 1, 0);
+  for (int64_t i = 0; i < S; i++) first[sel[i] + 1]++;
+  for (int64_t e = 0; e < E; e++) first[e + 1] += first[e];
+  for (int64_t i = 0; i < S; i++) {
+    pos[i] = first[sel[i]]++;
+    order[pos[i]] = (int32_t)i;
   }
   thread_local FBuf ygather, sh_act;
-  ygather.resize((size_t)T * k * H);
-  for (size_t q = 0; q < jobs.size(); q++) jobs[q].out = ygather.data() + job_slots[q].first * H;
-  std::vector<ExpertJob> shared;  // the shared expert joins the first batch when its shape matches
+  xg.resize((size_t)S * H);
+  yg.resize((size_t)S * F);
+  ygather.resize((size_t)S * H);
+  thread_local std::vector<ExpertJob> jobs;
+  thread_local std::vector<int32_t> uni;  // the union, ascending; jobs[q] runs expert uni[q]
+  jobs.clear();
+  uni.clear();
+  for (int64_t i = 0; i < S;) {
+    const int32_t e = sel[order[i]];
+    int64_t j = i + 1;
+    while (j < S && sel[order[j]] == e) j++;
+    const float* xj = x + (size_t)(order[i] / k) * H;
+    if (j - i > 1) {
+      for (int64_t r = i; r < j; r++) std::memcpy(xg.data() + r * H, x + (size_t)(order[r] / k) * H, H * sizeof(float));
+      xj = xg.data() + i * H;
+    }
+    jobs.push_back({{}, {}, {}, xj, (int)(j - i), yg.data() + i * F, ygather.data() + i * H});
+    uni.push_back(e);
+    i = j;
+  }
+  ExpertJob shared{};  // the shared expert (all T rows) joins the first batch
   if (w.has_shexp) {
     sh.resize((size_t)T * H);
     sh_act.resize((size_t)T * hp.n_ff_shexp);
-    shared.push_back({w.gate_shexp, w.up_shexp, w.down_shexp, x, T, sh_act.data(), sh.data()});
+    shared = {w.gate_shexp, w.up_shexp, w.down_shexp, x, T, sh_act.data(), sh.data(), true};
   }
-  const bool shared_joins = w.has_shexp && hp.n_ff_shexp == F;
   if (layer < 0) {
     for (size_t q = 0; q < jobs.size(); q++) {
       jobs[q].gate = w.gate_exps.expert(uni[q]);
       jobs[q].up = w.up_exps.expert(uni[q]);
       jobs[q].down = w.down_exps.expert(uni[q]);
     }
-    if (shared_joins) jobs.push_back(shared[0]);
+    if (w.has_shexp) jobs.push_back(shared);
     run_experts(pool, jobs, H);
-    if (w.has_shexp && !shared_joins) run_experts(pool, shared, H);
   } else {
     // streamed (expert_stream.h): pin the union, compute the shared and resident experts while the missing
     // ones are read, then each batch that has arrived; a union larger than the cache goes in groups
@@ -210,7 +243,8 @@ void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float
       const int g1 = std::min(U, g0 + cap);
       ExpertStream::Pins pins(*es, layer, uni.data() + g0, g1 - g0);
       if (groups == 1) es->prefetch(pool, layer, x, T);
-      std::vector<ExpertJob> batch;
+      thread_local std::vector<ExpertJob> batch;
+      batch.clear();
       auto add = [&](int i) {
         ExpertJob& J = jobs[g0 + i];
         es->views(layer, uni[g0 + i], pins.slot(i), &J.gate, &J.up, &J.down);
@@ -218,10 +252,7 @@ void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float
       };
       for (int i = 0; i < g1 - g0; i++)
         if (pins.ready(i)) add(i);
-      if (g0 == 0 && w.has_shexp) {
-        if (shared_joins) batch.push_back(shared[0]);
-        else run_experts(pool, shared, H);
-      }
+      if (g0 == 0 && w.has_shexp) batch.push_back(shared);
       run_experts(pool, batch, H);
       while (pins.pending()) {
         batch.clear();
@@ -230,24 +261,15 @@ void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float
       }
     }
   }
-  for (size_t i = 0; i < order.size(); i++)
-    std::memcpy(slot_out.data() + (size_t)order[i] * H, ygather.data() + i * H, H * sizeof(float));
-
   for (int t = 0; t < T; t++) {
     float* o = out + (size_t)t * H;
     for (int64_t i = 0; i < H; i++) o[i] = 0.f;
-    for (int64_t j = 0; j < k; j++) {
-      const float* so = slot_out.data() + ((size_t)t * k + j) * H;
-      const float wj = wt[t * k + j];
-      for (int64_t i = 0; i < H; i++) o[i] += so[i] * wj;
-    }
+    for (int64_t j = 0; j < k; j++) axpy(o, ygather.data() + (size_t)pos[t * k + j] * H, wt[t * k + j], H);
     if (w.has_shexp) {
       float gl = 0.f;
       const float* xt = x + (size_t)t * H;
       for (int64_t i = 0; i < H; i++) gl += w.gate_inp_shexp[i] * xt[i];
-      const float gs = sigmoid(gl);
-      const float* st = sh.data() + (size_t)t * H;
-      for (int64_t i = 0; i < H; i++) o[i] += gs * st[i];
+      axpy(o, sh.data() + (size_t)t * H, sigmoid(gl), H);
     }
   }
 }
