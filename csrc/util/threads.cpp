@@ -12,10 +12,12 @@ namespace strata {
 
 namespace {
 constexpr int kSpinIters = 4000;  // polls before a worker sleeps on the condition variable
-// Poll politely: a few pause instructions, then give the core away, so a loaded machine (more runnable
-// threads than cores) does not starve the thread we are waiting for.
+constexpr int kPauseIters = 1024; // polls with pause only (tens of microseconds: the gap between regions)
+// Poll: pause only at first (a yield is a system call, and the region we wait for usually ends within
+// microseconds), then politely, giving the core away every 16 polls, so that a loaded machine (more
+// runnable threads than cores) does not starve the thread we are waiting for.
 inline void cpu_relax(int i) {
-  if ((i & 15) != 15) _mm_pause();
+  if (i < kPauseIters || (i & 15) != 15) _mm_pause();
   else std::this_thread::yield();
 }
 }  // namespace
@@ -46,14 +48,14 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     return;
   }
   std::lock_guard<std::mutex> call(call_mu_);
-  {
+  job_ = &fn;
+  job_n_ = n;
+  pending_.store(nthreads_ - 1, std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_seq_cst);  // publishes job_ and job_n_ to the workers
+  if (sleeping_.load(std::memory_order_seq_cst) > 0) {
     std::lock_guard<std::mutex> lk(mu_);
-    job_ = &fn;
-    job_n_ = n;
-    pending_.store(nthreads_ - 1, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
+    cv_.notify_all();
   }
-  if (sleeping_.load(std::memory_order_acquire) > 0) cv_.notify_all();
   int64_t b, e;
   chunk(n, nthreads_, 0, &b, &e);
   std::exception_ptr mine;
@@ -79,21 +81,18 @@ void ThreadPool::worker(int idx) {
         cpu_relax(spins);
         continue;
       }
-      std::unique_lock<std::mutex> lk(mu_);
-      sleeping_.fetch_add(1, std::memory_order_acq_rel);
-      cv_.wait(lk, [&] { return stop_.load() || generation_.load() != seen; });
-      sleeping_.fetch_sub(1, std::memory_order_acq_rel);
-      break;
+      sleeping_.fetch_add(1, std::memory_order_seq_cst);
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_.load() || generation_.load(std::memory_order_seq_cst) != seen; });
+      }
+      sleeping_.fetch_sub(1, std::memory_order_seq_cst);
+      spins = 0;
     }
     if (stop_.load()) return;
-    const std::function<void(int64_t, int64_t, int)>* job;
-    int64_t n;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      seen = generation_.load();
-      job = job_;
-      n = job_n_;
-    }
+    seen = generation_.load(std::memory_order_acquire);
+    const std::function<void(int64_t, int64_t, int)>* job = job_;
+    const int64_t n = job_n_;
     int64_t b, e;
     chunk(n, nthreads_, idx, &b, &e);
     try {

@@ -34,8 +34,10 @@ class ThreadPool {
   void worker(int idx);
   int nthreads_;
   std::vector<std::thread> threads_;
-  std::mutex mu_;
+  std::mutex mu_;  // the sleeping workers' condition variable, and error_
   std::condition_variable cv_;
+  // the current job: written by parallel_for before it bumps generation_, read by a worker after it sees the
+  // new generation (no lock on the hot path; the next job is written only after every worker finished)
   const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
   int64_t job_n_ = 0;
   std::atomic<uint64_t> generation_{0};
