@@ -115,6 +115,32 @@ class WindowCosts:
         return {str(t): round(c * 1e3, 3) for t, c in sorted(self._cost.items())}
 
 
+class DraftedCosts:
+    """C(T) of a window whose T - 1 drafts a model-based drafter produced: the shared verify-window table plus
+    `drafting(T)` seconds (0 for T = 1). The drafter records verify times into that table itself, so record()
+    only counts; and a T = 1 step has no drafting, so C(1) is the plain step every request measures, not a
+    point extrapolated from the drafted windows' line."""
+
+    def __init__(self, verify: WindowCosts, drafting):
+        self.verify, self.drafting = verify, drafting
+
+    def record(self, T: int, seconds: float) -> None:
+        pass
+
+    @property
+    def samples(self) -> int:
+        return self.verify.samples
+
+    def table(self, n: int) -> list[float]:
+        return [c + (self.drafting(T) if T > 1 else 0.0) for T, c in enumerate(self.verify.table(n), 1)]
+
+    def __call__(self, T: int) -> float:
+        return self.table(T)[T - 1]
+
+    def stats(self, n: int = 4) -> dict:
+        return {str(T): round(c * 1e3, 3) for T, c in enumerate(self.table(n), 1)}
+
+
 def window_costs(model) -> WindowCosts:
     """The C(T) table shared by every request on this loaded model (created on first use)."""
     if model is None:

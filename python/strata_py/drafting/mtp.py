@@ -18,7 +18,7 @@ import time
 from typing import Sequence
 
 from ..config import GenerationConfig
-from ..controller import LengthController, WindowCosts, expected_keep, window_costs
+from ..controller import DraftedCosts, LengthController, WindowCosts, expected_keep, window_costs
 from . import register
 from .suffix import MAX_WINDOW, SuffixDrafter
 
@@ -33,7 +33,11 @@ class MtpDrafter:
 
     def __init__(self, cfg: GenerationConfig, suffix: SuffixDrafter | None = None, costs: WindowCosts | None = None):
         self.max_drafts = max(0, min(cfg.max_draft, MAX_MTP_DRAFTS))
-        self.controller = LengthController(max_window=self.max_drafts + 1, fixed_t=min(cfg.fixed_t, self.max_drafts + 1))
+        # verify-window costs of both drafters (the model's shared table when given)
+        self.windows = LengthController(max_window=MAX_WINDOW, costs=costs if costs is not None else WindowCosts())
+        # k: a window of k drafts costs C(k + 1) from that table plus the MTP block's work for it
+        self.controller = LengthController(max_window=self.max_drafts + 1, fixed_t=min(cfg.fixed_t, self.max_drafts + 1),
+                                           costs=DraftedCosts(self.windows.costs, self.drafting_s))
         self.suffix = suffix
         self.session = None
         self._used = None          # "mtp" | "suffix" | None for the pending window
@@ -43,9 +47,7 @@ class MtpDrafter:
         self.kept_by_depth = [0] * self.max_drafts
         self.mtp_windows = 0
         self.suffix_windows = 0
-        # verify-window costs of both drafters (the model's shared table when given)
-        self.windows = LengthController(max_window=MAX_WINDOW, costs=costs if costs is not None else WindowCosts())
-        self._step_s = None   # EMA of MTP draft seconds per drafted token
+        self._row_s = None    # EMA of mtp_draft seconds per row it ran through the block (backlog + drafts)
 
     def bind(self, session) -> None:
         if not session._core.mtp:
@@ -68,10 +70,11 @@ class MtpDrafter:
                 self.suffix.withdraw()
         drafts: list[int] = []
         if k > 0 and self.session.position > 0:  # the block drafts from committed rows
+            backlog = self.session.position - self.session._core.mtp_position
             t1 = time.perf_counter()
             drafts = self.session.mtp_draft(int(context[-1]), k)
-            step = (time.perf_counter() - t1) / k
-            self._step_s = step if self._step_s is None else self._step_s + 0.2 * (step - self._step_s)
+            row = (time.perf_counter() - t1) / (backlog + k)
+            self._row_s = row if self._row_s is None else self._row_s + 0.2 * (row - self._row_s)
             self._used = "mtp"
         self._draft_s = time.perf_counter() - t0
         self.draft_s_total += self._draft_s
@@ -84,9 +87,14 @@ class MtpDrafter:
         if ctl is None or k == 0 or ctl.observations(m) < EXPLORE:
             return True
         e_s = expected_keep(ctl.acceptance(m, len(sd)))[-1] / self.windows.cost(len(sd) + 1)
-        c_m = self.windows.cost(k + 1) + k * (self._step_s or 0.0)
+        c_m = self.windows.cost(k + 1) + self.drafting_s(k + 1)
         e_m = expected_keep(self.controller.acceptance(1, k))[-1] / c_m
         return e_s >= e_m
+
+    def drafting_s(self, T: int) -> float:
+        """The MTP block's seconds for a window of T rows when drafting every window: its T - 1 drafts and
+        the rows the window commits (at most T), which the next draft feeds through the block first."""
+        return (self._row_s or 0.0) * (2 * T - 1)
 
     def observe(self, drafts: Sequence[int], accepted: int) -> None:
         if self._used == "suffix":
