@@ -107,7 +107,9 @@ class Session {
   // new root token: feeds the MTP block every committed row it has not seen (hidden state of row t and the
   // token at t+1), then chains k drafts, each from the block's own output hidden state. The MTP KV cache
   // rolls back by counter: only cells of committed rows persist; chain cells are scratch.
-  std::vector<int32_t> mtp_draft(int32_t root, int k);
+  // max_backlog >= 1: a backlog longer than that (no draft for a while) is cut to its last max_backlog rows
+  // first, the older ones left as empty history (drafts only; output never depends on them).
+  std::vector<int32_t> mtp_draft(int32_t root, int k, int64_t max_backlog = -1);
   // The prompt's share of that work, at prefill: feeds the MTP block every committed row whose next token
   // is known (all but the last; mtp_draft feeds that one with its root), without drafting.
   void mtp_prefill();

@@ -165,3 +165,21 @@ def test_mtp_file_that_does_not_fit(hf_mtp, tiny_gguf, tmp_path):
 def test_mtp_file_without_block(tiny_gguf):
     with pytest.raises(ValueError, match="no MTP block"):
         Model.load(tiny_gguf, mtp=tiny_gguf)
+
+
+def test_mtp_draft_resyncs_from_the_last_rows_of_a_long_backlog(tiny_q8_model):
+    # max_backlog: after a long stretch without drafts only the last rows go through the block, the older
+    # become empty history; the position bookkeeping stays exact and the drafts are ordinary drafts
+    s = tiny_q8_model.session(n_ctx=128, mtp=True)
+    s.run(list(range(3, 50)))
+    s.commit(47)
+    d = s.mtp_draft(7, 2, max_backlog=8)
+    assert len(d) == 2 and all(0 <= t < tiny_q8_model.n_vocab for t in d)
+    assert s._core.mtp_position == 47
+    full = tiny_q8_model.session(n_ctx=128, mtp=True)
+    full.run(list(range(3, 50)))
+    full.commit(47)
+    full.mtp_draft(7, 2)
+    assert full._core.mtp_position == 47
+    # the cut changed what the block saw: its logits differ from feeding every row
+    assert not np.array_equal(s._core.mtp_logits(), full._core.mtp_logits())

@@ -344,15 +344,16 @@ void init_model(nb::module_& m) {
       .def("hidden", [](const Session& s) { return to_numpy<float>(s.hidden(), {(size_t)s.hidden_rows(), (size_t)s.hidden_cols()}); })
       .def(
           "mtp_draft",
-          [](Session& s, int32_t root, int k) {
+          [](Session& s, int32_t root, int k, int64_t max_backlog) {
             std::vector<int32_t> d;
             {
               nb::gil_scoped_release rel;
-              d = s.mtp_draft(root, k);
+              d = s.mtp_draft(root, k, max_backlog);
             }
             return d;
           },
-          nb::arg("root"), nb::arg("k"), "After commit: k greedy drafts from the MTP block (see strata.h).")
+          nb::arg("root"), nb::arg("k"), nb::arg("max_backlog") = -1,
+          "After commit: k greedy drafts from the MTP block (see strata.h).")
       .def(
           "mtp_prefill",
           [](Session& s) {

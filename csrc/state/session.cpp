@@ -131,17 +131,29 @@ void Session::commit(int keep) {
   last_T_ = 0;
 }
 
-std::vector<int32_t> Session::mtp_draft(int32_t root, int k) {
+std::vector<int32_t> Session::mtp_draft(int32_t root, int k, int64_t max_backlog) {
   const HParams& hp = model_->hp();
   if (!opt_.mtp) fail<std::logic_error>("mtp_draft(): the session was created without mtp=True");
   if (last_T_ > 0) fail<std::logic_error>("mtp_draft() while a commit is pending");
   STRATA_CHECK(k >= 1 && k <= 16, "mtp_draft(): k = ", k, " outside 1..16");
   STRATA_CHECK(root >= 0 && root < hp.n_vocab, "mtp_draft(): root token ", root, " out of range");
-  const int64_t n = (int64_t)mtp_backlog_tok_.size();
+  int64_t n = (int64_t)mtp_backlog_tok_.size();
   if (n == 0) fail<std::logic_error>("mtp_draft(): no newly committed rows to draft from");
   if (mtp_backlog_tok_.back() < 0) mtp_backlog_tok_.back() = root;
   STRATA_CHECK(mtp_pos_ + n == pos_, "mtp_draft(): MTP state out of step (", mtp_pos_, " + ", n, " != ", pos_, ")");
   const int64_t H = hp.n_embd;
+  if (max_backlog >= 1 && n > max_backlog) {
+    // The drafter has not drafted for a while (it judged drafting not to pay): re-sync from the last
+    // max_backlog rows instead of running the block over all of them for one probe; the older ones become
+    // empty history (zero cells, as after restoring a checkpoint without MTP state).
+    const int64_t skip = n - max_backlog;
+    std::fill(mtp_kv_.k_at(mtp_pos_), mtp_kv_.k_at(mtp_pos_ + skip), 0.f);
+    std::fill(mtp_kv_.v_at(mtp_pos_), mtp_kv_.v_at(mtp_pos_ + skip), 0.f);
+    mtp_backlog_h_.erase(mtp_backlog_h_.begin(), mtp_backlog_h_.begin() + (size_t)skip * H);
+    mtp_backlog_tok_.erase(mtp_backlog_tok_.begin(), mtp_backlog_tok_.begin() + skip);
+    mtp_pos_ += skip;
+    n -= skip;
+  }
   std::vector<float> logits(hp.n_vocab);
   auto best = [&]() {
     const int32_t b = argmax(logits.data(), hp.n_vocab);

@@ -213,7 +213,7 @@ class Session:
 
     def hidden(self) -> NDArray[numpy.float32]: ...
 
-    def mtp_draft(self, root: int, k: int) -> list[int]:
+    def mtp_draft(self, root: int, k: int, max_backlog: int = -1) -> list[int]:
         """After commit: k greedy drafts from the MTP block (see strata.h)."""
 
     def mtp_prefill(self) -> None:

@@ -72,8 +72,10 @@ class WindowCosts:
     spike: float = 1.5             # a sample above spike x the estimate counts as spike x the estimate
     _cost: dict = field(default_factory=dict, repr=False)  # T -> EMA seconds
     _n: dict = field(default_factory=dict, repr=False)     # T -> samples
+    _fit: tuple | None = field(default=None, repr=False)   # (direct, c0, slope, mx) until the next record()
 
     def record(self, T: int, seconds: float) -> None:
+        self._fit = None
         n = self._n.get(T, 0)
         if n <= 1:
             self._cost[T] = seconds  # the first sample only stands in until the second
@@ -91,48 +93,58 @@ class WindowCosts:
         return self.table(T)[T - 1]
 
     def table(self, n: int) -> list[float]:
-        """[C(1), ..., C(n)], one fit for all of them."""
+        """[C(1), ..., C(n)], from one fit (kept until the next record())."""
+        if self._fit is None:
+            self._fit = self._line()
+        direct, c0, slope, mx = self._fit
+        return [self._cost[T] if direct and T in self._cost else max(1e-9, c0 + slope * (T - mx))
+                for T in range(1, n + 1)]
+
+    def _line(self) -> tuple:
         pts = [(t, c, min(self._n[t], 8)) for t, c in sorted(self._cost.items()) if self._n[t] >= 2]
         direct = len(pts) < 2  # measured Ts are read directly until two are measured twice
         if direct:
             pts = [(t, c, 1) for t, c in sorted(self._cost.items())]
         if not pts:
-            c0, slope, mx = 1.0, self.slope_prior, 1.0
-        elif len(pts) == 1:
+            return direct, 1.0, self.slope_prior, 1.0
+        if len(pts) == 1:
             t0, c, _ = pts[0]
             c0 = c / (1.0 + self.slope_prior * (t0 - 1))
-            c0, slope, mx = c0, c0 * self.slope_prior, 1.0
-        else:
-            w = sum(wt for _, _, wt in pts)
-            mx = sum(t * wt for t, _, wt in pts) / w
-            c0 = sum(c * wt for _, c, wt in pts) / w
-            sxx = sum(wt * (t - mx) ** 2 for t, _, wt in pts)
-            slope = max(0.0, sum(wt * (t - mx) * (c - c0) for t, c, wt in pts) / sxx)
-        return [self._cost[T] if direct and T in self._cost else max(1e-9, c0 + slope * (T - mx))
-                for T in range(1, n + 1)]
+            return direct, c0, c0 * self.slope_prior, 1.0
+        w = sum(wt for _, _, wt in pts)
+        mx = sum(t * wt for t, _, wt in pts) / w
+        c0 = sum(c * wt for _, c, wt in pts) / w
+        sxx = sum(wt * (t - mx) ** 2 for t, _, wt in pts)
+        return direct, c0, max(0.0, sum(wt * (t - mx) * (c - c0) for t, c, wt in pts) / sxx), mx
 
     def stats(self) -> dict:
         return {str(t): round(c * 1e3, 3) for t, c in sorted(self._cost.items())}
 
 
 class DraftedCosts:
-    """C(T) of a window whose T - 1 drafts a model-based drafter produced: the shared verify-window table plus
-    `drafting(T)` seconds (0 for T = 1). The drafter records verify times into that table itself, so record()
-    only counts; and a T = 1 step has no drafting, so C(1) is the plain step every request measures, not a
-    point extrapolated from the drafted windows' line."""
+    """C(T) for a model-based drafter's controller. T = 1 has no drafting: the plain step of the shared
+    verify-window table, which every request measures (not a point extrapolated from the drafted windows'
+    line). T > 1: the drafted windows' own measured seconds, drafting included (its own WindowCosts over
+    T > 1: the draft also slows the window after it, through the caches it takes), and until there are any,
+    the shared table's C(T) plus `drafting(T)`."""
 
     def __init__(self, verify: WindowCosts, drafting):
         self.verify, self.drafting = verify, drafting
+        self.own = WindowCosts()
 
     def record(self, T: int, seconds: float) -> None:
-        pass
+        if T > 1:
+            self.own.record(T, seconds)
 
     @property
     def samples(self) -> int:
-        return self.verify.samples
+        return self.own.samples
 
     def table(self, n: int) -> list[float]:
-        return [c + (self.drafting(T) if T > 1 else 0.0) for T, c in enumerate(self.verify.table(n), 1)]
+        base = self.verify.table(n)
+        if self.own.samples == 0:
+            return [base[0]] + [c + self.drafting(T) for T, c in enumerate(base[1:], 2)]
+        return [base[0]] + self.own.table(n)[1:]
 
     def __call__(self, T: int) -> float:
         return self.table(T)[T - 1]
@@ -164,6 +176,7 @@ class LengthController:
     _rej: list = field(default_factory=list, repr=False)   # [bucket][pos] rejected counts
     _chosen: dict = field(default_factory=dict, repr=False)
     _scale: float | None = field(default=None, repr=False)  # length_scale() until the next observe()
+    _acc_memo: dict = field(default_factory=dict, repr=False)  # acceptance() until the next observe()
     _idle: int = 0
     _probe_gap: int = 0            # T = 1 windows before the next probe (0: probe_every; doubles while idle)
     _seen: int = 0                 # windows recorded so far (warm-up ones included)
@@ -180,7 +193,13 @@ class LengthController:
 
     # ------------------------------------------------------------------ estimates
     def acceptance(self, match_len: int, n: int | None = None) -> list[float]:
-        """Posterior-mean a_1..a_n for a match of this length."""
+        """Posterior-mean a_1..a_n for a match of this length (kept until the next observe())."""
+        key = (match_len, n)
+        if key not in self._acc_memo:
+            self._acc_memo[key] = self._acceptance(match_len, n)
+        return self._acc_memo[key]
+
+    def _acceptance(self, match_len: int, n: int | None) -> list[float]:
         L = max(1, match_len)
         b = bucket_of(L)
         n = self.max_window - 1 if n is None else min(n, self.max_window - 1)
@@ -250,6 +269,7 @@ class LengthController:
             return
         b = bucket_of(max(1, match_len))
         self._scale = None
+        self._acc_memo.clear()
         for i in range(min(accepted, offered, self.max_window - 1)):
             self._acc[b][i] += 1
         if accepted < offered and accepted < self.max_window - 1:

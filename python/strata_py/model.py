@@ -247,9 +247,12 @@ class Session:
         """Make the first `keep` rows of the last run history; the position advances by keep."""
         self._core.commit(int(keep))
 
-    def mtp_draft(self, root: int, k: int) -> list[int]:
-        """After commit: k greedy drafts from the model's MTP block for the positions after `root`."""
-        return self._core.mtp_draft(int(root), int(k))
+    def mtp_draft(self, root: int, k: int, max_backlog: int = -1) -> list[int]:
+        """After commit: k greedy drafts from the model's MTP block for the positions after `root`.
+
+        max_backlog >= 1: if more committed rows than that wait to be fed to the block, only the last
+        max_backlog are (the older ones become empty history for the block: drafts only, never output)."""
+        return self._core.mtp_draft(int(root), int(k), int(max_backlog))
 
     def mtp_prefill(self) -> None:
         """At prefill: feed the MTP block every committed row whose next token is known (no drafts)."""

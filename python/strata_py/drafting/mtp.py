@@ -24,6 +24,9 @@ from .suffix import MAX_WINDOW, SuffixDrafter
 
 MAX_MTP_DRAFTS = 3
 EXPLORE = 2  # suffix windows per match-length bucket before mtp+suffix trusts its acceptance estimate
+# After a stretch without MTP drafts (declined, or suffix windows), the block re-syncs from the last RESYNC
+# committed rows only: a probe then costs RESYNC rows of the block, not the whole stretch.
+RESYNC = 8
 
 
 class MtpDrafter:
@@ -70,9 +73,9 @@ class MtpDrafter:
                 self.suffix.withdraw()
         drafts: list[int] = []
         if k > 0 and self.session.position > 0:  # the block drafts from committed rows
-            backlog = self.session.position - self.session._core.mtp_position
+            backlog = min(self.session.position - self.session._core.mtp_position, RESYNC)
             t1 = time.perf_counter()
-            drafts = self.session.mtp_draft(int(context[-1]), k)
+            drafts = self.session.mtp_draft(int(context[-1]), k, max_backlog=RESYNC)
             row = (time.perf_counter() - t1) / (backlog + k)
             self._row_s = row if self._row_s is None else self._row_s + 0.2 * (row - self._row_s)
             self._used = "mtp"
