@@ -128,9 +128,9 @@ class DraftedCosts:
     T > 1: the draft also slows the window after it, through the caches it takes), and until there are any,
     the shared table's C(T) plus `drafting(T)`."""
 
-    def __init__(self, verify: WindowCosts, drafting):
+    def __init__(self, verify: WindowCosts, drafting, own: WindowCosts | None = None):
         self.verify, self.drafting = verify, drafting
-        self.own = WindowCosts()
+        self.own = own if own is not None else WindowCosts()
 
     def record(self, T: int, seconds: float) -> None:
         if T > 1:

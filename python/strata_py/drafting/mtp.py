@@ -29,18 +29,44 @@ EXPLORE = 2  # suffix windows per match-length bucket before mtp+suffix trusts i
 RESYNC = 8
 
 
+class MtpCosts:
+    """What MTP drafting costs on one loaded model, shared by its requests (like window_costs(model)): the
+    drafted windows' measured seconds (verify + drafting) and the block's seconds per row."""
+
+    def __init__(self):
+        self.drafted = WindowCosts()
+        self.row_s: float | None = None
+
+    def record_row(self, seconds: float) -> None:
+        self.row_s = seconds if self.row_s is None else self.row_s + 0.2 * (seconds - self.row_s)
+
+
+def mtp_costs(model) -> MtpCosts:
+    """The model's MtpCosts (created on first use; a fresh one without a model)."""
+    if model is None:
+        return MtpCosts()
+    costs = getattr(model, "_mtp_costs", None)
+    if costs is None:
+        costs = model._mtp_costs = MtpCosts()
+    return costs
+
+
 class MtpDrafter:
     """A Proposer that needs an MTP-enabled session: generate_ids() calls bind(session) after prefill."""
 
     needs_mtp = True
 
-    def __init__(self, cfg: GenerationConfig, suffix: SuffixDrafter | None = None, costs: WindowCosts | None = None):
+    def __init__(self, cfg: GenerationConfig, suffix: SuffixDrafter | None = None, costs: WindowCosts | None = None,
+                 mtp: MtpCosts | None = None):
         self.max_drafts = max(0, min(cfg.max_draft, MAX_MTP_DRAFTS))
+        self.mtp = mtp if mtp is not None else MtpCosts()
         # verify-window costs of both drafters (the model's shared table when given)
         self.windows = LengthController(max_window=MAX_WINDOW, costs=costs if costs is not None else WindowCosts())
         # k: a window of k drafts costs C(k + 1) from that table plus the MTP block's work for it
+        # (MTP's acceptance hardly moves within a request, unlike a suffix match's: probe 4x less often)
         self.controller = LengthController(max_window=self.max_drafts + 1, fixed_t=min(cfg.fixed_t, self.max_drafts + 1),
-                                           costs=DraftedCosts(self.windows.costs, self.drafting_s))
+                                           costs=DraftedCosts(self.windows.costs, self.drafting_s, self.mtp.drafted),
+                                           probe_every=32)
         self.suffix = suffix
         self.session = None
         self._used = None          # "mtp" | "suffix" | None for the pending window
@@ -50,7 +76,6 @@ class MtpDrafter:
         self.kept_by_depth = [0] * self.max_drafts
         self.mtp_windows = 0
         self.suffix_windows = 0
-        self._row_s = None    # EMA of mtp_draft seconds per row it ran through the block (backlog + drafts)
 
     def bind(self, session) -> None:
         if not session._core.mtp:
@@ -77,7 +102,7 @@ class MtpDrafter:
             t1 = time.perf_counter()
             drafts = self.session.mtp_draft(int(context[-1]), k, max_backlog=RESYNC)
             row = (time.perf_counter() - t1) / (backlog + k)
-            self._row_s = row if self._row_s is None else self._row_s + 0.2 * (row - self._row_s)
+            self.mtp.record_row(row)
             self._used = "mtp"
         self._draft_s = time.perf_counter() - t0
         self.draft_s_total += self._draft_s
@@ -97,7 +122,7 @@ class MtpDrafter:
     def drafting_s(self, T: int) -> float:
         """The MTP block's seconds for a window of T rows when drafting every window: its T - 1 drafts and
         the rows the window commits (at most T), which the next draft feeds through the block first."""
-        return (self._row_s or 0.0) * (2 * T - 1)
+        return (self.mtp.row_s or 0.0) * (2 * T - 1)
 
     def observe(self, drafts: Sequence[int], accepted: int) -> None:
         if self._used == "suffix":
@@ -142,7 +167,7 @@ class MtpDrafter:
 def _mtp(*, model, cfg: GenerationConfig) -> MtpDrafter:
     if not model.has_mtp:
         raise ValueError(f"--draft mtp: {model.path} has no MTP block (blk.N.nextn.*)")
-    return MtpDrafter(cfg, costs=window_costs(model))
+    return MtpDrafter(cfg, costs=window_costs(model), mtp=mtp_costs(model))
 
 
 @register("mtp+suffix")
@@ -150,4 +175,4 @@ def _mtp_suffix(*, model, cfg: GenerationConfig) -> MtpDrafter:
     if not model.has_mtp:
         raise ValueError(f"--draft mtp+suffix: {model.path} has no MTP block (blk.N.nextn.*)")
     suffix = SuffixDrafter(cfg, LengthController(max_window=MAX_WINDOW, fixed_t=cfg.fixed_t), max_window=MAX_WINDOW)
-    return MtpDrafter(cfg, suffix, costs=window_costs(model))
+    return MtpDrafter(cfg, suffix, costs=window_costs(model), mtp=mtp_costs(model))
