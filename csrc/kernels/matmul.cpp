@@ -23,6 +23,11 @@ bool g_vnni = [] {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512vnni") != 0;
 }();
+bool g_vbmi = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vbmi") != 0 && __builtin_cpu_supports("avx512vnni") != 0;
+}();
+bool g_vbmi_on = true;
 Isa g_active = g_best;
 }  // namespace
 
@@ -43,10 +48,14 @@ void force_isa(Isa isa) {
 }
 
 bool cpu_has_avx512vnni() { return g_vnni; }
+bool cpu_has_avx512vbmi() { return g_vbmi; }
+void allow_vbmi(bool on) { g_vbmi_on = on; }
 
 RowsFn rows_fn(uint32_t type, Isa isa) {
   switch (isa) {
     case Isa::AVX512:
+      if (g_vbmi && g_vbmi_on)
+        if (auto f = rows_fn_kq_avx512vbmi(type)) return f;
       if (auto f = rows_fn_kq_avx512(type)) return f;
       if (auto f = rows_fn_avx512(type)) return f;
       [[fallthrough]];

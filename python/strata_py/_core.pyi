@@ -19,6 +19,13 @@ def gguf_tensors(path: str) -> list:
 
 def best_isa() -> str: ...
 
+def has_avx512vbmi() -> bool: ...
+
+def allow_vbmi(on: bool) -> None:
+    """
+    Tests: whether the AVX-512 path may use the VBMI kernels (IQ2_XXS); results are the same either way.
+    """
+
 def active_isa() -> str: ...
 
 def force_isa(isa: str) -> None:

@@ -1,0 +1,190 @@
+// The AVX-512 int8-activation kernel template and the weight-block decoders of kquants_avx512.cpp, shared
+// with kquants_avx512vbmi.cpp (the IQ2_XXS decoder that needs AVX-512 VBMI). Internal linkage: each
+// translation unit is built with its own ISA flags and gets its own copy.
+#pragma once
+#include <immintrin.h>
+
+#include "kernels/cpu/kq_common.h"
+#include "kernels/cpu/reduce16.h"
+#include "kernels/matmul.h"
+
+namespace strata {
+namespace {
+
+using namespace kq;
+
+struct DecQ4K {
+  static constexpr int kBytes = 144;
+  static constexpr bool kHasMin = true;
+  static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
+    alignas(16) uint8_t sc[8], m[8];
+    k4_head(b, d, dmin, sc, m);
+    mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)));
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int c = 0; c < 4; c++) {
+      const __m256i by = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
+      const __m256i lo = _mm256_and_si256(by, m4), hi = _mm256_and_si256(_mm256_srli_epi16(by, 4), m4);
+      w[2 * c] = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(lo), _mm512_set1_epi16(sc[2 * c]));
+      w[2 * c + 1] = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(hi), _mm512_set1_epi16(sc[2 * c + 1]));
+    }
+  }
+};
+
+struct DecQ5K {
+  static constexpr int kBytes = 176;
+  static constexpr bool kHasMin = true;
+  static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
+    alignas(16) uint8_t sc[8], m[8];
+    k4_head(b, d, dmin, sc, m);
+    mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)));
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m512i qh = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)));
+    const __m512i one = _mm512_set1_epi16(1);
+    for (int c = 0; c < 4; c++) {
+      const __m256i by = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + 32 * c));
+      const __m256i lo = _mm256_and_si256(by, m4), hi = _mm256_and_si256(_mm256_srli_epi16(by, 4), m4);
+      const int j0 = 2 * c, j1 = 2 * c + 1;
+      __m512i q0 = _mm512_or_si512(_mm512_cvtepu8_epi16(lo),
+                                   _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, j0), one), 4));
+      __m512i q1 = _mm512_or_si512(_mm512_cvtepu8_epi16(hi),
+                                   _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, j1), one), 4));
+      w[j0] = _mm512_mullo_epi16(q0, _mm512_set1_epi16(sc[j0]));
+      w[j1] = _mm512_mullo_epi16(q1, _mm512_set1_epi16(sc[j1]));
+    }
+  }
+};
+
+struct DecQ6K {
+  static constexpr int kBytes = 210;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
+    d = h2f(b + 208);
+    dmin = 0.f;
+    mins = _mm_setzero_si128();
+    const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192))));
+    const __m512i half_idx = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0,
+                                              0, 0, 0, 0, 0, 0, 0, 0);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+    const __m512i k32 = _mm512_set1_epi16(32);
+    for (int h = 0; h < 2; h++) {
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+      for (int k = 0; k < 4; k++) {
+        const int j = 4 * h + k;
+        const __m256i ql = (k & 1) ? ql1 : ql0;
+        const __m256i lo = (k >> 1) ? _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4) : _mm256_and_si256(ql, m4);
+        const __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2), 4);
+        const __m512i q = _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm256_or_si256(lo, hb)), k32);
+        const __m512i s = _mm512_permutexvar_epi16(_mm512_add_epi16(half_idx, _mm512_set1_epi16(2 * j)), sc);
+        w[j] = _mm512_mullo_epi16(q, s);
+      }
+    }
+  }
+};
+
+inline __m256i iq_signed(__m256i g, uint32_t signs) {
+  const __m256i sm = _mm256_set_epi64x((long long)kSignMask[(signs >> 21) & 127], (long long)kSignMask[(signs >> 14) & 127],
+                                       (long long)kSignMask[(signs >> 7) & 127], (long long)kSignMask[signs & 127]);
+  return _mm256_sub_epi8(_mm256_xor_si256(g, sm), sm);
+}
+
+struct DecIQ2XXS {
+  static constexpr int kBytes = 66;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
+    d = h2f(b) * 0.125f;
+    dmin = 0.f;
+    mins = _mm_setzero_si128();
+    for (int ib = 0; ib < 8; ib++) {
+      const uint8_t* q = b + 2 + 8 * ib;
+      const uint32_t aux1 = u32_at(q + 4);
+      const __m256i g = _mm256_set_epi64x((long long)kIq2xxsGrid[q[3]], (long long)kIq2xxsGrid[q[2]],
+                                          (long long)kIq2xxsGrid[q[1]], (long long)kIq2xxsGrid[q[0]]);
+      w[ib] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(iq_signed(g, aux1)), _mm512_set1_epi16((short)(2 * (aux1 >> 28) + 1)));
+    }
+  }
+};
+
+struct DecIQ3XXS {
+  static constexpr int kBytes = 98;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
+    d = h2f(b) * 0.25f;
+    dmin = 0.f;
+    mins = _mm_setzero_si128();
+    for (int ib = 0; ib < 8; ib++) {
+      const uint8_t* q = b + 2 + 8 * ib;
+      const uint32_t aux = u32_at(b + 66 + 4 * ib);
+      const __m256i g = _mm256_set_epi32((int)kIq3xxsGrid[q[7]], (int)kIq3xxsGrid[q[6]], (int)kIq3xxsGrid[q[5]],
+                                         (int)kIq3xxsGrid[q[4]], (int)kIq3xxsGrid[q[3]], (int)kIq3xxsGrid[q[2]],
+                                         (int)kIq3xxsGrid[q[1]], (int)kIq3xxsGrid[q[0]]);
+      w[ib] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(iq_signed(g, aux)), _mm512_set1_epi16((short)(2 * (aux >> 28) + 1)));
+    }
+  }
+};
+
+template <bool kVnni>
+inline __m512i dot16(__m512i acc, __m512i w, __m512i q) {
+  if constexpr (kVnni) return _mm512_dpwssd_epi32(acc, w, q);
+  else return _mm512_add_epi32(acc, _mm512_madd_epi16(w, q));
+}
+
+// T is a compile-time constant so that the T accumulators stay in registers (a runtime-indexed array of
+// __m512 spills); the arithmetic per output element is unchanged.
+template <class Dec, bool kVnni, int T>
+void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int64_t nb = W.cols / QK_K;
+  const __m512i idx01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t* row = W.data + r * W.row_bytes;
+    __m512 L[T];
+    for (int t = 0; t < T; t++) L[t] = _mm512_setzero_ps();
+    __m256 Lm = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+      const uint8_t* blk = row + b * Dec::kBytes;
+      if (b + 1 < nb) _mm_prefetch(reinterpret_cast<const char*>(blk + Dec::kBytes + 64), _MM_HINT_T0);
+      __m512i w[8];
+      float d, dmin;
+      __m128i mins;
+      Dec::decode(blk, w, d, dmin, mins);
+      const int16_t* qb = a.q.q + b * QK_K;
+      const float* dx = a.q.d + b * 8;
+      for (int t = 0; t < T; t++) {
+        const int16_t* q = qb + t * a.q.ldq;
+        // two independent chains (integer sums: the split does not change P)
+        __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j += 2) {
+          a0 = dot16<kVnni>(a0, w[j], _mm512_loadu_si512(q + 32 * j));
+          a1 = dot16<kVnni>(a1, w[j + 1], _mm512_loadu_si512(q + 32 * j + 32));
+        }
+        L[t] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx[t]), _mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), L[t]);
+      }
+      if constexpr (Dec::kHasMin) {
+        const __m512i mz = _mm512_castsi128_si512(mins);
+        const int16_t* bs = a.q.bsum + b * 64;
+        const __m512i M16 = _mm512_add_epi32(_mm512_madd_epi16(_mm512_loadu_si512(bs), _mm512_permutexvar_epi32(idx01, mz)),
+                                             _mm512_madd_epi16(_mm512_loadu_si512(bs + 32), _mm512_permutexvar_epi32(idx23, mz)));
+        const __m256i M8 = _mm256_add_epi32(_mm512_castsi512_si256(M16), _mm512_extracti64x4_epi64(M16, 1));
+        Lm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(M8), Lm);
+      }
+    }
+    alignas(32) float lm[8];
+    _mm256_store_ps(lm, Lm);
+    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16(L[t]) - lm[t];
+  }
+}
+
+template <class Dec, bool kVnni>
+void rows_kq(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  with_rows(a.T, [&](auto t) { rows_kq_t<Dec, kVnni, decltype(t)::value>(W, a, y, ldy, r0, r1); });
+}
+
+template <class Dec>
+RowsFn pick() {
+  return cpu_has_avx512vnni() ? rows_kq<Dec, true> : rows_kq<Dec, false>;
+}
+
+}  // namespace
+}  // namespace strata
