@@ -1,7 +1,7 @@
-// IQ2_XXS with AVX-512 VBMI (byte permutes and multishift): the same kernel as kquants_avx512.cpp, with a
-// decoder that looks the grid and sign tables up in registers instead of 64 scalar table loads per block.
-// Chosen at run time when the CPU has VBMI; the integer weights w[j] are the ones DecIQ2XXS produces
-// (tested against the scalar twin).
+// IQ2_XXS and IQ3_XXS with AVX-512 VBMI (byte permutes and multishift): the same kernel as kquants_avx512.cpp,
+// with decoders that look the grid and sign tables up in registers instead of 64-96 scalar table loads per
+// block. Chosen at run time when the CPU has VBMI; the integer weights w[j] are the ones DecIQ2XXS /
+// DecIQ3XXS produce (tested against them and the scalar twin).
 #include <immintrin.h>
 
 #include <array>
@@ -26,6 +26,44 @@ constexpr std::array<uint16_t, 256> make_grid_codes() {
 }
 alignas(64) constexpr std::array<uint16_t, 256> kGridCodes = make_grid_codes();
 
+// IQ3_XXS: each grid entry's 4 bytes are among {4, 12, 20, 28, 36, 44, 52, 62}: code k (bits 3k..3k+2).
+constexpr uint8_t kIq3Values[8] = {4, 12, 20, 28, 36, 44, 52, 62};
+constexpr std::array<uint16_t, 256> make_grid3_codes() {
+  std::array<uint16_t, 256> t{};
+  for (int i = 0; i < 256; i++)
+    for (int k = 0; k < 4; k++) {
+      const uint8_t v = (uint8_t)(kIq3xxsGrid[i] >> (8 * k));
+      int c = -1;
+      for (int j = 0; j < 8; j++)
+        if (kIq3Values[j] == v) c = j;
+      if (c < 0) throw "iq3xxs grid byte outside the 8 values";  // fails the constant evaluation
+      t[i] |= (uint16_t)(c << (3 * k));
+    }
+  return t;
+}
+alignas(64) constexpr std::array<uint16_t, 256> kGrid3Codes = make_grid3_codes();
+
+// 32 byte indices (zero-extended to words) -> their 16-bit codes from a 256-entry table held in 8 registers
+inline __m512i lookup256(const uint16_t* table, __m512i idx) {
+  const __m512i* tab = reinterpret_cast<const __m512i*>(table);
+  const __m512i r0 = _mm512_permutex2var_epi16(_mm512_load_si512(tab + 0), idx, _mm512_load_si512(tab + 1));
+  const __m512i r1 = _mm512_permutex2var_epi16(_mm512_load_si512(tab + 2), idx, _mm512_load_si512(tab + 3));
+  const __m512i r2 = _mm512_permutex2var_epi16(_mm512_load_si512(tab + 4), idx, _mm512_load_si512(tab + 5));
+  const __m512i r3 = _mm512_permutex2var_epi16(_mm512_load_si512(tab + 6), idx, _mm512_load_si512(tab + 7));
+  const __mmask32 b6 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(64));
+  const __mmask32 b7 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(128));
+  return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1), _mm512_mask_blend_epi16(b6, r2, r3));
+}
+
+// 8 sign-pattern bytes (S bytes first..first+7, one per 8 weights) -> a mask over 64 weights
+inline __mmask64 sign_mask(__m512i S, int first) {
+  const __m512i rep = _mm512_add_epi8(_mm512_set1_epi8((char)first),
+                                      _mm512_set_epi64(0x0707070707070707LL, 0x0606060606060606LL, 0x0505050505050505LL,
+                                                       0x0404040404040404LL, 0x0303030303030303LL, 0x0202020202020202LL,
+                                                       0x0101010101010101LL, 0));
+  return _mm512_test_epi8_mask(_mm512_permutexvar_epi8(rep, S), _mm512_set1_epi64(0x8040201008040201LL));
+}
+
 struct DecIQ2XXSVbmi {
   static constexpr int kBytes = 66;
   static constexpr bool kHasMin = false;
@@ -40,14 +78,7 @@ struct DecIQ2XXSVbmi {
                                          0, 0, 0, 0, 0, 0, 59, 58, 57, 56, 51, 50, 49, 48, 43, 42, 41, 40, 35, 34, 33,
                                          32, 27, 26, 25, 24, 19, 18, 17, 16, 11, 10, 9, 8, 3, 2, 1, 0);
     const __m512i gidx = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(_mm512_permutexvar_epi8(gsel, Z)));
-    const __m512i* tab = reinterpret_cast<const __m512i*>(kGridCodes.data());
-    const __m512i r0 = _mm512_permutex2var_epi16(_mm512_load_si512(tab + 0), gidx, _mm512_load_si512(tab + 1));
-    const __m512i r1 = _mm512_permutex2var_epi16(_mm512_load_si512(tab + 2), gidx, _mm512_load_si512(tab + 3));
-    const __m512i r2 = _mm512_permutex2var_epi16(_mm512_load_si512(tab + 4), gidx, _mm512_load_si512(tab + 5));
-    const __m512i r3 = _mm512_permutex2var_epi16(_mm512_load_si512(tab + 6), gidx, _mm512_load_si512(tab + 7));
-    const __mmask32 b6 = _mm512_test_epi16_mask(gidx, _mm512_set1_epi16(64));
-    const __mmask32 b7 = _mm512_test_epi16_mask(gidx, _mm512_set1_epi16(128));
-    const __m512i codes = _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1), _mm512_mask_blend_epi16(b6, r2, r3));
+    const __m512i codes = lookup256(kGridCodes.data(), gidx);
     // 2. sign patterns: the 7-bit fields of each aux word (bits 32 + 7e of its qword) through ksigns
     const __m512i sctl = _mm512_set1_epi64(0x00000000352E2720LL);  // bytes 32, 39, 46, 53
     const __m512i sidx = _mm512_and_si512(_mm512_multishift_epi64_epi8(sctl, Z), _mm512_set1_epi8(127));
@@ -56,7 +87,6 @@ struct DecIQ2XXSVbmi {
     // 3. per pair of sub-blocks (8 entries, 64 weights): bytes from the codes, signs as a byte mask
     const __m512i shift = _mm512_set1_epi64(0x0E0C0A0806040200LL);  // byte k <- bits 2k.. of its qword
     const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(0x08, 0x19, 0x2b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
-    const __m512i bit = _mm512_set1_epi64(0x8040201008040201LL);
     for (int p = 0; p < 4; p++) {
       // qword L <- code word of entry 8p + L; byte 8L + k <- sign pattern byte of entry 8p + L
       const __m512i cw = _mm512_permutexvar_epi16(
@@ -67,15 +97,14 @@ struct DecIQ2XXSVbmi {
           codes);
       const __m512i g = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_multishift_epi64_epi8(shift, cw),
                                                                   _mm512_set1_epi8(3)));
-      const char s0 = (char)(16 * p), s1 = (char)(16 * p + 8);  // sub-block 2p's patterns, then 2p + 1's
-      const __m512i sp = _mm512_permutexvar_epi8(
-          _mm512_set_epi8(s1 + 3, s1 + 3, s1 + 3, s1 + 3, s1 + 3, s1 + 3, s1 + 3, s1 + 3, s1 + 2, s1 + 2, s1 + 2, s1 + 2,
-                          s1 + 2, s1 + 2, s1 + 2, s1 + 2, s1 + 1, s1 + 1, s1 + 1, s1 + 1, s1 + 1, s1 + 1, s1 + 1, s1 + 1,
-                          s1, s1, s1, s1, s1, s1, s1, s1, s0 + 3, s0 + 3, s0 + 3, s0 + 3, s0 + 3, s0 + 3, s0 + 3,
-                          s0 + 3, s0 + 2, s0 + 2, s0 + 2, s0 + 2, s0 + 2, s0 + 2, s0 + 2, s0 + 2, s0 + 1, s0 + 1,
-                          s0 + 1, s0 + 1, s0 + 1, s0 + 1, s0 + 1, s0 + 1, s0, s0, s0, s0, s0, s0, s0, s0),
+      // sub-block 2p's four pattern bytes sit at S bytes 16p.., 2p + 1's at 16p + 8..: gather them to 8 in a row
+      const __m512i S8 = _mm512_permutexvar_epi8(
+          _mm512_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                          0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, (char)(16 * p + 11),
+                          (char)(16 * p + 10), (char)(16 * p + 9), (char)(16 * p + 8), (char)(16 * p + 3),
+                          (char)(16 * p + 2), (char)(16 * p + 1), (char)(16 * p)),
           S);
-      const __mmask64 neg = _mm512_test_epi8_mask(sp, bit);
+      const __mmask64 neg = sign_mask(S8, 0);
       const __m512i x = _mm512_mask_sub_epi8(g, neg, _mm512_setzero_si512(), g);
       const uint32_t a0 = u32_at(b + 2 + 16 * p + 4), a1 = u32_at(b + 2 + 16 * p + 12);
       w[2 * p] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm512_castsi512_si256(x)),
@@ -86,8 +115,55 @@ struct DecIQ2XXSVbmi {
   }
 };
 
+struct DecIQ3XXSVbmi {
+  static constexpr int kBytes = 98;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
+    d = h2f(b) * 0.25f;
+    dmin = 0.f;
+    mins = _mm_setzero_si128();
+    // grid indices: sub-block ib's eight at bytes 8 ib.. of the first 64; aux words (8 x u32) after them
+    const __m512i Z = _mm512_loadu_si512(b + 2);
+    const __m512i codes_lo = lookup256(kGrid3Codes.data(), _mm512_cvtepu8_epi16(_mm512_castsi512_si256(Z)));
+    const __m512i codes_hi = lookup256(kGrid3Codes.data(), _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(Z, 1)));
+    // sign patterns: qword m holds the aux words of sub-blocks 2m, 2m+1; their 7-bit fields through ksigns,
+    // so that S byte 4 sb + e is sub-block sb's pattern e (weights 8e .. 8e + 7)
+    const __m512i A = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 66)));
+    const __m512i sidx = _mm512_and_si512(_mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x352E2720150E0700LL), A),
+                                          _mm512_set1_epi8(127));
+    const __m512i S = _mm512_permutex2var_epi8(_mm512_loadu_si512(kKsigns), sidx, _mm512_loadu_si512(kKsigns + 64));
+    const __m512i shift = _mm512_set1_epi64(0x2926232009060300LL);  // bytes 0, 3, 6, 9 | 32, 35, 38, 41
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(4, 12, 20, 28, 36, 44, 52, 62, 0, 0, 0, 0, 0, 0, 0, 0));
+    for (int p = 0; p < 4; p++) {
+      // dword i (entry i of sub-blocks 2p, 2p+1) <- its code word, twice
+      const __m512i codes = p < 2 ? codes_lo : codes_hi;
+      const short o = (short)(16 * (p & 1));
+      const __m512i cw = _mm512_permutexvar_epi16(
+          _mm512_set_epi16(o + 15, o + 15, o + 14, o + 14, o + 13, o + 13, o + 12, o + 12, o + 11, o + 11, o + 10, o + 10,
+                           o + 9, o + 9, o + 8, o + 8, o + 7, o + 7, o + 6, o + 6, o + 5, o + 5, o + 4, o + 4, o + 3,
+                           o + 3, o + 2, o + 2, o + 1, o + 1, o, o),
+          codes);
+      const __m512i g = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_multishift_epi64_epi8(shift, cw),
+                                                                  _mm512_set1_epi8(7)));
+      const __mmask64 neg = sign_mask(S, 8 * p);
+      const __m512i x = _mm512_mask_sub_epi8(g, neg, _mm512_setzero_si512(), g);
+      const uint32_t a0 = u32_at(b + 66 + 8 * p), a1 = u32_at(b + 66 + 8 * p + 4);
+      w[2 * p] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm512_castsi512_si256(x)),
+                                    _mm512_set1_epi16((short)(2 * (a0 >> 28) + 1)));
+      w[2 * p + 1] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(x, 1)),
+                                        _mm512_set1_epi16((short)(2 * (a1 >> 28) + 1)));
+    }
+  }
+};
+
 }  // namespace
 
-RowsFn rows_fn_kq_avx512vbmi(uint32_t type) { return type == GGML_IQ2_XXS ? pick<DecIQ2XXSVbmi>() : nullptr; }
+RowsFn rows_fn_kq_avx512vbmi(uint32_t type) {
+  switch (type) {
+    case GGML_IQ2_XXS: return pick<DecIQ2XXSVbmi>();
+    case GGML_IQ3_XXS: return pick<DecIQ3XXSVbmi>();
+    default: return nullptr;
+  }
+}
 
 }  // namespace strata
