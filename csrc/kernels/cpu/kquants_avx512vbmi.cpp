@@ -64,6 +64,15 @@ inline __mmask64 sign_mask(__m512i S, int first) {
   return _mm512_test_epi8_mask(_mm512_permutexvar_epi8(rep, S), _mm512_set1_epi64(0x8040201008040201LL));
 }
 
+// Two sub-blocks' 64 grid bytes g, negated where neg says, times each sub-block's scale 2 * (aux >> 28) + 1
+// (a0: the first's aux word, a1: the second's) -> their int16 weights w[0], w[1].
+inline void signed_scaled_pair(__m512i g, __mmask64 neg, uint32_t a0, uint32_t a1, __m512i* w) {
+  const __m512i x = _mm512_mask_sub_epi8(g, neg, _mm512_setzero_si512(), g);
+  w[0] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm512_castsi512_si256(x)), _mm512_set1_epi16((short)(2 * (a0 >> 28) + 1)));
+  w[1] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(x, 1)),
+                            _mm512_set1_epi16((short)(2 * (a1 >> 28) + 1)));
+}
+
 struct DecIQ2XXSVbmi {
   static constexpr int kBytes = 66;
   static constexpr bool kHasMin = false;
@@ -104,13 +113,7 @@ struct DecIQ2XXSVbmi {
                           (char)(16 * p + 10), (char)(16 * p + 9), (char)(16 * p + 8), (char)(16 * p + 3),
                           (char)(16 * p + 2), (char)(16 * p + 1), (char)(16 * p)),
           S);
-      const __mmask64 neg = sign_mask(S8, 0);
-      const __m512i x = _mm512_mask_sub_epi8(g, neg, _mm512_setzero_si512(), g);
-      const uint32_t a0 = u32_at(b + 2 + 16 * p + 4), a1 = u32_at(b + 2 + 16 * p + 12);
-      w[2 * p] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm512_castsi512_si256(x)),
-                                    _mm512_set1_epi16((short)(2 * (a0 >> 28) + 1)));
-      w[2 * p + 1] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(x, 1)),
-                                        _mm512_set1_epi16((short)(2 * (a1 >> 28) + 1)));
+      signed_scaled_pair(g, sign_mask(S8, 0), u32_at(b + 2 + 16 * p + 4), u32_at(b + 2 + 16 * p + 12), w + 2 * p);
     }
   }
 };
@@ -145,13 +148,7 @@ struct DecIQ3XXSVbmi {
           codes);
       const __m512i g = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_multishift_epi64_epi8(shift, cw),
                                                                   _mm512_set1_epi8(7)));
-      const __mmask64 neg = sign_mask(S, 8 * p);
-      const __m512i x = _mm512_mask_sub_epi8(g, neg, _mm512_setzero_si512(), g);
-      const uint32_t a0 = u32_at(b + 66 + 8 * p), a1 = u32_at(b + 66 + 8 * p + 4);
-      w[2 * p] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm512_castsi512_si256(x)),
-                                    _mm512_set1_epi16((short)(2 * (a0 >> 28) + 1)));
-      w[2 * p + 1] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(x, 1)),
-                                        _mm512_set1_epi16((short)(2 * (a1 >> 28) + 1)));
+      signed_scaled_pair(g, sign_mask(S, 8 * p), u32_at(b + 66 + 8 * p), u32_at(b + 66 + 8 * p + 4), w + 2 * p);
     }
   }
 };
