@@ -56,8 +56,12 @@ inline void plain_block(const MatView& W, const float* x, int64_t ldx, float* y,
     row[i] = W.data + (r + i) * W.row_bytes;
     for (int t = 0; t < T; t++) acc[i][t] = _mm512_setzero_ps();
   }
+  const size_t step = (size_t)R * 16 * (W.row_bytes / W.cols);  // bytes of the R rows per 16 columns
   for (int64_t c = 0; c < full; c += 16) {
     __m512 w[R];
+    if (T <= 2)  // weight-bound: stream the next group of R rows (contiguous) in at this group's pace
+      for (size_t o = 0; o < step; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(row[0] + R * W.row_bytes + (c / 16) * step + o), _MM_HINT_T0);
     for (int i = 0; i < R; i++) w[i] = Dec::load(row[i], c);
     for (int t = 0; t < T; t++) {
       const __m512 xv = _mm512_loadu_ps(x + t * ldx + c);
@@ -102,6 +106,12 @@ inline void q8_0_block(const MatView& W, const float* x, int64_t bstride, int64_
   }
   for (int64_t b = 0; b < nb; b++) {
     __m512 w0[R], w1[R];
+    if (T <= 2) {  // weight-bound: stream the next group of R rows (contiguous) in at this group's pace
+      const char* ahead = reinterpret_cast<const char*>(row[0] + R * W.row_bytes + b * R * 34);
+      _mm_prefetch(ahead, _MM_HINT_T0);
+      _mm_prefetch(ahead + 64, _MM_HINT_T0);
+      if (R * 34 > 128) _mm_prefetch(ahead + 128, _MM_HINT_T0);
+    }
     for (int i = 0; i < R; i++) {
       const uint8_t* blk = row[i] + b * 34;
       uint16_t h;
