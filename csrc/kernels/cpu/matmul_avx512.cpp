@@ -44,7 +44,7 @@ struct DecBF16 {
 // canonical one-row loop, so results are unchanged (bit-identical to the scalar twin).
 template <int T>
 constexpr int rows_per_block() {
-  return T == 1 ? 4 : T == 2 ? 2 : T >= 5 ? 2 : 1;
+  return T == 1 ? 4 : 2;  // (T = 3-4 with one weight row: T chains of two dependent FMAs per block, latency-bound)
 }
 
 template <class Dec, int T, int R>
@@ -59,7 +59,7 @@ inline void plain_block(const MatView& W, const float* x, int64_t ldx, float* y,
   const size_t step = (size_t)R * 16 * (W.row_bytes / W.cols);  // bytes of the R rows per 16 columns
   for (int64_t c = 0; c < full; c += 16) {
     __m512 w[R];
-    if (T <= 2)  // weight-bound: stream the next group of R rows (contiguous) in at this group's pace
+    if (T <= 4)  // weight-bound: stream the next group of R rows (contiguous) in at this group's pace
       for (size_t o = 0; o < step; o += 64)
         _mm_prefetch(reinterpret_cast<const char*>(row[0] + R * W.row_bytes + (c / 16) * step + o), _MM_HINT_T0);
     for (int i = 0; i < R; i++) w[i] = Dec::load(row[i], c);
@@ -106,7 +106,7 @@ inline void q8_0_block(const MatView& W, const float* x, int64_t bstride, int64_
   }
   for (int64_t b = 0; b < nb; b++) {
     __m512 w0[R], w1[R];
-    if (T <= 2) {  // weight-bound: stream the next group of R rows (contiguous) in at this group's pace
+    if (T <= 4) {  // weight-bound: stream the next group of R rows (contiguous) in at this group's pace
       const char* ahead = reinterpret_cast<const char*>(row[0] + R * W.row_bytes + b * R * 34);
       _mm_prefetch(ahead, _MM_HINT_T0);
       _mm_prefetch(ahead + 64, _MM_HINT_T0);
