@@ -59,9 +59,8 @@ inline void plain_block(const MatView& W, const float* x, int64_t ldx, float* y,
   const size_t step = (size_t)R * 16 * (W.row_bytes / W.cols);  // bytes of the R rows per 16 columns
   for (int64_t c = 0; c < full; c += 16) {
     __m512 w[R];
-    if (T <= 4)  // weight-bound: stream the next group of R rows (contiguous) in at this group's pace
-      for (size_t o = 0; o < step; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(row[0] + R * W.row_bytes + (c / 16) * step + o), _MM_HINT_T0);
+    for (size_t o = 0; o < step; o += 64)  // the next group of rows (see q8_0_block)
+      _mm_prefetch(reinterpret_cast<const char*>(row[0] + R * W.row_bytes + (c / 16) * step + o), _MM_HINT_T0);
     for (int i = 0; i < R; i++) w[i] = Dec::load(row[i], c);
     for (int t = 0; t < T; t++) {
       const __m512 xv = _mm512_loadu_ps(x + t * ldx + c);
@@ -106,7 +105,10 @@ inline void q8_0_block(const MatView& W, const float* x, int64_t bstride, int64_
   }
   for (int64_t b = 0; b < nb; b++) {
     __m512 w0[R], w1[R];
-    if (T <= 4) {  // weight-bound: stream the next group of R rows (contiguous) in at this group's pace
+    {
+      // The R rows of a block are R short streams (one row each), which the hardware prefetcher picks up
+      // late; the next group of R rows is contiguous: stream it in at this group's pace. (Weights streamed
+      // from DRAM: Q8_0 T = 1 18 -> 52 GB/s, T = 8 9 -> 13 GB/s; no change when they sit in the cache.)
       const char* ahead = reinterpret_cast<const char*>(row[0] + R * W.row_bytes + b * R * 34);
       _mm_prefetch(ahead, _MM_HINT_T0);
       _mm_prefetch(ahead + 64, _MM_HINT_T0);
