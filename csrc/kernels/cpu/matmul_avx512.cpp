@@ -3,6 +3,7 @@
 // matmul.h, so results are bit-identical to matmul_ref.cpp and independent of T.
 #include <immintrin.h>
 
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/cpu/reduce16.h"
@@ -60,7 +61,8 @@ inline void plain_block(const MatView& W, const float* x, int64_t ldx, float* y,
   for (int64_t c = 0; c < full; c += 16) {
     __m512 w[R];
     for (size_t o = 0; o < step; o += 64)  // the next group of rows (see q8_0_block)
-      _mm_prefetch(reinterpret_cast<const char*>(row[0] + R * W.row_bytes + (c / 16) * step + o), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row[0]) + R * W.row_bytes + (c / 16) * step + o),
+                   _MM_HINT_T0);
     for (int i = 0; i < R; i++) w[i] = Dec::load(row[i], c);
     for (int t = 0; t < T; t++) {
       const __m512 xv = _mm512_loadu_ps(x + t * ldx + c);
@@ -109,7 +111,9 @@ inline void q8_0_block(const MatView& W, const float* x, int64_t bstride, int64_
       // The R rows of a block are R short streams (one row each), which the hardware prefetcher picks up
       // late; the next group of R rows is contiguous: stream it in at this group's pace. (Weights streamed
       // from DRAM: Q8_0 T = 1 18 -> 52 GB/s, T = 8 9 -> 13 GB/s; no change when they sit in the cache.)
-      const char* ahead = reinterpret_cast<const char*>(row[0] + R * W.row_bytes + b * R * 34);
+      // (an address, not a pointer into the matrix: past the last group it points beyond it, and a prefetch
+      // never faults)
+      const char* ahead = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row[0]) + R * W.row_bytes + b * R * 34);
       _mm_prefetch(ahead, _MM_HINT_T0);
       _mm_prefetch(ahead + 64, _MM_HINT_T0);
       if (R * 34 > 128) _mm_prefetch(ahead + 128, _MM_HINT_T0);
