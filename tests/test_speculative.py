@@ -114,14 +114,21 @@ def test_controller_drives_the_loop_exactly(tiny_model):
     prompt = _prompts(tiny_model.n_vocab, 5)["random"]
     plain, _ = _run(tiny_model, prompt, max_tokens=80, **SAMPLED)
     for right in (None, 2):
-        ctl = LengthController()
+        # a fixed cost table (cost_ema = 0, every T measured twice already): the controller's choices then
+        # depend on the acceptance it observes, not on how fast this machine happens to be right now
+        costs = WindowCosts(cost_ema=0.0)
+        for T in range(1, 9):
+            for _ in range(2):
+                costs.record(T, 1e-3 * (1 + 0.05 * (T - 1)))
+        seeded = costs.samples
+        ctl = LengthController(costs=costs)
         orc = _ControlledOracle(plain, len(prompt), right, tiny_model.n_vocab, controller=ctl)
         spec, st = _run(tiny_model, prompt, max_tokens=80, proposer=orc, **SAMPLED)
         assert spec == plain
         assert st.windows < 80 and st.accepted > 0
         # every window's cost reached the controller; the first warmup_windows are not used as C(T) samples
         assert ctl._seen == st.windows
-        assert ctl.costs.samples == st.windows - ctl.warmup_windows
+        assert ctl.costs.samples == seeded + st.windows - ctl.warmup_windows
 
 
 def test_real_acceptance_via_global_index(tiny_model):
