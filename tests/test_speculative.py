@@ -131,11 +131,32 @@ def test_controller_drives_the_loop_exactly(tiny_model):
         assert ctl.costs.samples == seeded + st.windows - ctl.warmup_windows
 
 
+def _fixed_costs(model) -> WindowCosts:
+    """Give `model` a fixed C(T) table (cost_ema = 0, every T measured twice, windows cheap): `auto` then
+    drafts by the acceptance it sees, whatever the machine's speed and the other tests' windows on this
+    session-scoped model. Returns the table it replaced."""
+    old = window_costs(model)
+    fixed = WindowCosts(cost_ema=0.0)
+    for T in range(1, 9):
+        for _ in range(2):
+            fixed.record(T, 1e-3 * (1 + 0.05 * (T - 1)))
+    model._window_costs = fixed
+    return old
+
+
 def test_real_acceptance_via_global_index(tiny_model):
     """A previous identical request in the global index gives the real drafter real acceptance."""
     from strata_py.drafting import suffix as sfx
 
     prompt = _prompts(tiny_model.n_vocab, 8)["random"]
+    old = _fixed_costs(tiny_model)
+    try:
+        _check_global_index_acceptance(tiny_model, prompt, sfx)
+    finally:
+        tiny_model._window_costs = old
+
+
+def _check_global_index_acceptance(tiny_model, prompt, sfx):
     for opts in ({}, dict(SAMPLED, seed=4)):
         sfx._GLOBAL.clear()
         extra = {"global_index_tokens": 4096}
