@@ -39,8 +39,14 @@ def test_missing_model_is_named(tmp_path):
 
 def test_ctrl_c_keeps_output():
     # the default model, greedy, writes code without an end-of-text for thousands of tokens
-    p = subprocess.Popen(CLI + ["def main(", "-n", "100000", "--draft", "none", "--stats", "--threads", "2"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # a SIGINT that this process ignores (run as a background job of a shell) would be ignored by the child
+    # too; a handler here is reset to the default in the child, where Python then raises KeyboardInterrupt
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        p = subprocess.Popen(CLI + ["def main(", "-n", "100000", "--draft", "none", "--stats", "--threads", "2"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    finally:
+        signal.signal(signal.SIGINT, old)
     got = b""
     while len(got) < 200:  # interrupt mid-stream, once text is flowing
         got += p.stdout.read(1)
