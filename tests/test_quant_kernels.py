@@ -1,4 +1,4 @@
-"""K- and IQ-quant kernels (Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS): dequantization bit-exact against gguf-py,
+"""K- and IQ-quant kernels (Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS, IQ4_XS): dequantization bit-exact against gguf-py,
 grids equal to gguf-py's, every fast path bit-identical to its scalar `_ref` twin on fresh random blocks,
 T-row results equal to 1-row results, dot products within the bound that int8 activations imply, and a
 quantized synthetic model: window parity and one layer's matmul against a float64 forward."""
@@ -11,7 +11,8 @@ from gguf import GGMLQuantizationType as QT
 
 from strata_py import _core, synth
 
-KQ = {"Q4_K": QT.Q4_K, "Q5_K": QT.Q5_K, "Q6_K": QT.Q6_K, "IQ2_XXS": QT.IQ2_XXS, "IQ3_XXS": QT.IQ3_XXS}
+KQ = {"Q4_K": QT.Q4_K, "Q5_K": QT.Q5_K, "Q6_K": QT.Q6_K, "IQ2_XXS": QT.IQ2_XXS, "IQ3_XXS": QT.IQ3_XXS,
+      "IQ4_XS": QT.IQ4_XS}
 ISAS = ["avx2", "avx512"][: {"scalar": 0, "avx2": 1, "avx512": 2}[_core.best_isa()]]
 
 
@@ -36,6 +37,20 @@ def test_dequantize_matches_gguf(typ):
     for wild in (False, True):
         raw = _blocks(rng, typ, 8, 512, wild)
         np.testing.assert_array_equal(_core.dequantize(raw, typ, 8 * 512), _deq(raw, typ, 8).ravel())
+
+
+def test_iq4_values_equal_gguf():
+    """A block whose sixteen codes run over 0..15 in every sub-block, with d = 1 and every scale 33 (ls - 32 = 1),
+    dequantizes to IQ4_NL.kvalues (the table kIq4Values in quants.h) in order."""
+    b = np.zeros((1, 136), np.uint8)
+    b[0, :2] = np.array([1.0], np.float16).view(np.uint8)
+    b[0, 2:4] = np.array([0b1010101010101010], np.uint16).view(np.uint8)  # high bits of every ls: 2 -> 32
+    b[0, 4:8] = 0x11                                                        # low bits: 1 -> ls = 33
+    b[0, 8:] = np.tile(np.arange(16, dtype=np.uint8) | (np.arange(16, dtype=np.uint8) << 4), 8)
+    got = _core.dequantize(b.ravel(), "IQ4_XS", 256).reshape(8, 32)
+    want = np.tile(np.asarray(gguf.quants.IQ4_NL.kvalues, np.float32), 2)
+    for ib in range(8):
+        np.testing.assert_array_equal(got[ib], want)
 
 
 def test_grids_equal_gguf():
@@ -179,7 +194,7 @@ def test_window_parity_q4k(tiny_q4k_model):
         np.testing.assert_array_equal(out[i], ref[i], err_msg=f"T=9 row {i}")
 
 
-@pytest.mark.parametrize("typ", ["q4_k", "q4_k_m", "q5_k", "q6_k", "iq2_xxs", "iq3_xxs"])
+@pytest.mark.parametrize("typ", ["q4_k", "q4_k_m", "q5_k", "q6_k", "iq2_xxs", "iq3_xxs", "iq4_xs"])
 def test_synthetic_model_loads_and_matmul_matches_float64(tmp_path, typ):
     """Every synthetic K/IQ model loads; its first expert matrix run through the kernel matches a numpy
     float64 product with the dequantized weights within 2% of the row's |w|.|x| scale (int8 activations:

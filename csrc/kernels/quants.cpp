@@ -85,6 +85,17 @@ void dec_iq2_xxs(const uint8_t* b, IntBlock& o) {
   }
   for (int j = 0; j < 8; j++) o.m[j] = 0;
 }
+void dec_iq4_xs(const uint8_t* b, IntBlock& o) {
+  o.d = half_at(b);
+  o.dmin = 0.f;
+  o.has_min = false;
+  for (int v = 0; v < QK_K; v++) {
+    const int ib = v / 32, j = v % 32;
+    const int code = (b[8 + 16 * ib + j % 16] >> (4 * (j / 16))) & 0xF;
+    o.w[v] = (int16_t)((iq4xs_scale(b, ib) - 32) * kIq4Values[code]);
+  }
+  for (int j = 0; j < 8; j++) o.m[j] = 0;
+}
 void dec_iq3_xxs(const uint8_t* b, IntBlock& o) {
   o.d = half_at(b) * 0.25f;
   o.dmin = 0.f;
@@ -106,6 +117,7 @@ IntDecodeFn int_decoder(uint32_t type) {
     case GGML_Q6_K: return dec_q6_k;
     case GGML_IQ2_XXS: return dec_iq2_xxs;
     case GGML_IQ3_XXS: return dec_iq3_xxs;
+    case GGML_IQ4_XS: return dec_iq4_xs;
     default: return nullptr;
   }
 }
@@ -171,6 +183,21 @@ void dq_iq3_xxs(const uint8_t* s, float* y, int64_t n) {
       const float db = d * (0.5f + (float)sc) * 0.5f;
       const float a = db * (float)g;
       y[v] = neg ? -a : a;
+    }
+  }
+}
+
+// gguf-py: dl = d*(ls-32) rounded to float32, then dl*kvalue.
+void dq_iq4_xs(const uint8_t* s, float* y, int64_t n) {
+  for (int64_t bi = 0; bi < n / QK_K; bi++, y += QK_K) {
+    const uint8_t* b = s + bi * 136;
+    const float d = half_at(b);
+    for (int ib = 0; ib < 8; ib++) {
+      const float dl = d * (float)(iq4xs_scale(b, ib) - 32);
+      for (int j = 0; j < 32; j++) {
+        const int code = (b[8 + 16 * ib + j % 16] >> (4 * (j / 16))) & 0xF;
+        y[32 * ib + j] = dl * (float)kIq4Values[code];
+      }
     }
   }
 }

@@ -1,11 +1,12 @@
 // K- and IQ-quant blocks (spec qwen3next.md 3.2) and the int8 activation rows their kernels multiply.
 //
-// Every 256-value block of Q4_K, Q5_K, Q6_K, IQ2_XXS and IQ3_XXS has an exact integer form
+// Every 256-value block of Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS and IQ4_XS has an exact integer form
 //   value v = d * w[v] - dmin * m[v / 32]        (w int16, m the 6-bit mins; dmin = 0 without mins)
 //   Q4_K/Q5_K: w = sc[j]*q,  d = fp16 d,   dmin = fp16 dmin
 //   Q6_K:      w = sc[v/16]*(q-32),        d = fp16 d
 //   IQ2_XXS:   w = (2s+1)*grid*sign,       d = fp16 d / 8    (gguf: d*(0.5+s)*0.25)
 //   IQ3_XXS:   w = (2s+1)*grid*sign,       d = fp16 d / 4    (gguf: d*(0.5+s)*0.5)
+//   IQ4_XS:    w = (ls-32)*kvalues[q],     d = fp16 d        (ls: 6-bit sub-block scale, q: 4-bit code)
 // Each activation row is quantized per 256-block (Q8_K style, deterministic, per row):
 //   amax = max|x|, iscale = 127/amax, q = round_half_even(iscale*x) in [-127, 127], dx = amax/127.
 // So a block's dot product is integer: P = sum w*q (|lane sums| < 2^24, exact in float), M = sum m*bsum.
@@ -34,6 +35,17 @@ void dq_q5_k(const uint8_t* s, float* d, int64_t n);
 void dq_q6_k(const uint8_t* s, float* d, int64_t n);
 void dq_iq2_xxs(const uint8_t* s, float* d, int64_t n);
 void dq_iq3_xxs(const uint8_t* s, float* d, int64_t n);
+void dq_iq4_xs(const uint8_t* s, float* d, int64_t n);
+
+// IQ4_NL / IQ4_XS: the 16 values a 4-bit code stands for (gguf-py IQ4_NL.kvalues; tested equal).
+alignas(16) inline constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                      1,    13,   25,  38,  53,  69,  89,  113};
+// IQ4_XS block (136 bytes): fp16 d, u16 scales_h, 4 bytes scales_l, 128 bytes of nibbles. Sub-block ib's scale
+// ls (0..63) and value j's code (j < 16: low nibble of byte 16 ib + j, else the high nibble of byte j - 16).
+inline int iq4xs_scale(const uint8_t* b, int ib) {
+  const int hi = ((b[2] | b[3] << 8) >> (2 * ib)) & 3;
+  return ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | hi << 4;
+}
 
 // Q4_K/Q5_K 6-bit scales and mins from the 12 packed bytes.
 inline void k4_scale_min(const uint8_t* s, int j, uint8_t* sc, uint8_t* m) {

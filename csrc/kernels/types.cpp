@@ -46,7 +46,7 @@ const TypeTraits kTypes[] = {
     {GGML_IQ2_XXS, "IQ2_XXS", 256, 66, dq_iq2_xxs}, {GGML_IQ2_XS, "IQ2_XS", 256, 74, nullptr},
     {GGML_IQ3_XXS, "IQ3_XXS", 256, 98, dq_iq3_xxs}, {GGML_IQ1_S, "IQ1_S", 256, 50, nullptr},
     {GGML_IQ4_NL, "IQ4_NL", 32, 18, nullptr},    {GGML_IQ3_S, "IQ3_S", 256, 110, nullptr},
-    {GGML_IQ2_S, "IQ2_S", 256, 82, nullptr},     {GGML_IQ4_XS, "IQ4_XS", 256, 136, nullptr},
+    {GGML_IQ2_S, "IQ2_S", 256, 82, nullptr},     {GGML_IQ4_XS, "IQ4_XS", 256, 136, dq_iq4_xs},
     {GGML_I8, "I8", 1, 1, nullptr},         {GGML_I16, "I16", 1, 2, nullptr},
     {GGML_I32, "I32", 1, 4, nullptr},       {GGML_I64, "I64", 1, 8, nullptr},
     {GGML_F64, "F64", 1, 8, nullptr},       {GGML_IQ1_M, "IQ1_M", 256, 56, nullptr},

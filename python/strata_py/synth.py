@@ -2,7 +2,7 @@
 
     python -m strata_py.synth NAME OUT.gguf --type TYPE --seed S [--mtp] [--expert-gib G]
 
-TYPE: f32, f16, bf16, q8_0, q4_k, q5_k, q6_k, iq2_xxs, iq3_xxs, or q4_k_m (Q4_K with Q6_K for output,
+TYPE: f32, f16, bf16, q8_0, q4_k, q5_k, q6_k, iq2_xxs, iq3_xxs, iq4_xs, or q4_k_m (Q4_K with Q6_K for output,
 attn_v and every other layer's ffn_down, like llama-quantize's Q4_K_M mix).
 
 Sizes: `tiny` (tests), `bench` (hidden 1024, 24 layers 3:1, 128 experts top-8 + shared expert), `stream`
@@ -39,11 +39,12 @@ SIZES = {
 }
 SIZES["stream"] = dict(SIZES["bench"])
 TYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q4_k": QT.Q4_K, "q5_k": QT.Q5_K,
-         "q6_k": QT.Q6_K, "iq2_xxs": QT.IQ2_XXS, "iq3_xxs": QT.IQ3_XXS}
+         "q6_k": QT.Q6_K, "iq2_xxs": QT.IQ2_XXS, "iq3_xxs": QT.IQ3_XXS, "iq4_xs": QT.IQ4_XS}
 LFT = gguf.LlamaFileType
 FILE_TYPES = {"f32": LFT.ALL_F32, "f16": LFT.MOSTLY_F16, "bf16": LFT.MOSTLY_BF16, "q8_0": LFT.MOSTLY_Q8_0,
               "q4_k": LFT.MOSTLY_Q4_K_S, "q5_k": LFT.MOSTLY_Q5_K_S, "q6_k": LFT.MOSTLY_Q6_K,
-              "iq2_xxs": LFT.MOSTLY_IQ2_XXS, "iq3_xxs": LFT.MOSTLY_IQ3_XXS, "q4_k_m": LFT.MOSTLY_Q4_K_M}
+              "iq2_xxs": LFT.MOSTLY_IQ2_XXS, "iq3_xxs": LFT.MOSTLY_IQ3_XXS, "iq4_xs": LFT.MOSTLY_IQ4_XS,
+              "q4_k_m": LFT.MOSTLY_Q4_K_M}
 MIXES = {"q4_k_m": (QT.Q4_K, QT.Q6_K)}  # (main type, type for output / attn_v / every other ffn_down)
 
 # K/IQ blocks: (byte offsets of fp16 scales, 1/typical |code * sub-scale|) so that d = scale * k gives values
@@ -54,6 +55,7 @@ _KQ = {
     QT.Q6_K: ((208,), 1 / 1370, {}),
     QT.IQ2_XXS: ((0,), 1 / 50, {}),
     QT.IQ3_XXS: ((0,), 1 / 130, {}),
+    QT.IQ4_XS: ((0,), 1 / 1000, {}),     # |ls - 32| ~ 16, |kvalue| ~ 60
 }
 
 

@@ -1,4 +1,4 @@
-// AVX2 int8-activation kernels for Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS (matmul.h states the arithmetic).
+// AVX2 int8-activation kernels for Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS, IQ4_XS (matmul.h states the arithmetic).
 // A block decodes to sixteen 16 x int16 registers: w[2j] holds values 0..15 of sub-block j (canonical
 // lanes 0-7 after vpmaddwd), w[2j+1] values 16..31 (lanes 8-15), so the lane sums equal the AVX-512 ones.
 #include <immintrin.h>
@@ -129,6 +129,24 @@ struct DecIQ3XXS {
   }
 };
 
+struct DecIQ4XS {
+  static constexpr int kBytes = 136;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m256i* w, float& d, float& dmin, uint8_t* m) {
+    d = h2f(b);
+    dmin = 0.f;
+    const __m128i values = _mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Values));
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    for (int ib = 0; ib < 8; ib++) {
+      const __m128i by = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 8 + 16 * ib));
+      const __m256i s = _mm256_set1_epi16((short)(iq4xs_scale(b, ib) - 32));
+      w[2 * ib] = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(values, _mm_and_si128(by, m4))), s);
+      w[2 * ib + 1] = _mm256_mullo_epi16(
+          _mm256_cvtepi8_epi16(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(by, 4), m4))), s);
+    }
+  }
+};
+
 // T is a compile-time constant (the accumulators stay in registers); per output element nothing changes.
 template <class Dec, int T>
 void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
@@ -187,6 +205,7 @@ RowsFn rows_fn_kq_avx2(uint32_t type) {
     case GGML_Q6_K: return rows_kq<DecQ6K>;
     case GGML_IQ2_XXS: return rows_kq<DecIQ2XXS>;
     case GGML_IQ3_XXS: return rows_kq<DecIQ3XXS>;
+    case GGML_IQ4_XS: return rows_kq<DecIQ4XS>;
     default: return nullptr;
   }
 }

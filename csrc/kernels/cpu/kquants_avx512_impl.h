@@ -124,6 +124,25 @@ struct DecIQ3XXS {
   }
 };
 
+struct DecIQ4XS {
+  static constexpr int kBytes = 136;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
+    d = h2f(b);
+    dmin = 0.f;
+    mins = _mm_setzero_si128();
+    const __m256i values = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Values)));
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    for (int ib = 0; ib < 8; ib++) {
+      const __m128i by = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 8 + 16 * ib));
+      // codes of values 0-15 (low nibbles) | 16-31 (high nibbles), then the 16-entry table in each half
+      const __m256i codes = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(by, 4), m4), _mm_and_si128(by, m4));
+      w[ib] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm256_shuffle_epi8(values, codes)),
+                                 _mm512_set1_epi16((short)(iq4xs_scale(b, ib) - 32)));
+    }
+  }
+};
+
 template <bool kVnni>
 inline __m512i dot16(__m512i acc, __m512i w, __m512i q) {
   if constexpr (kVnni) return _mm512_dpwssd_epi32(acc, w, q);
