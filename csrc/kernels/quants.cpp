@@ -44,6 +44,15 @@ inline int iq3xxs_mag(const uint8_t* blk, int ib, int e, int* neg, int* s) {
   return (int)((kIq3xxsGrid[qs[2 * l + j / 4]] >> (8 * (j % 4))) & 0xFF);
 }
 
+void dec_q3_k(const uint8_t* b, IntBlock& o) {
+  o.d = half_at(b + 108);
+  o.dmin = 0.f;
+  o.has_min = false;
+  int8_t sc[16];
+  q3k_scales(b + 96, sc);
+  for (int v = 0; v < QK_K; v++) o.w[v] = (int16_t)(sc[v / 16] * q3k_code(b, v));
+  for (int j = 0; j < 8; j++) o.m[j] = 0;
+}
 void dec_q4_k(const uint8_t* b, IntBlock& o) {
   o.d = half_at(b);
   o.dmin = half_at(b + 2);
@@ -112,6 +121,7 @@ void dec_iq3_xxs(const uint8_t* b, IntBlock& o) {
 
 IntDecodeFn int_decoder(uint32_t type) {
   switch (type) {
+    case GGML_Q3_K: return dec_q3_k;
     case GGML_Q4_K: return dec_q4_k;
     case GGML_Q5_K: return dec_q5_k;
     case GGML_Q6_K: return dec_q6_k;
@@ -122,6 +132,16 @@ IntDecodeFn int_decoder(uint32_t type) {
   }
 }
 
+// gguf-py: dl = d*(sc-32) rounded to float32, then dl*q.
+void dq_q3_k(const uint8_t* s, float* y, int64_t n) {
+  for (int64_t bi = 0; bi < n / QK_K; bi++, y += QK_K) {
+    const uint8_t* b = s + bi * 110;
+    const float d = half_at(b + 108);
+    int8_t sc[16];
+    q3k_scales(b + 96, sc);
+    for (int v = 0; v < QK_K; v++) y[v] = (d * (float)sc[v / 16]) * (float)q3k_code(b, v);
+  }
+}
 // gguf-py: d*sc and dmin*m rounded to float32 first, then (d*sc)*q - dmin*m.
 void dq_q4_k(const uint8_t* s, float* y, int64_t n) {
   for (int64_t bi = 0; bi < n / QK_K; bi++, y += QK_K) {

@@ -1,8 +1,9 @@
 // K- and IQ-quant blocks (spec qwen3next.md 3.2) and the int8 activation rows their kernels multiply.
 //
-// Every 256-value block of Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS and IQ4_XS has an exact integer form
+// Every 256-value block of Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS and IQ4_XS has an exact integer form
 //   value v = d * w[v] - dmin * m[v / 32]        (w int16, m the 6-bit mins; dmin = 0 without mins)
 //   Q4_K/Q5_K: w = sc[j]*q,  d = fp16 d,   dmin = fp16 dmin
+//   Q3_K:      w = (sc[v/16]-32)*q, q = 2-bit code - (hmask bit ? 0 : 4),  d = fp16 d
 //   Q6_K:      w = sc[v/16]*(q-32),        d = fp16 d
 //   IQ2_XXS:   w = (2s+1)*grid*sign,       d = fp16 d / 8    (gguf: d*(0.5+s)*0.25)
 //   IQ3_XXS:   w = (2s+1)*grid*sign,       d = fp16 d / 4    (gguf: d*(0.5+s)*0.5)
@@ -30,12 +31,29 @@ IntDecodeFn int_decoder(uint32_t type);  // nullptr for types with float activat
 inline bool int_act_type(uint32_t type) { return int_decoder(type) != nullptr; }
 
 // Scalar dequantizers, bit-exact with gguf.quants.dequantize (same float32 operations in the same order).
+void dq_q3_k(const uint8_t* s, float* d, int64_t n);
 void dq_q4_k(const uint8_t* s, float* d, int64_t n);
 void dq_q5_k(const uint8_t* s, float* d, int64_t n);
 void dq_q6_k(const uint8_t* s, float* d, int64_t n);
 void dq_iq2_xxs(const uint8_t* s, float* d, int64_t n);
 void dq_iq3_xxs(const uint8_t* s, float* d, int64_t n);
 void dq_iq4_xs(const uint8_t* s, float* d, int64_t n);
+
+// Q3_K block (110 bytes): hmask[32], qs[64], 12 bytes of 6-bit scales, fp16 d. The sixteen sub-block scales
+// minus 32 (each covers 16 values): low 4 bits from bytes 0-7 (s < 8: low nibble of byte s, else high nibble of
+// byte s - 8), high 2 bits from bytes 8-11 (bits 2 (s / 4) of byte 8 + s % 4).
+inline void q3k_scales(const uint8_t* sc12, int8_t* out) {
+  for (int s = 0; s < 16; s++) {
+    const int lo = (sc12[s % 8] >> (4 * (s / 8))) & 0xF, hi = (sc12[8 + s % 4] >> (2 * (s / 4))) & 3;
+    out[s] = (int8_t)((lo | hi << 4) - 32);
+  }
+}
+// Q3_K code of value v (-4..3): half h = v / 128, k = (v % 128) / 32, l = v % 32.
+inline int q3k_code(const uint8_t* b, int v) {
+  const int h = v / 128, k = (v % 128) / 32, l = v % 32;
+  const int ql = (b[32 + 32 * h + l] >> (2 * k)) & 3, qh = (b[l] >> (v / 32)) & 1;
+  return ql - (qh ? 0 : 4);
+}
 
 // IQ4_NL / IQ4_XS: the 16 values a 4-bit code stands for (gguf-py IQ4_NL.kvalues; tested equal).
 alignas(16) inline constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,

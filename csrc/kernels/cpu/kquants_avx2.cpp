@@ -1,4 +1,4 @@
-// AVX2 int8-activation kernels for Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS, IQ4_XS (matmul.h states the arithmetic).
+// AVX2 int8-activation kernels for Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS, IQ4_XS (matmul.h states the arithmetic).
 // A block decodes to sixteen 16 x int16 registers: w[2j] holds values 0..15 of sub-block j (canonical
 // lanes 0-7 after vpmaddwd), w[2j+1] values 16..31 (lanes 8-15), so the lane sums equal the AVX-512 ones.
 #include <immintrin.h>
@@ -129,6 +129,30 @@ struct DecIQ3XXS {
   }
 };
 
+struct DecQ3K {
+  static constexpr int kBytes = 110;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m256i* w, float& d, float& dmin, uint8_t* m) {
+    d = h2f(b + 108);
+    dmin = 0.f;
+    int8_t sc[16];
+    q3k_scales(b + 96, sc);
+    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+    const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    for (int h = 0; h < 2; h++) {
+      const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32 + 32 * h));
+      for (int k = 0; k < 4; k++) {
+        const int j = 4 * h + k;
+        const __m256i ql = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), m3);
+        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, j), _mm256_set1_epi8(1));
+        const __m256i q = _mm256_sub_epi8(ql, _mm256_andnot_si256(_mm256_slli_epi16(hb, 2), four));
+        w[2 * j] = _mm256_mullo_epi16(lo16s(q), _mm256_set1_epi16(sc[2 * j]));
+        w[2 * j + 1] = _mm256_mullo_epi16(hi16s(q), _mm256_set1_epi16(sc[2 * j + 1]));
+      }
+    }
+  }
+};
+
 struct DecIQ4XS {
   static constexpr int kBytes = 136;
   static constexpr bool kHasMin = false;
@@ -200,6 +224,7 @@ void rows_kq(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, 
 
 RowsFn rows_fn_kq_avx2(uint32_t type) {
   switch (type) {
+    case GGML_Q3_K: return rows_kq<DecQ3K>;
     case GGML_Q4_K: return rows_kq<DecQ4K>;
     case GGML_Q5_K: return rows_kq<DecQ5K>;
     case GGML_Q6_K: return rows_kq<DecQ6K>;
