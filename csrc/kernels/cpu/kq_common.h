@@ -42,6 +42,15 @@ inline float h2f(const uint8_t* p) {
   std::memcpy(&h, p, 2);
   return _cvtsh_ss(h);
 }
+// Only for the ISA translation units (AVX2 and up): the 32 codes (-4..3, int8) of Q3_K values 32 j .. 32 j + 31,
+// bits 2 (j % 4) of qs[32 (j / 4) + l] and bit j of hmask[l] (quants.h q3k_code).
+inline __m256i q3k_codes(const uint8_t* b, int j) {
+  const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32 + 32 * (j / 4)));
+  const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+  const __m256i ql = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * (j % 4)), _mm256_set1_epi8(3));
+  const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, j), _mm256_set1_epi8(1));
+  return _mm256_sub_epi8(ql, _mm256_andnot_si256(_mm256_slli_epi16(hb, 2), _mm256_set1_epi8(4)));  // hb ? 0 : 4
+}
 // The Q4_K/Q5_K block header: d, dmin, and the eight 6-bit scales and mins.
 inline void k4_head(const uint8_t* b, float& d, float& dmin, uint8_t* sc, uint8_t* m) {
   d = h2f(b);

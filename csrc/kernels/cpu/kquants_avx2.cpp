@@ -137,18 +137,10 @@ struct DecQ3K {
     dmin = 0.f;
     int8_t sc[16];
     q3k_scales(b + 96, sc);
-    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
-    const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
-    for (int h = 0; h < 2; h++) {
-      const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32 + 32 * h));
-      for (int k = 0; k < 4; k++) {
-        const int j = 4 * h + k;
-        const __m256i ql = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), m3);
-        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, j), _mm256_set1_epi8(1));
-        const __m256i q = _mm256_sub_epi8(ql, _mm256_andnot_si256(_mm256_slli_epi16(hb, 2), four));
-        w[2 * j] = _mm256_mullo_epi16(lo16s(q), _mm256_set1_epi16(sc[2 * j]));
-        w[2 * j + 1] = _mm256_mullo_epi16(hi16s(q), _mm256_set1_epi16(sc[2 * j + 1]));
-      }
+    for (int j = 0; j < 8; j++) {
+      const __m256i q = q3k_codes(b, j);
+      w[2 * j] = _mm256_mullo_epi16(lo16s(q), _mm256_set1_epi16(sc[2 * j]));
+      w[2 * j + 1] = _mm256_mullo_epi16(hi16s(q), _mm256_set1_epi16(sc[2 * j + 1]));
     }
   }
 };

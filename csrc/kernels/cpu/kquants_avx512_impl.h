@@ -131,21 +131,11 @@ struct DecQ3K {
     d = h2f(b + 108);
     dmin = 0.f;
     mins = _mm_setzero_si128();
-    alignas(16) int8_t sc[16];
+    int8_t sc[16];
     q3k_scales(b + 96, sc);
-    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
-    const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
-    for (int h = 0; h < 2; h++) {
-      const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32 + 32 * h));
-      for (int k = 0; k < 4; k++) {
-        const int j = 4 * h + k;  // values 32 j .. 32 j + 31: bits 2k of qs[32h + l], bit j of hmask[l]
-        const __m256i ql = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), m3);
-        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, j), _mm256_set1_epi8(1));
-        const __m256i q = _mm256_sub_epi8(ql, _mm256_andnot_si256(_mm256_slli_epi16(hb, 2), four));  // ql - (hb ? 0 : 4)
-        const __m512i s = _mm512_inserti64x4(_mm512_set1_epi16(sc[2 * j]), _mm256_set1_epi16(sc[2 * j + 1]), 1);
-        w[j] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(q), s);
-      }
-    }
+    for (int j = 0; j < 8; j++)  // sub-block j: scale 2j for values 0-15, 2j+1 for 16-31
+      w[j] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(q3k_codes(b, j)),
+                                _mm512_inserti64x4(_mm512_set1_epi16(sc[2 * j]), _mm256_set1_epi16(sc[2 * j + 1]), 1));
   }
 };
 
