@@ -42,6 +42,15 @@ inline float h2f(const uint8_t* p) {
   std::memcpy(&h, p, 2);
   return _cvtsh_ss(h);
 }
+// Only for the ISA translation units (AVX2 and up): quants.h q3k_scales in a few vector operations.
+inline void q3k_scales_simd(const uint8_t* sc12, int8_t* out) {
+  const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc12)), m4 = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4));
+  const uint32_t h = u32_at(sc12 + 8), m2 = 0x03030303u;
+  const __m128i hi = _mm_setr_epi32((int)(h & m2), (int)((h >> 2) & m2), (int)((h >> 4) & m2), (int)((h >> 6) & m2));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
+                   _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32)));
+}
 // Only for the ISA translation units (AVX2 and up): the 32 codes (-4..3, int8) of Q3_K values 32 j .. 32 j + 31,
 // bits 2 (j % 4) of qs[32 (j / 4) + l] and bit j of hmask[l] (quants.h q3k_code).
 inline __m256i q3k_codes(const uint8_t* b, int j) {

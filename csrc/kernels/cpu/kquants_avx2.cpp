@@ -136,7 +136,7 @@ struct DecQ3K {
     d = h2f(b + 108);
     dmin = 0.f;
     int8_t sc[16];
-    q3k_scales(b + 96, sc);
+    q3k_scales_simd(b + 96, sc);
     for (int j = 0; j < 8; j++) {
       const __m256i q = q3k_codes(b, j);
       w[2 * j] = _mm256_mullo_epi16(lo16s(q), _mm256_set1_epi16(sc[2 * j]));

@@ -132,7 +132,7 @@ struct DecQ3K {
     dmin = 0.f;
     mins = _mm_setzero_si128();
     int8_t sc[16];
-    q3k_scales(b + 96, sc);
+    q3k_scales_simd(b + 96, sc);
     for (int j = 0; j < 8; j++)  // sub-block j: scale 2j for values 0-15, 2j+1 for 16-31
       w[j] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(q3k_codes(b, j)),
                                 _mm512_inserti64x4(_mm512_set1_epi16(sc[2 * j]), _mm256_set1_epi16(sc[2 * j + 1]), 1));
