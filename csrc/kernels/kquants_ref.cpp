@@ -30,7 +30,10 @@ void rows_kq_ref(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t 
         for (int k = 0; k < 16; k++) L[k] = std::fma(dd, (float)P[k], L[k]);
         if (B.has_min) {
           int32_t M = 0;
-          for (int j = 0; j < 8; j++) M += (int32_t)B.m[j] * a.q.bsum[(b * 4 + j / 2) * 16 + 2 * t + (j & 1)];
+          if (B.min16)  // mins per 16 values (Q2_K): the same integer sum_v m(v) q[v], over the values themselves
+            for (int v = 0; v < QK_K; v++) M += (int32_t)B.m16[v / 16] * q[v];
+          else
+            for (int j = 0; j < 8; j++) M += (int32_t)B.m[j] * a.q.bsum[(b * 4 + j / 2) * 16 + 2 * t + (j & 1)];
           Lm = std::fma(B.dmin * dx, (float)M, Lm);
         }
       }

@@ -10,11 +10,12 @@
 //   fused multiply-add in increasing c (a zero-padded tail), then the fixed tree s8 = l[j]+l[j+8],
 //   s4 = s8[j]+s8[j+4], s2 = s4[j]+s4[j+2], y = s2[0]+s2[1].
 //
-// Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS (int8 activations, quants.h): each activation row is quantized per
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS, IQ4_XS (int8 activations, quants.h): each activation row is quantized per
 //   256-block to int8 (q, dx, sub-block sums bsum; a function of that row alone). A weight block in its
 //   integer form (d, dmin, int16 w[256], mins m[8]) gives, per row, 16 exact int32 lane sums
 //   P[k] = sum of w[v]*q[v] over the block's values v with (v mod 32) / 2 == k (vpmaddwd/vpdpwssd pairs)
-//   and M = sum_j m[j]*bsum[j]. Per block, in increasing block order:
+//   and M = sum_j m[j]*bsum[j] (Q2_K: sum over its 16-value groups of m16[s] times their activation sum).
+//   Per block, in increasing block order:
 //     L[k] = fma(d*dx, (float)P[k], L[k])   and   Lm = fma(dmin*dx, (float)M, Lm)   (types with mins)
 //   then y = reduce16(L) - Lm with the tree above. The result differs from the float64 product by the
 //   activation rounding (|x - dx*q| <= dx/2 per value) plus float32 rounding of the 16-lane sums.

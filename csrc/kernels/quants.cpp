@@ -44,6 +44,15 @@ inline int iq3xxs_mag(const uint8_t* blk, int ib, int e, int* neg, int* s) {
   return (int)((kIq3xxsGrid[qs[2 * l + j / 4]] >> (8 * (j % 4))) & 0xFF);
 }
 
+void dec_q2_k(const uint8_t* b, IntBlock& o) {
+  o.d = half_at(b + 80);
+  o.dmin = half_at(b + 82);
+  o.has_min = true;
+  o.min16 = true;
+  for (int v = 0; v < QK_K; v++) o.w[v] = (int16_t)((b[v / 16] & 0xF) * q2k_code(b, v));
+  for (int j = 0; j < 8; j++) o.m[j] = 0;
+  for (int s = 0; s < 16; s++) o.m16[s] = (int16_t)(b[s] >> 4);
+}
 void dec_q3_k(const uint8_t* b, IntBlock& o) {
   o.d = half_at(b + 108);
   o.dmin = 0.f;
@@ -57,6 +66,7 @@ void dec_q4_k(const uint8_t* b, IntBlock& o) {
   o.d = half_at(b);
   o.dmin = half_at(b + 2);
   o.has_min = true;
+  o.min16 = false;
   uint8_t sc[8], m[8];
   for (int j = 0; j < 8; j++) k4_scale_min(b + 4, j, &sc[j], &m[j]);
   for (int v = 0; v < QK_K; v++) o.w[v] = (int16_t)(sc[v / 32] * k4_code(b + 16, v));
@@ -66,6 +76,7 @@ void dec_q5_k(const uint8_t* b, IntBlock& o) {
   o.d = half_at(b);
   o.dmin = half_at(b + 2);
   o.has_min = true;
+  o.min16 = false;
   uint8_t sc[8], m[8];
   for (int j = 0; j < 8; j++) k4_scale_min(b + 4, j, &sc[j], &m[j]);
   const uint8_t* qh = b + 16;
@@ -121,6 +132,7 @@ void dec_iq3_xxs(const uint8_t* b, IntBlock& o) {
 
 IntDecodeFn int_decoder(uint32_t type) {
   switch (type) {
+    case GGML_Q2_K: return dec_q2_k;
     case GGML_Q3_K: return dec_q3_k;
     case GGML_Q4_K: return dec_q4_k;
     case GGML_Q5_K: return dec_q5_k;
@@ -132,6 +144,17 @@ IntDecodeFn int_decoder(uint32_t type) {
   }
 }
 
+// gguf-py: dl = d*(sc & 15) and ml = dmin*(sc >> 4) rounded to float32, then dl*q - ml.
+void dq_q2_k(const uint8_t* s, float* y, int64_t n) {
+  for (int64_t bi = 0; bi < n / QK_K; bi++, y += QK_K) {
+    const uint8_t* b = s + bi * 84;
+    const float d = half_at(b + 80), dmin = half_at(b + 82);
+    for (int v = 0; v < QK_K; v++) {
+      const float dl = d * (float)(b[v / 16] & 0xF), ml = dmin * (float)(b[v / 16] >> 4);
+      y[v] = dl * (float)q2k_code(b, v) - ml;
+    }
+  }
+}
 // gguf-py: dl = d*(sc-32) rounded to float32, then dl*q.
 void dq_q3_k(const uint8_t* s, float* y, int64_t n) {
   for (int64_t bi = 0; bi < n / QK_K; bi++, y += QK_K) {

@@ -1,7 +1,9 @@
 // K- and IQ-quant blocks (spec qwen3next.md 3.2) and the int8 activation rows their kernels multiply.
 //
-// Every 256-value block of Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS and IQ4_XS has an exact integer form
+// Every 256-value block of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS and IQ4_XS has an exact integer form
 //   value v = d * w[v] - dmin * m[v / 32]        (w int16, m the 6-bit mins; dmin = 0 without mins)
+//   (Q2_K: - dmin * m16[v / 16], a 4-bit min per 16 values)
+//   Q2_K:      w = (sc & 15)*q, m16 = sc >> 4 (sc: the byte of the 16 values), d = fp16 d, dmin = fp16 dmin
 //   Q4_K/Q5_K: w = sc[j]*q,  d = fp16 d,   dmin = fp16 dmin
 //   Q3_K:      w = (sc[v/16]-32)*q, q = 2-bit code - (hmask bit ? 0 : 4),  d = fp16 d
 //   Q6_K:      w = sc[v/16]*(q-32),        d = fp16 d
@@ -23,14 +25,17 @@ constexpr int QK_K = 256;
 struct IntBlock {
   float d = 0.f, dmin = 0.f;
   bool has_min = false;
+  bool min16 = false;  // the mins are m16 (per 16 values), not m (per 32)
   int16_t w[QK_K];
   int16_t m[8];
+  int16_t m16[16];
 };
 using IntDecodeFn = void (*)(const uint8_t* blk, IntBlock& out);
 IntDecodeFn int_decoder(uint32_t type);  // nullptr for types with float activations
 inline bool int_act_type(uint32_t type) { return int_decoder(type) != nullptr; }
 
 // Scalar dequantizers, bit-exact with gguf.quants.dequantize (same float32 operations in the same order).
+void dq_q2_k(const uint8_t* s, float* d, int64_t n);
 void dq_q3_k(const uint8_t* s, float* d, int64_t n);
 void dq_q4_k(const uint8_t* s, float* d, int64_t n);
 void dq_q5_k(const uint8_t* s, float* d, int64_t n);
@@ -38,6 +43,10 @@ void dq_q6_k(const uint8_t* s, float* d, int64_t n);
 void dq_iq2_xxs(const uint8_t* s, float* d, int64_t n);
 void dq_iq3_xxs(const uint8_t* s, float* d, int64_t n);
 void dq_iq4_xs(const uint8_t* s, float* d, int64_t n);
+
+// Q2_K block (84 bytes): 16 scale bytes (low nibble: scale, high: min, each for 16 values), 64 bytes of 2-bit
+// codes (value v = 128 h + 32 k + l: bits 2k of byte 16 + 32 h + l), fp16 d, fp16 dmin.
+inline int q2k_code(const uint8_t* b, int v) { return (b[16 + 32 * (v / 128) + v % 32] >> (2 * ((v % 128) / 32))) & 3; }
 
 // Q3_K block (110 bytes): hmask[32], qs[64], 12 bytes of 6-bit scales, fp16 d. The sixteen sub-block scales
 // minus 32 (each covers 16 values): low 4 bits from bytes 0-7 (s < 8: low nibble of byte s, else high nibble of

@@ -40,7 +40,7 @@ const TypeTraits kTypes[] = {
     {GGML_Q4_0, "Q4_0", 32, 18, nullptr},   {GGML_Q4_1, "Q4_1", 32, 20, nullptr},
     {GGML_Q5_0, "Q5_0", 32, 22, nullptr},   {GGML_Q5_1, "Q5_1", 32, 24, nullptr},
     {GGML_Q8_0, "Q8_0", 32, 34, dq_q8_0},   {GGML_Q8_1, "Q8_1", 32, 36, nullptr},
-    {GGML_Q2_K, "Q2_K", 256, 84, nullptr},  {GGML_Q3_K, "Q3_K", 256, 110, dq_q3_k},
+    {GGML_Q2_K, "Q2_K", 256, 84, dq_q2_k},  {GGML_Q3_K, "Q3_K", 256, 110, dq_q3_k},
     {GGML_Q4_K, "Q4_K", 256, 144, dq_q4_k}, {GGML_Q5_K, "Q5_K", 256, 176, dq_q5_k},
     {GGML_Q6_K, "Q6_K", 256, 210, dq_q6_k}, {GGML_Q8_K, "Q8_K", 256, 292, nullptr},
     {GGML_IQ2_XXS, "IQ2_XXS", 256, 66, dq_iq2_xxs}, {GGML_IQ2_XS, "IQ2_XS", 256, 74, nullptr},

@@ -2,7 +2,7 @@
 
     python -m strata_py.synth NAME OUT.gguf --type TYPE --seed S [--mtp] [--expert-gib G]
 
-TYPE: f32, f16, bf16, q8_0, q3_k, q4_k, q5_k, q6_k, iq2_xxs, iq3_xxs, iq4_xs, or q4_k_m (Q4_K with Q6_K for output,
+TYPE: f32, f16, bf16, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq2_xxs, iq3_xxs, iq4_xs, or q4_k_m (Q4_K with Q6_K for output,
 attn_v and every other layer's ffn_down, like llama-quantize's Q4_K_M mix).
 
 Sizes: `tiny` (tests), `bench` (hidden 1024, 24 layers 3:1, 128 experts top-8 + shared expert), `stream`
@@ -38,11 +38,11 @@ SIZES = {
                   n_ctx=32768),
 }
 SIZES["stream"] = dict(SIZES["bench"])
-TYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q3_k": QT.Q3_K, "q4_k": QT.Q4_K, "q5_k": QT.Q5_K,
+TYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q2_k": QT.Q2_K, "q3_k": QT.Q3_K, "q4_k": QT.Q4_K, "q5_k": QT.Q5_K,
          "q6_k": QT.Q6_K, "iq2_xxs": QT.IQ2_XXS, "iq3_xxs": QT.IQ3_XXS, "iq4_xs": QT.IQ4_XS}
 LFT = gguf.LlamaFileType
 FILE_TYPES = {"f32": LFT.ALL_F32, "f16": LFT.MOSTLY_F16, "bf16": LFT.MOSTLY_BF16, "q8_0": LFT.MOSTLY_Q8_0,
-              "q3_k": LFT.MOSTLY_Q3_K_S, "q4_k": LFT.MOSTLY_Q4_K_S, "q5_k": LFT.MOSTLY_Q5_K_S, "q6_k": LFT.MOSTLY_Q6_K,
+              "q2_k": LFT.MOSTLY_Q2_K, "q3_k": LFT.MOSTLY_Q3_K_S, "q4_k": LFT.MOSTLY_Q4_K_S, "q5_k": LFT.MOSTLY_Q5_K_S, "q6_k": LFT.MOSTLY_Q6_K,
               "iq2_xxs": LFT.MOSTLY_IQ2_XXS, "iq3_xxs": LFT.MOSTLY_IQ3_XXS, "iq4_xs": LFT.MOSTLY_IQ4_XS,
               "q4_k_m": LFT.MOSTLY_Q4_K_M}
 MIXES = {"q4_k_m": (QT.Q4_K, QT.Q6_K)}  # (main type, type for output / attn_v / every other ffn_down)
@@ -50,6 +50,7 @@ MIXES = {"q4_k_m": (QT.Q4_K, QT.Q6_K)}  # (main type, type for output / attn_v /
 # K/IQ blocks: (byte offsets of fp16 scales, 1/typical |code * sub-scale|) so that d = scale * k gives values
 # of about `scale`; the remaining bytes are uniform random (always valid).
 _KQ = {
+    QT.Q2_K: ((80,), 1 / 12, {82: 1.5}),   # dmin = 1.5 d centres (sc & 15)*q - (dmin/d)*(sc >> 4)
     QT.Q3_K: ((108,), 1 / 40, {}),        # |sc - 32| ~ 16, |q| ~ 2.5
     QT.Q4_K: ((0,), 1 / 250, {2: 7.5}),      # dmin = 7.5 d centres sc*q - (dmin/d)*m
     QT.Q5_K: ((0,), 1 / 500, {2: 15.5}),

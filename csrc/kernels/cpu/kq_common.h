@@ -3,6 +3,8 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "kernels/iq_tables.h"
 #include "kernels/quants.h"
@@ -21,6 +23,28 @@ constexpr std::array<uint64_t, 128> make_sign_masks() {
   return t;
 }
 alignas(64) inline constexpr std::array<uint64_t, 128> kSignMask = make_sign_masks();
+
+// A decoder whose mins are per 16 values (Q2_K) says kMins16 = true and provides mins16(block, int16_t[16]);
+// the kernels then form M = sum_v m16[v / 16] * q[v] from the activation values (bsum is per 32).
+// Sums of 16 activation values per (block, 16-value group, row), laid out for the min sums of Q2_K:
+// out[((b * 8 + s / 2) * 8 + t) * 2 + s % 2] for group s, rows t < T (0 for t >= T). |sum| <= 16 * 127.
+inline void act_sums16(const QAct& a, std::vector<int16_t>& out) {
+  out.assign((size_t)a.nb * 128, 0);
+  for (int64_t b = 0; b < a.nb; b++)
+    for (int t = 0; t < a.T; t++) {
+      const int16_t* q = a.q + t * a.ldq + b * QK_K;
+      for (int s = 0; s < 16; s++) {
+        int sum = 0;
+        for (int i = 0; i < 16; i++) sum += q[16 * s + i];
+        out[((b * 8 + s / 2) * 8 + t) * 2 + s % 2] = (int16_t)sum;
+      }
+    }
+}
+
+template <class D, class = void>
+struct HasMins16 : std::false_type {};
+template <class D>
+struct HasMins16<D, std::void_t<decltype(D::kMins16)>> : std::bool_constant<D::kMins16> {};
 
 // Q4_K/Q5_K scales and mins, branch-free (ggml's kmask trick): sc[0..7] and m[0..7] as bytes.
 inline void k4_scales(const uint8_t* s, uint8_t* sc, uint8_t* m) {

@@ -1,4 +1,4 @@
-// AVX2 int8-activation kernels for Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS, IQ4_XS (matmul.h states the arithmetic).
+// AVX2 int8-activation kernels for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS, IQ4_XS (matmul.h states the arithmetic).
 // A block decodes to sixteen 16 x int16 registers: w[2j] holds values 0..15 of sub-block j (canonical
 // lanes 0-7 after vpmaddwd), w[2j+1] values 16..31 (lanes 8-15), so the lane sums equal the AVX-512 ones.
 #include <immintrin.h>
@@ -129,6 +129,28 @@ struct DecIQ3XXS {
   }
 };
 
+struct DecQ2K {
+  static constexpr int kBytes = 84;
+  static constexpr bool kHasMin = true;
+  static constexpr bool kMins16 = true;
+  static inline void mins16(const uint8_t* b, int16_t* m) {
+    for (int s = 0; s < 16; s++) m[s] = (int16_t)(b[s] >> 4);
+  }
+  static inline void decode(const uint8_t* b, __m256i* w, float& d, float& dmin, uint8_t* m) {
+    d = h2f(b + 80);
+    dmin = h2f(b + 82);
+    for (int h = 0; h < 2; h++) {
+      const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * h));
+      for (int k = 0; k < 4; k++) {
+        const int j = 4 * h + k;
+        const __m256i q = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), _mm256_set1_epi8(3));
+        w[2 * j] = _mm256_mullo_epi16(lo16u(q), _mm256_set1_epi16(b[2 * j] & 0xF));
+        w[2 * j + 1] = _mm256_mullo_epi16(hi16u(q), _mm256_set1_epi16(b[2 * j + 1] & 0xF));
+      }
+    }
+  }
+};
+
 struct DecQ3K {
   static constexpr int kBytes = 110;
   static constexpr bool kHasMin = false;
@@ -167,6 +189,8 @@ struct DecIQ4XS {
 template <class Dec, int T>
 void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int64_t nb = W.cols / QK_K;
+  thread_local std::vector<int16_t> sums16;  // per calling thread, from the shared read-only rows
+  if constexpr (HasMins16<Dec>::value) act_sums16(a.q, sums16);
   for (int64_t r = r0; r < r1; r++) {
     const uint8_t* row = W.data + r * W.row_bytes;
     __m256 Llo[T], Lhi[T];
@@ -190,7 +214,19 @@ void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0
         Llo[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(alo), Llo[t]);
         Lhi[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(ahi), Lhi[t]);
       }
-      if constexpr (Dec::kHasMin) {
+      if constexpr (HasMins16<Dec>::value) {
+        // M = sum_s m16[s] * (sum of the 16 activation values of group s), all rows at once (act_sums16)
+        alignas(16) int16_t m16[16];
+        Dec::mins16(row + b * Dec::kBytes, m16);
+        const int16_t* bs = sums16.data() + b * 128;
+        __m256i M = _mm256_setzero_si256();
+        for (int p = 0; p < 8; p++) {
+          const int32_t pair = (int32_t)((uint32_t)(uint16_t)m16[2 * p] | (uint32_t)(uint16_t)m16[2 * p + 1] << 16);
+          M = _mm256_add_epi32(M, _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * p)),
+                                                    _mm256_set1_epi32(pair)));
+        }
+        Lm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(M), Lm);
+      } else if constexpr (Dec::kHasMin) {
         const int16_t* bs = a.q.bsum + b * 64;
         __m256i M = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {
@@ -216,6 +252,7 @@ void rows_kq(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, 
 
 RowsFn rows_fn_kq_avx2(uint32_t type) {
   switch (type) {
+    case GGML_Q2_K: return rows_kq<DecQ2K>;
     case GGML_Q3_K: return rows_kq<DecQ3K>;
     case GGML_Q4_K: return rows_kq<DecQ4K>;
     case GGML_Q5_K: return rows_kq<DecQ5K>;

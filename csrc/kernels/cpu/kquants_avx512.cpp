@@ -1,4 +1,4 @@
-// AVX-512 int8-activation kernels for Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS, IQ4_XS (matmul.h states the arithmetic).
+// AVX-512 int8-activation kernels for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS, IQ4_XS (matmul.h states the arithmetic).
 // A weight block is decoded once into eight 32 x int16 registers w[j] (sub-block j, integer form of
 // quants.h) and multiplied into all T rows: vpdpwssd (VNNI) or vpmaddwd + vpaddd, which give the same
 // exact int32 lane sums P[k] (lane k takes values 2k, 2k+1 of every sub-block).
@@ -10,6 +10,7 @@ namespace strata {
 
 RowsFn rows_fn_kq_avx512(uint32_t type) {
   switch (type) {
+    case GGML_Q2_K: return pick<DecQ2K>();
     case GGML_Q3_K: return pick<DecQ3K>();
     case GGML_Q4_K: return pick<DecQ4K>();
     case GGML_Q5_K: return pick<DecQ5K>();

@@ -124,6 +124,29 @@ struct DecIQ3XXS {
   }
 };
 
+struct DecQ2K {
+  static constexpr int kBytes = 84;
+  static constexpr bool kHasMin = true;
+  static constexpr bool kMins16 = true;
+  static inline void mins16(const uint8_t* b, int16_t* m) {
+    for (int s = 0; s < 16; s++) m[s] = (int16_t)(b[s] >> 4);
+  }
+  static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
+    d = h2f(b + 80);
+    dmin = h2f(b + 82);
+    mins = _mm_setzero_si128();
+    for (int h = 0; h < 2; h++) {
+      const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * h));
+      for (int k = 0; k < 4; k++) {
+        const int j = 4 * h + k;  // values 32 j ..: bits 2k of qs[32h + l]; scales of bytes 2j, 2j+1
+        const __m256i q = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), _mm256_set1_epi8(3));
+        w[j] = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(q), _mm512_inserti64x4(_mm512_set1_epi16(b[2 * j] & 0xF),
+                                                                               _mm256_set1_epi16(b[2 * j + 1] & 0xF), 1));
+      }
+    }
+  }
+};
+
 struct DecQ3K {
   static constexpr int kBytes = 110;
   static constexpr bool kHasMin = false;
@@ -171,6 +194,8 @@ void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0
   const int64_t nb = W.cols / QK_K;
   const __m512i idx01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m512i idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+  thread_local std::vector<int16_t> sums16;  // per calling thread, from the shared read-only rows
+  if constexpr (HasMins16<Dec>::value) act_sums16(a.q, sums16);
   for (int64_t r = r0; r < r1; r++) {
     const uint8_t* row = W.data + r * W.row_bytes;
     __m512 L[T];
@@ -195,7 +220,19 @@ void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0
         }
         L[t] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx[t]), _mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), L[t]);
       }
-      if constexpr (Dec::kHasMin) {
+      if constexpr (HasMins16<Dec>::value) {
+        // M = sum_s m16[s] * (sum of the 16 activation values of group s), all rows at once (act_sums16)
+        alignas(16) int16_t m16[16];
+        Dec::mins16(blk, m16);
+        const int16_t* bs = sums16.data() + b * 128;
+        __m256i M = _mm256_setzero_si256();
+        for (int p = 0; p < 8; p++) {
+          const int32_t pair = (int32_t)((uint32_t)(uint16_t)m16[2 * p] | (uint32_t)(uint16_t)m16[2 * p + 1] << 16);
+          M = _mm256_add_epi32(M, _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * p)),
+                                                    _mm256_set1_epi32(pair)));
+        }
+        Lm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(M), Lm);
+      } else if constexpr (Dec::kHasMin) {
         const __m512i mz = _mm512_castsi128_si512(mins);
         const int16_t* bs = a.q.bsum + b * 64;
         const __m512i M16 = _mm512_add_epi32(_mm512_madd_epi16(_mm512_loadu_si512(bs), _mm512_permutexvar_epi32(idx01, mz)),
