@@ -41,6 +41,28 @@ inline void act_sums16(const QAct& a, std::vector<int16_t>& out) {
     }
 }
 
+// Only for the ISA translation units (AVX2 and up): M of every row (lane t) of one block from its 16 mins and
+// that block's 128 act_sums16 values.
+inline __m256i min_sums16(const int16_t* m16, const int16_t* bs) {
+  __m256i M = _mm256_setzero_si256();
+  for (int p = 0; p < 8; p++) {
+    const int32_t pair = (int32_t)((uint32_t)(uint16_t)m16[2 * p] | (uint32_t)(uint16_t)m16[2 * p + 1] << 16);
+    M = _mm256_add_epi32(M, _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * p)),
+                                              _mm256_set1_epi32(pair)));
+  }
+  return M;
+}
+
+// What the AVX2 and AVX-512 Q2_K decoders share: the block size and the mins per 16 values.
+struct Q2KBlock {
+  static constexpr int kBytes = 84;
+  static constexpr bool kHasMin = true;
+  static constexpr bool kMins16 = true;
+  static inline void mins16(const uint8_t* b, int16_t* m) {
+    for (int s = 0; s < 16; s++) m[s] = (int16_t)(b[s] >> 4);
+  }
+};
+
 template <class D, class = void>
 struct HasMins16 : std::false_type {};
 template <class D>

@@ -129,13 +129,7 @@ struct DecIQ3XXS {
   }
 };
 
-struct DecQ2K {
-  static constexpr int kBytes = 84;
-  static constexpr bool kHasMin = true;
-  static constexpr bool kMins16 = true;
-  static inline void mins16(const uint8_t* b, int16_t* m) {
-    for (int s = 0; s < 16; s++) m[s] = (int16_t)(b[s] >> 4);
-  }
+struct DecQ2K : Q2KBlock {
   static inline void decode(const uint8_t* b, __m256i* w, float& d, float& dmin, uint8_t* m) {
     d = h2f(b + 80);
     dmin = h2f(b + 82);
@@ -218,14 +212,8 @@ void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0
         // M = sum_s m16[s] * (sum of the 16 activation values of group s), all rows at once (act_sums16)
         alignas(16) int16_t m16[16];
         Dec::mins16(row + b * Dec::kBytes, m16);
-        const int16_t* bs = sums16.data() + b * 128;
-        __m256i M = _mm256_setzero_si256();
-        for (int p = 0; p < 8; p++) {
-          const int32_t pair = (int32_t)((uint32_t)(uint16_t)m16[2 * p] | (uint32_t)(uint16_t)m16[2 * p + 1] << 16);
-          M = _mm256_add_epi32(M, _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * p)),
-                                                    _mm256_set1_epi32(pair)));
-        }
-        Lm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(M), Lm);
+        Lm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_loadu_ps(dx)),
+                             _mm256_cvtepi32_ps(min_sums16(m16, sums16.data() + b * 128)), Lm);
       } else if constexpr (Dec::kHasMin) {
         const int16_t* bs = a.q.bsum + b * 64;
         __m256i M = _mm256_setzero_si256();
