@@ -45,8 +45,9 @@ inline void act_sums16(const QAct& a, std::vector<int16_t>& out) {
 // that block's 128 act_sums16 values.
 inline __m256i min_sums16(const int16_t* m16, const int16_t* bs) {
   __m256i M = _mm256_setzero_si256();
-  for (int p = 0; p < 8; p++) {
-    const int32_t pair = (int32_t)((uint32_t)(uint16_t)m16[2 * p] | (uint32_t)(uint16_t)m16[2 * p + 1] << 16);
+  for (int p = 0; p < 8; p++) {  // mins 2p, 2p+1 as one int32 (little-endian int16 pair), against rows' sums
+    int32_t pair;
+    std::memcpy(&pair, m16 + 2 * p, 4);
     M = _mm256_add_epi32(M, _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * p)),
                                               _mm256_set1_epi32(pair)));
   }
@@ -58,8 +59,10 @@ struct Q2KBlock {
   static constexpr int kBytes = 84;
   static constexpr bool kHasMin = true;
   static constexpr bool kMins16 = true;
-  static inline void mins16(const uint8_t* b, int16_t* m) {
-    for (int s = 0; s < 16; s++) m[s] = (int16_t)(b[s] >> 4);
+  static inline void mins16(const uint8_t* b, int16_t* m) {  // the high nibbles of the 16 scale bytes
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(m),
+                        _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(x, 4), _mm_set1_epi8(0x0F))));
   }
 };
 

@@ -129,13 +129,18 @@ struct DecQ2K : Q2KBlock {
     d = h2f(b + 80);
     dmin = h2f(b + 82);
     mins = _mm_setzero_si128();
+    // the 16 scales (low nibbles) as words; sub-block j multiplies its halves by scales 2j and 2j+1
+    const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(
+        _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), _mm_set1_epi8(0x0F))));
+    const __m512i half = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                          0, 0, 0, 0, 0, 0);
     for (int h = 0; h < 2; h++) {
       const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * h));
       for (int k = 0; k < 4; k++) {
-        const int j = 4 * h + k;  // values 32 j ..: bits 2k of qs[32h + l]; scales of bytes 2j, 2j+1
+        const int j = 4 * h + k;  // values 32 j ..: bits 2k of qs[32h + l]
         const __m256i q = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), _mm256_set1_epi8(3));
-        w[j] = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(q), _mm512_inserti64x4(_mm512_set1_epi16(b[2 * j] & 0xF),
-                                                                               _mm256_set1_epi16(b[2 * j + 1] & 0xF), 1));
+        const __m512i s = _mm512_permutexvar_epi16(_mm512_add_epi16(half, _mm512_set1_epi16((short)(2 * j))), sc);
+        w[j] = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(q), s);
       }
     }
   }
