@@ -124,6 +124,14 @@ struct DecIQ3XXS {
   }
 };
 
+// Q2_K/Q3_K: sixteen scales (words 0-15 of sc16), one per 16 values -> the multiplier of sub-block j's 32
+// values: scale 2j in words 0-15, scale 2j+1 in words 16-31.
+inline __m512i scales_of_halves(__m512i sc16, int j) {
+  const __m512i half = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                        0, 0, 0, 0, 0, 0);
+  return _mm512_permutexvar_epi16(_mm512_add_epi16(half, _mm512_set1_epi16((short)(2 * j))), sc16);
+}
+
 struct DecQ2K : Q2KBlock {
   static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
     d = h2f(b + 80);
@@ -132,15 +140,12 @@ struct DecQ2K : Q2KBlock {
     // the 16 scales (low nibbles) as words; sub-block j multiplies its halves by scales 2j and 2j+1
     const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(
         _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), _mm_set1_epi8(0x0F))));
-    const __m512i half = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                          0, 0, 0, 0, 0, 0);
     for (int h = 0; h < 2; h++) {
       const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * h));
       for (int k = 0; k < 4; k++) {
         const int j = 4 * h + k;  // values 32 j ..: bits 2k of qs[32h + l]
         const __m256i q = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), _mm256_set1_epi8(3));
-        const __m512i s = _mm512_permutexvar_epi16(_mm512_add_epi16(half, _mm512_set1_epi16((short)(2 * j))), sc);
-        w[j] = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(q), s);
+        w[j] = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(q), scales_of_halves(sc, j));
       }
     }
   }
@@ -153,11 +158,12 @@ struct DecQ3K {
     d = h2f(b + 108);
     dmin = 0.f;
     mins = _mm_setzero_si128();
-    int8_t sc[16];
-    q3k_scales_simd(b + 96, sc);
-    for (int j = 0; j < 8; j++)  // sub-block j: scale 2j for values 0-15, 2j+1 for 16-31
-      w[j] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(q3k_codes(b, j)),
-                                _mm512_inserti64x4(_mm512_set1_epi16(sc[2 * j]), _mm256_set1_epi16(sc[2 * j + 1]), 1));
+    alignas(16) int8_t sc8[16];
+    q3k_scales_simd(b + 96, sc8);
+    // the 16 scales as words; sub-block j multiplies its halves by scales 2j and 2j+1
+    const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(sc8))));
+    for (int j = 0; j < 8; j++)
+      w[j] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(q3k_codes(b, j)), scales_of_halves(sc, j));
   }
 };
 
