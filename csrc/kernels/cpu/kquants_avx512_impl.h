@@ -54,6 +54,14 @@ struct DecQ5K {
   }
 };
 
+// Q2_K/Q3_K/Q6_K: sixteen scales (words 0-15 of sc16), one per 16 values -> the multiplier of sub-block j's 32
+// values: scale 2j in words 0-15, scale 2j+1 in words 16-31.
+inline __m512i scales_of_halves(__m512i sc16, int j) {
+  const __m512i half = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                        0, 0, 0, 0, 0, 0);
+  return _mm512_permutexvar_epi16(_mm512_add_epi16(half, _mm512_set1_epi16((short)(2 * j))), sc16);
+}
+
 struct DecQ6K {
   static constexpr int kBytes = 210;
   static constexpr bool kHasMin = false;
@@ -62,8 +70,6 @@ struct DecQ6K {
     dmin = 0.f;
     mins = _mm_setzero_si128();
     const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192))));
-    const __m512i half_idx = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0,
-                                              0, 0, 0, 0, 0, 0, 0, 0);
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
     const __m512i k32 = _mm512_set1_epi16(32);
     for (int h = 0; h < 2; h++) {
@@ -76,8 +82,7 @@ struct DecQ6K {
         const __m256i lo = (k >> 1) ? _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4) : _mm256_and_si256(ql, m4);
         const __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2), 4);
         const __m512i q = _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm256_or_si256(lo, hb)), k32);
-        const __m512i s = _mm512_permutexvar_epi16(_mm512_add_epi16(half_idx, _mm512_set1_epi16(2 * j)), sc);
-        w[j] = _mm512_mullo_epi16(q, s);
+        w[j] = _mm512_mullo_epi16(q, scales_of_halves(sc, j));
       }
     }
   }
@@ -123,14 +128,6 @@ struct DecIQ3XXS {
     }
   }
 };
-
-// Q2_K/Q3_K: sixteen scales (words 0-15 of sc16), one per 16 values -> the multiplier of sub-block j's 32
-// values: scale 2j in words 0-15, scale 2j+1 in words 16-31.
-inline __m512i scales_of_halves(__m512i sc16, int j) {
-  const __m512i half = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                        0, 0, 0, 0, 0, 0);
-  return _mm512_permutexvar_epi16(_mm512_add_epi16(half, _mm512_set1_epi16((short)(2 * j))), sc16);
-}
 
 struct DecQ2K : Q2KBlock {
   static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
