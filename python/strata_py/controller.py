@@ -153,15 +153,21 @@ class DraftedCosts:
         return {str(T): round(c * 1e3, 3) for T, c in enumerate(self.table(n), 1)}
 
 
+def per_model(model, attr: str, make):
+    """State kept on a loaded model and shared by its requests (created by make() on first use); a fresh
+    one without a model."""
+    if model is None:
+        return make()
+    state = getattr(model, attr, None)
+    if state is None:
+        state = make()
+        setattr(model, attr, state)
+    return state
+
+
 def window_costs(model) -> WindowCosts:
     """The C(T) table shared by every request on this loaded model (created on first use)."""
-    if model is None:
-        return WindowCosts()
-    costs = getattr(model, "_window_costs", None)
-    if costs is None:
-        costs = WindowCosts()
-        model._window_costs = costs
-    return costs
+    return per_model(model, "_window_costs", WindowCosts)
 
 
 @dataclass
@@ -280,8 +286,8 @@ class LengthController:
 
         The first `warmup_windows` windows of a request are not measurements of C(T): right after prefill
         the weights are partly out of cache and a step costs up to 2.5x its steady value, and one such sample
-        for a T that is then rarely chosen would skew the fitted line for the whole request. Past that, the
-        first measurement of a T is provisional: the second replaces it rather than averaging with it."""
+        for a T that is then rarely chosen would skew the fitted line for the whole request. The others go to
+        the cost table (WindowCosts.record)."""
         self._seen += 1
         if self._seen > self.warmup_windows:
             self.costs.record(T, seconds)

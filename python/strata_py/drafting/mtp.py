@@ -18,7 +18,7 @@ import time
 from typing import Sequence
 
 from ..config import GenerationConfig
-from ..controller import DraftedCosts, LengthController, WindowCosts, expected_keep, window_costs
+from ..controller import DraftedCosts, LengthController, WindowCosts, expected_keep, per_model, window_costs
 from . import register
 from .suffix import MAX_WINDOW, SuffixDrafter
 
@@ -43,12 +43,7 @@ class MtpCosts:
 
 def mtp_costs(model) -> MtpCosts:
     """The model's MtpCosts (created on first use; a fresh one without a model)."""
-    if model is None:
-        return MtpCosts()
-    costs = getattr(model, "_mtp_costs", None)
-    if costs is None:
-        costs = model._mtp_costs = MtpCosts()
-    return costs
+    return per_model(model, "_mtp_costs", MtpCosts)
 
 
 class MtpDrafter:
