@@ -32,7 +32,7 @@ void init_kernels(nb::module_& m) {
   m.def("best_isa", [] { return std::string(isa_name(best_isa())); });
   m.def("has_avx512vbmi", [] { return cpu_has_avx512vbmi(); });
   m.def("allow_vbmi", [](bool on) { allow_vbmi(on); }, nb::arg("on"),
-        "Tests: whether the AVX-512 path may use the VBMI kernels (IQ2_XXS); results are the same either way.");
+        "Tests: whether the AVX-512 path may use the VBMI kernels (IQ2_XXS, IQ3_XXS); results are the same either way.");
   m.def("active_isa", [] { return std::string(isa_name(active_isa())); });
   m.def("force_isa", [](const std::string& s) { force_isa(parse_isa(s)); }, nb::arg("isa"),
         "Select the kernel path (tests and benches). Raises if this CPU lacks it.");

@@ -23,7 +23,7 @@ def has_avx512vbmi() -> bool: ...
 
 def allow_vbmi(on: bool) -> None:
     """
-    Tests: whether the AVX-512 path may use the VBMI kernels (IQ2_XXS); results are the same either way.
+    Tests: whether the AVX-512 path may use the VBMI kernels (IQ2_XXS, IQ3_XXS); results are the same either way.
     """
 
 def active_isa() -> str: ...

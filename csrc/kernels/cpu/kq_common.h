@@ -1,4 +1,5 @@
-// Shared by the int8-activation SIMD kernels (no intrinsics here): block sizes, the IQ sign-mask table.
+// Shared by the int8-activation SIMD kernels: block facts and tables (the IQ sign masks, the Q4_K/Q5_K scale
+// unpacking), and a few AVX2 helpers (marked) that only the ISA translation units call.
 #pragma once
 #include <array>
 #include <cstdint>
