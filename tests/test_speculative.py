@@ -92,6 +92,15 @@ def test_adversarial_drafters_through_generate_ids(tiny_q8_model, sampling):
                 assert st.accepted == st.drafted and max(int(t) for t in st.t_hist) == 8
 
 
+def _fixed_table() -> WindowCosts:
+    """A C(T) table that measurements do not move (cost_ema = 0, every T measured twice), windows cheap."""
+    costs = WindowCosts(cost_ema=0.0)
+    for T in range(1, 9):
+        for _ in range(2):
+            costs.record(T, 1e-3 * (1 + 0.05 * (T - 1)))
+    return costs
+
+
 class _ControlledOracle(_Oracle):
     """An oracle whose draft count the length controller picks (real acceptance for the controller)."""
 
@@ -114,12 +123,9 @@ def test_controller_drives_the_loop_exactly(tiny_model):
     prompt = _prompts(tiny_model.n_vocab, 5)["random"]
     plain, _ = _run(tiny_model, prompt, max_tokens=80, **SAMPLED)
     for right in (None, 2):
-        # a fixed cost table (cost_ema = 0, every T measured twice already): the controller's choices then
-        # depend on the acceptance it observes, not on how fast this machine happens to be right now
-        costs = WindowCosts(cost_ema=0.0)
-        for T in range(1, 9):
-            for _ in range(2):
-                costs.record(T, 1e-3 * (1 + 0.05 * (T - 1)))
+        # a fixed cost table: the controller's choices then depend on the acceptance it observes, not on how
+        # fast this machine happens to be right now
+        costs = _fixed_table()
         seeded = costs.samples
         ctl = LengthController(costs=costs)
         orc = _ControlledOracle(plain, len(prompt), right, tiny_model.n_vocab, controller=ctl)
@@ -132,15 +138,11 @@ def test_controller_drives_the_loop_exactly(tiny_model):
 
 
 def _fixed_costs(model) -> WindowCosts:
-    """Give `model` a fixed C(T) table (cost_ema = 0, every T measured twice, windows cheap): `auto` then
-    drafts by the acceptance it sees, whatever the machine's speed and the other tests' windows on this
-    session-scoped model. Returns the table it replaced."""
+    """Give `model` a fixed C(T) table (_fixed_table): `auto` then drafts by the acceptance it sees, whatever
+    the machine's speed and the other tests' windows on this session-scoped model. Returns the table it
+    replaced."""
     old = window_costs(model)
-    fixed = WindowCosts(cost_ema=0.0)
-    for T in range(1, 9):
-        for _ in range(2):
-            fixed.record(T, 1e-3 * (1 + 0.05 * (T - 1)))
-    model._window_costs = fixed
+    model._window_costs = _fixed_table()
     return old
 
 
