@@ -110,6 +110,8 @@ def test_bad_generation_options(tiny_model):
         list(generate_ids(tiny_model, [1, 2], temperature=-1.0))
     with pytest.raises(ValueError, match="top_p"):
         list(generate_ids(tiny_model, [1, 2], top_p=0.0))
+    with pytest.raises(ValueError, match=r"max_draft=64: must be in 0\.\.63"):
+        list(generate_ids(tiny_model, [1, 2], max_draft=64))
     with pytest.raises(ValueError, match="unknown option 'bogus'"):
         list(generate_ids(tiny_model, [1, 2], bogus=1))
     with pytest.raises(ValueError, match="prompt of 40 tokens exceeds the context of 32"):

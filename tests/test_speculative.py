@@ -84,12 +84,12 @@ def test_adversarial_drafters_through_generate_ids(tiny_q8_model, sampling):
     for seed in (0, 3):
         prompt = _prompts(model.n_vocab, seed)["random"]
         plain, _ = _run(model, prompt, max_tokens=41, seed=seed, **opts)
-        for right in [0, 1, 2, 3, 4, 5, 6, 7, None]:
+        for right in [*range(GenerationConfig().max_window), None]:
             orc = _Oracle(plain, len(prompt), right, model.n_vocab)
             spec, st = _run(model, prompt, max_tokens=41, seed=seed, proposer=orc, **opts)
             assert spec == plain, f"right={right} seed={seed}"
             if right is None:
-                assert st.accepted == st.drafted and max(int(t) for t in st.t_hist) == 8
+                assert st.accepted == st.drafted and max(int(t) for t in st.t_hist) == GenerationConfig().max_window
 
 
 def _fixed_table() -> WindowCosts:

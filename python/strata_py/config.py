@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+# Most drafts in one verify window (the session holds windows of up to 64 rows; 63 drafts are far beyond
+# what pays on any machine we measured, but the bound is the engine's, not a tuning choice).
+MAX_DRAFT = 63
+
 
 @dataclass
 class GenerationConfig:
@@ -24,7 +28,7 @@ class GenerationConfig:
     seed: int = 0
     # speculative decoding
     draft: str = "auto"          # a name in strata_py.drafting.registry, or "none" (auto: suffix lookup + controller)
-    max_draft: int = 7           # at most max_window - 1
+    max_draft: int = 15          # drafts per window: a verify window holds up to 1 + max_draft rows
     min_match: int = 4
     fixed_t: int = 0             # 0 = the length controller chooses T; >0 = always this T (experiments)
     stop_at_eos: bool = True
@@ -49,13 +53,18 @@ class GenerationConfig:
             bad("penalty_last_n", "must be >= 0")
         if self.seed < 0 or self.seed >= 2**64:
             bad("seed", "must be in [0, 2**64)")
-        if self.max_draft < 0:
-            bad("max_draft", "must be >= 0")
+        if not (0 <= self.max_draft <= MAX_DRAFT):
+            bad("max_draft", f"must be in 0..{MAX_DRAFT} (a verify window holds at most {MAX_DRAFT + 1} rows)")
         if self.min_match < 1:
             bad("min_match", "must be >= 1")
         if self.fixed_t < 0:
             bad("fixed_t", "must be >= 0")
         return self
+
+    @property
+    def max_window(self) -> int:
+        """Rows of the largest verify window: the root and up to max_draft drafts."""
+        return self.max_draft + 1
 
     def replace(self, **kw) -> "GenerationConfig":
         names = {f.name for f in fields(self)}

@@ -52,7 +52,7 @@ def generate_ids(model, prompt_ids: list[int], config: GenerationConfig | None =
         need = len(ids) + cfg.max_tokens
         if n_ctx is None:
             n_ctx = min(model.n_ctx_train, max(4096, need))
-        session = model.session(n_ctx=n_ctx, mtp=getattr(proposer, "needs_mtp", False))
+        session = model.session(n_ctx=n_ctx, max_window=cfg.max_window, mtp=getattr(proposer, "needs_mtp", False))
     if len(ids) > session.n_ctx:
         raise ValueError(f"prompt of {len(ids)} tokens exceeds the context of {session.n_ctx} tokens")
     stats.prompt_tokens = len(ids)
@@ -123,7 +123,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", "-t", type=int, default=None, help="default: physical cores")
     ap.add_argument("--ctx", type=int, default=None, help="context size (default: prompt + max tokens, >= 4096)")
     ap.add_argument("--draft", default=d.draft, help="speculative drafter: none, suffix, auto, mtp, mtp+suffix")
-    ap.add_argument("--max-draft", type=int, default=d.max_draft)
+    ap.add_argument("--max-draft", type=int, default=d.max_draft,
+                    help="most drafts per verify window (windows of up to 1 + N rows; auto chooses fewer when they do not pay)")
     ap.add_argument("--min-match", type=int, default=d.min_match)
     ap.add_argument("--cache-mib", default=None, metavar="N|full",
                     help="stream experts from the file through a cache of N MiB (default: full = all resident)")

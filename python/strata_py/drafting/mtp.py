@@ -20,7 +20,7 @@ from typing import Sequence
 from ..config import GenerationConfig
 from ..controller import DraftedCosts, LengthController, WindowCosts, expected_keep, per_model, window_costs
 from . import register
-from .suffix import MAX_WINDOW, SuffixDrafter
+from .suffix import SuffixDrafter
 
 MAX_MTP_DRAFTS = 3
 EXPLORE = 2  # suffix windows per match-length bucket before mtp+suffix trusts its acceptance estimate
@@ -56,7 +56,7 @@ class MtpDrafter:
         self.max_drafts = max(0, min(cfg.max_draft, MAX_MTP_DRAFTS))
         self.mtp = mtp if mtp is not None else MtpCosts()
         # verify-window costs of both drafters (the model's shared table when given)
-        self.windows = LengthController(max_window=MAX_WINDOW, costs=costs if costs is not None else WindowCosts())
+        self.windows = LengthController(max_window=cfg.max_window, costs=costs if costs is not None else WindowCosts())
         # k: a window of k drafts costs C(k + 1) from that table plus the MTP block's work for it
         # (MTP's acceptance hardly moves within a request, unlike a suffix match's: probe 4x less often)
         self.controller = LengthController(max_window=self.max_drafts + 1, fixed_t=min(cfg.fixed_t, self.max_drafts + 1),
@@ -169,5 +169,5 @@ def _mtp(*, model, cfg: GenerationConfig) -> MtpDrafter:
 def _mtp_suffix(*, model, cfg: GenerationConfig) -> MtpDrafter:
     if not model.has_mtp:
         raise ValueError(f"--draft mtp+suffix: {model.path} has no MTP block (blk.N.nextn.*)")
-    suffix = SuffixDrafter(cfg, LengthController(max_window=MAX_WINDOW, fixed_t=cfg.fixed_t), max_window=MAX_WINDOW)
+    suffix = SuffixDrafter(cfg, LengthController(max_window=cfg.max_window, fixed_t=cfg.fixed_t))
     return MtpDrafter(cfg, suffix, costs=window_costs(model), mtp=mtp_costs(model))

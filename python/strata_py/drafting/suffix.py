@@ -22,7 +22,6 @@ from . import register
 
 MAX_MATCH = 64       # backward extension bound (tokens)
 MAX_CANDIDATES = 64  # most recent occurrences visited per lookup
-MAX_WINDOW = 8       # Model.session's default verify window; the loop bounds T by the session's own anyway
 
 _GLOBAL: dict[tuple[int, int], "_core.GlobalSuffixIndex"] = {}
 
@@ -40,8 +39,8 @@ class SuffixDrafter:
     """A Proposer over one request: propose(context, max_drafts) / observe(drafts, accepted)."""
 
     def __init__(self, cfg: GenerationConfig, controller: LengthController | None = None, *,
-                 global_tokens: int = 0, max_window: int = 8):
-        self.max_draft = min(cfg.max_draft, max_window - 1)
+                 global_tokens: int = 0):
+        self.max_draft = cfg.max_draft
         self.fixed_t = cfg.fixed_t
         self.controller = controller
         self.index = _core.SuffixIndex(min_match=cfg.min_match, max_match=MAX_MATCH, max_candidates=MAX_CANDIDATES)
@@ -165,10 +164,10 @@ def _global_tokens(cfg: GenerationConfig) -> int:
 
 @register("suffix")
 def _suffix(*, model, cfg: GenerationConfig) -> SuffixDrafter:
-    return SuffixDrafter(cfg, None, global_tokens=_global_tokens(cfg), max_window=MAX_WINDOW)
+    return SuffixDrafter(cfg, None, global_tokens=_global_tokens(cfg))
 
 
 @register("auto")
 def _auto(*, model, cfg: GenerationConfig) -> SuffixDrafter:
-    return SuffixDrafter(cfg, LengthController(max_window=MAX_WINDOW, fixed_t=cfg.fixed_t, costs=window_costs(model)),
-                         global_tokens=_global_tokens(cfg), max_window=MAX_WINDOW)
+    return SuffixDrafter(cfg, LengthController(max_window=cfg.max_window, fixed_t=cfg.fixed_t, costs=window_costs(model)),
+                         global_tokens=_global_tokens(cfg))
