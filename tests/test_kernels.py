@@ -10,12 +10,19 @@ from gguf import GGMLQuantizationType as QT
 
 from strata_py import _core
 
-TYPES = {"F32": QT.F32, "F16": QT.F16, "BF16": QT.BF16, "Q8_0": QT.Q8_0}
+TYPES = {"F32": QT.F32, "F16": QT.F16, "BF16": QT.BF16, "Q8_0": QT.Q8_0, "Q4_0": QT.Q4_0, "Q4_1": QT.Q4_1,
+         "Q5_0": QT.Q5_0, "Q5_1": QT.Q5_1, "IQ4_NL": QT.IQ4_NL, "MXFP4": QT.MXFP4}
+BLOCK32 = {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4"}  # 32-value blocks with float scales
 ISAS = [i for i in ("avx2", "avx512") if (i == "avx2" and _core.best_isa() in ("avx2", "avx512")) or _core.best_isa() == i]
 
 
 def _weights(rng, typ, rows, cols):
     w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.1, 3.0)
+    if typ == "IQ4_NL":  # gguf.quants has no IQ4_NL quantizer: a random scale per block, random codes
+        nb = rows * cols // 32
+        blocks = rng.integers(0, 256, size=(nb, 18), dtype=np.uint8)
+        blocks[:, :2] = (rng.uniform(0.5, 1.5, nb) / 60).astype(np.float16).view(np.uint8).reshape(nb, 2)
+        return blocks.ravel()
     q = gguf.quants.quantize(w, TYPES[typ]) if typ != "F32" else w
     return np.ascontiguousarray(q).view(np.uint8).ravel()
 
@@ -33,7 +40,7 @@ def test_dequantize_matches_gguf(typ):
 @pytest.mark.parametrize("isa", ISAS)
 def test_fast_paths_equal_ref(typ, isa):
     rng = np.random.default_rng()  # fresh inputs every run
-    for cols in ((64, 96, 256, 1024) if typ == "Q8_0" else (16, 40, 100, 256, 1000)):
+    for cols in ((64, 96, 256, 1024) if typ in BLOCK32 else (16, 40, 100, 256, 1000)):
         rows = int(rng.integers(1, 70))
         raw = _weights(rng, typ, rows, cols)
         for T in (1, 2, 3, 5, 8, 11):

@@ -1,6 +1,6 @@
 """Hugging Face Qwen3-Next checkpoint <-> GGUF in llama.cpp's `qwen3next` layout (spec §2, §4).
 
-    python -m strata_py.convert HF_DIR OUT.gguf --type f32|f16|bf16|q8_0
+    python -m strata_py.convert HF_DIR OUT.gguf --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl|mxfp4
                                 [--layout current|legacy] [--no-mtp] [--mtp-only]
 
 Forward (`convert`), what happens to the HF tensors (spec §2.3):
@@ -43,9 +43,12 @@ from .tokenizer import CONTROL, NORMAL, UNUSED, USER_DEFINED, GPT2_REGEX, QWEN2_
 log = logging.getLogger("strata.convert")
 
 ARCH = "qwen3next"
-OUT_TYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0}
-FILE_TYPES = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-              "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+OUT_TYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q4_0": QT.Q4_0, "q4_1": QT.Q4_1,
+             "q5_0": QT.Q5_0, "q5_1": QT.Q5_1, "iq4_nl": QT.IQ4_NL, "mxfp4": QT.MXFP4}
+_LFT = gguf.LlamaFileType
+FILE_TYPES = {"f32": _LFT.ALL_F32, "f16": _LFT.MOSTLY_F16, "bf16": _LFT.MOSTLY_BF16, "q8_0": _LFT.MOSTLY_Q8_0,
+              "q4_0": _LFT.MOSTLY_Q4_0, "q4_1": _LFT.MOSTLY_Q4_1, "q5_0": _LFT.MOSTLY_Q5_0, "q5_1": _LFT.MOSTLY_Q5_1,
+              "iq4_nl": _LFT.MOSTLY_IQ4_NL, "mxfp4": _LFT.MOSTLY_MXFP4_MOE}
 LAYOUTS = ("current", "legacy")
 ALIGNMENT = 32  # GGUF default; written explicitly as general.alignment
 
@@ -404,7 +407,28 @@ def _encode(a: np.ndarray, qt: QT) -> np.ndarray:
         return a
     if qt == QT.F16:
         return a.astype(np.float16)
+    if qt == QT.IQ4_NL:
+        return quantize_iq4_nl(a)
     return gguf.quants.quantize(a, qt)
+
+
+def quantize_iq4_nl(a: np.ndarray) -> np.ndarray:
+    """IQ4_NL blocks of a float32 array (..., cols), cols % 32 == 0 (gguf.quants has no IQ4_NL quantizer).
+    Per block of 32: d = the value of largest magnitude / -127 (IQ4_NL's first table entry, as llama.cpp
+    starts its search), each code the table entry nearest to x / d. Valid blocks, not llama.cpp's optimised
+    choice of d."""
+    kv = np.asarray(gguf.quants.IQ4_NL.kvalues, dtype=np.float32)
+    shape = a.shape
+    x = a.reshape(-1, 32).astype(np.float32)
+    amax_at = np.abs(x).argmax(axis=1)
+    d = (x[np.arange(len(x)), amax_at] / np.float32(-127.0)).astype(np.float16)
+    df = d.astype(np.float32)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.where(df != 0, x / df, 0.0)
+    codes = np.abs(y[:, :, None] - kv[None, None, :]).argmin(axis=2).astype(np.uint8)  # (nb, 32)
+    qs = codes[:, :16] | (codes[:, 16:] << 4)
+    blocks = np.concatenate([d.view(np.uint8).reshape(-1, 2), qs], axis=1)
+    return blocks.reshape(*shape[:-1], shape[-1] // 32 * 18)
 
 
 class _Planner:
@@ -652,8 +676,8 @@ def convert(hf_dir, out_path, out_type: str = "f32", layout: str = "current", mt
             mtp_only: bool = False) -> Path:
     """Convert the HF Qwen3-Next checkpoint in `hf_dir` into a `qwen3next` GGUF at `out_path`.
 
-    out_type: f32 | f16 | bf16 | q8_0 for >=2-D weight matrices (norms, routers, shared-expert gates, conv1d
-    and 1-D tensors stay F32). layout: "current" (attn_qkv + attn_gate) or "legacy" (ssm_in).
+    out_type: a key of OUT_TYPES (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4) for >=2-D weight
+    matrices (norms, routers, shared-expert gates, conv1d and 1-D tensors stay F32). layout: "current" (attn_qkv + attn_gate) or "legacy" (ssm_in).
     mtp=False drops `mtp.*`; mtp_only=True writes only the MTP block plus the shared token_embd/output_norm/output.
     Writes OUT.tmp and renames it, so a failure leaves no output. Returns the output path."""
     hf_dir, out_path = Path(hf_dir), Path(out_path)

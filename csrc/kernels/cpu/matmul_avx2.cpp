@@ -4,8 +4,10 @@
 
 #include <cstring>
 
+#include "kernels/blocks32.h"
 #include "kernels/cpu/reduce16.h"
 #include "kernels/matmul.h"
+#include "kernels/quants.h"
 
 namespace strata {
 
@@ -61,12 +63,89 @@ void rows_plain_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t
   }
 }
 
-inline __m256 q8x8(const uint8_t* p) {  // 8 int8 -> 8 floats
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+// The 32-value block types (Q8_0 and blocks32.h): decode(block, w) gives the block's weights 0-7, 8-15,
+// 16-23, 24-31, each exactly the float the scalar dequantizer forms. Every type's values are small integers:
+// a decoder forms them as two 16-byte vectors (values 0-15, 16-31) and scales them in one place.
+inline float f16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
 }
+// w = d * v (+ m): v's 32 int8 values as floats, 8 at a time.
+template <bool kMin>
+inline void scale32(__m128i v_lo, __m128i v_hi, __m256 d, __m256 m, __m256* w) {
+  const __m128i parts[4] = {v_lo, _mm_srli_si128(v_lo, 8), v_hi, _mm_srli_si128(v_hi, 8)};
+  for (int k = 0; k < 4; k++) {
+    const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k]));
+    w[k] = kMin ? _mm256_fmadd_ps(d, v, m) : _mm256_mul_ps(d, v);
+  }
+}
+struct BlkQ8_0 {  // [d f16][32 int8]: w = d * q
+  static constexpr int kBytes = 34;
+  static void decode(const uint8_t* b, __m256* w) {
+    scale32<false>(_mm_loadu_si128((const __m128i*)(b + 2)), _mm_loadu_si128((const __m128i*)(b + 18)),
+                   _mm256_set1_ps(f16_at(b)), _mm256_setzero_ps(), w);
+  }
+};
+// The 4-bit codes of 16 qs bytes: values 0-15 (low nibbles) and 16-31 (high nibbles).
+inline void codes4(const uint8_t* qs, __m128i& lo, __m128i& hi) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), k15 = _mm_set1_epi8(15);
+  lo = _mm_and_si128(x, k15);
+  hi = _mm_and_si128(_mm_srli_epi16(x, 4), k15);
+}
+template <class V>
+inline __m128i table16() {
+  alignas(16) static const int8_t t[16] = {V::v(0), V::v(1), V::v(2),  V::v(3),  V::v(4),  V::v(5),  V::v(6),  V::v(7),
+                                           V::v(8), V::v(9), V::v(10), V::v(11), V::v(12), V::v(13), V::v(14), V::v(15)};
+  return _mm_load_si128(reinterpret_cast<const __m128i*>(t));
+}
+struct ValQ40 { static constexpr int8_t v(int c) { return (int8_t)(c - 8); } };
+struct ValQ41 { static constexpr int8_t v(int c) { return (int8_t)c; } };
+struct ValIq4 { static constexpr int8_t v(int c) { return kIq4Values[c]; } };
+struct ValMx { static constexpr int8_t v(int c) { return kMxfp4Values[c]; } };
+template <class V, int kScaleAt, int kMinAt, int kQsAt, int kSize>  // kScaleAt < 0: e8m0 byte 0; kMinAt < 0: no min
+struct Blk4 {
+  static constexpr int kBytes = kSize;
+  static void decode(const uint8_t* b, __m256* w) {
+    __m128i lo, hi;
+    codes4(b + kQsAt, lo, hi);
+    const __m128i tab = table16<V>();
+    const __m256 d = _mm256_set1_ps(kScaleAt < 0 ? e8m0_half(b[0]) : f16_at(b + kScaleAt));
+    const __m256 m = kMinAt < 0 ? _mm256_setzero_ps() : _mm256_set1_ps(f16_at(b + (kMinAt < 0 ? 0 : kMinAt)));
+    scale32<(kMinAt >= 0)>(_mm_shuffle_epi8(tab, lo), _mm_shuffle_epi8(tab, hi), d, m, w);
+  }
+};
+using BlkQ4_0 = Blk4<ValQ40, 0, -1, 2, 18>;
+using BlkQ4_1 = Blk4<ValQ41, 0, 2, 4, 20>;
+using BlkIq4Nl = Blk4<ValIq4, 0, -1, 2, 18>;
+using BlkMxfp4 = Blk4<ValMx, -1, -1, 1, 17>;
+// 0x10 in byte i where bit (first + i) of qh is set, i = 0..15.
+inline __m128i high_bits16(uint32_t qh, int first) {
+  const __m128i sel = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m128i bit = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+  const __m128i bytes = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(qh >> first)), sel);
+  return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(bytes, bit), bit), _mm_set1_epi8(0x10));
+}
+template <int kOffset, bool kMin>  // Q5_0: codes - 16, no min; Q5_1: codes, + m
+struct Blk5 {
+  static constexpr int kBytes = kMin ? 24 : 22;
+  static void decode(const uint8_t* b, __m256* w) {
+    constexpr int qh_at = kMin ? 4 : 2;
+    uint32_t qh;
+    std::memcpy(&qh, b + qh_at, 4);
+    __m128i lo, hi;
+    codes4(b + qh_at + 4, lo, hi);
+    const __m128i off = _mm_set1_epi8((char)kOffset);
+    lo = _mm_add_epi8(_mm_or_si128(lo, high_bits16(qh, 0)), off);
+    hi = _mm_add_epi8(_mm_or_si128(hi, high_bits16(qh, 16)), off);
+    scale32<kMin>(lo, hi, _mm256_set1_ps(f16_at(b)), kMin ? _mm256_set1_ps(f16_at(b + 2)) : _mm256_setzero_ps(), w);
+  }
+};
+using BlkQ5_0 = Blk5<-16, false>;
+using BlkQ5_1 = Blk5<0, true>;
 
-template <int T>
-void rows_q8_0_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+template <class Blk, int T>
+void rows_b32_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const float* x = a.x;
   const int64_t ldx = a.ldx;
   const int64_t nb = W.cols / 32;
@@ -75,19 +154,15 @@ void rows_q8_0_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t 
     __m256 lo[T], hi[T];
     for (int t = 0; t < T; t++) lo[t] = hi[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-      const uint8_t* blk = row + b * 34;
-      uint16_t h;
-      std::memcpy(&h, blk, 2);
-      const __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
-      const __m256 w0 = _mm256_mul_ps(d, q8x8(blk + 2)), w1 = _mm256_mul_ps(d, q8x8(blk + 10));
-      const __m256 w2 = _mm256_mul_ps(d, q8x8(blk + 18)), w3 = _mm256_mul_ps(d, q8x8(blk + 26));
+      __m256 w[4];
+      Blk::decode(row + b * Blk::kBytes, w);
       const float* xb = x + b * 32;
       for (int t = 0; t < T; t++) {
         const float* xt = xb + t * ldx;
-        lo[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt), lo[t]);
-        hi[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt + 8), hi[t]);
-        lo[t] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xt + 16), lo[t]);
-        hi[t] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xt + 24), hi[t]);
+        lo[t] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xt), lo[t]);
+        hi[t] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xt + 8), hi[t]);
+        lo[t] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xt + 16), lo[t]);
+        hi[t] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xt + 24), hi[t]);
       }
     }
     for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16(lo[t], hi[t]);
@@ -99,8 +174,9 @@ void rows_plain(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r
   with_rows(a.T, [&](auto t) { rows_plain_t<Dec, decltype(t)::value>(W, a, y, ldy, r0, r1); });
 }
 
-void rows_q8_0(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  with_rows(a.T, [&](auto t) { rows_q8_0_t<decltype(t)::value>(W, a, y, ldy, r0, r1); });
+template <class Blk>
+void rows_b32(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  with_rows(a.T, [&](auto t) { rows_b32_t<Blk, decltype(t)::value>(W, a, y, ldy, r0, r1); });
 }
 
 }  // namespace
@@ -110,7 +186,13 @@ RowsFn rows_fn_avx2(uint32_t type) {
     case GGML_F32: return rows_plain<DecF32>;
     case GGML_F16: return rows_plain<DecF16>;
     case GGML_BF16: return rows_plain<DecBF16>;
-    case GGML_Q8_0: return rows_q8_0;
+    case GGML_Q8_0: return rows_b32<BlkQ8_0>;
+    case GGML_Q4_0: return rows_b32<BlkQ4_0>;
+    case GGML_Q4_1: return rows_b32<BlkQ4_1>;
+    case GGML_Q5_0: return rows_b32<BlkQ5_0>;
+    case GGML_Q5_1: return rows_b32<BlkQ5_1>;
+    case GGML_IQ4_NL: return rows_b32<BlkIq4Nl>;
+    case GGML_MXFP4: return rows_b32<BlkMxfp4>;
     default: return nullptr;
   }
 }

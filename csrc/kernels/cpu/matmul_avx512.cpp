@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/blocks32.h"
 #include "kernels/cpu/reduce16.h"
 #include "kernels/matmul.h"
+#include "kernels/quants.h"
 
 namespace strata {
 
@@ -60,7 +62,7 @@ inline void plain_block(const MatView& W, const float* x, int64_t ldx, float* y,
   const size_t step = (size_t)R * 16 * (W.row_bytes / W.cols);  // bytes of the R rows per 16 columns
   for (int64_t c = 0; c < full; c += 16) {
     __m512 w[R];
-    for (size_t o = 0; o < step; o += 64)  // the next group of rows (see q8_0_block)
+    for (size_t o = 0; o < step; o += 64)  // the next group of rows (see block32)
       _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row[0]) + R * W.row_bytes + (c / 16) * step + o),
                    _MM_HINT_T0);
     for (int i = 0; i < R; i++) w[i] = Dec::load(row[i], c);
@@ -92,12 +94,98 @@ void rows_plain_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t
   for (; r < r1; r++) plain_block<Dec, T, 1>(W, a.x, a.ldx, y, ldy, r, full, rem, m);
 }
 
-// Q8_0: block of 32 = half d + 32 int8; w = d * (float)q, the same product the scalar dequantizer forms.
+// The 32-value block types (Q8_0 and blocks32.h): decode(block, w0, w1) gives the block's weights 0-15 and
+// 16-31, each exactly the float the scalar dequantizer forms.
+inline float f16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+inline __m512i bytes16(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+struct BlkQ8_0 {  // [d f16][32 int8]: w = d * q
+  static constexpr int kBytes = 34;
+  static void decode(const uint8_t* b, __m512& w0, __m512& w1) {
+    const __m512 d = _mm512_set1_ps(f16_at(b));
+    w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 2)))));
+    w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 18)))));
+  }
+};
+// 4-bit codes (one byte of qs per value pair, widened to 32 bits) index a 16-float table of the values:
+// vpermps reads the low 4 bits of each index, so the low nibbles need no mask.
+template <class V>
+struct Table16 {
+  static __m512 table() {
+    alignas(64) static const float t[16] = {V::v(0), V::v(1), V::v(2),  V::v(3),  V::v(4),  V::v(5),  V::v(6),  V::v(7),
+                                            V::v(8), V::v(9), V::v(10), V::v(11), V::v(12), V::v(13), V::v(14), V::v(15)};
+    return _mm512_load_ps(t);
+  }
+};
+struct ValQ40 { static constexpr float v(int c) { return (float)(c - 8); } };
+struct ValQ41 { static constexpr float v(int c) { return (float)c; } };
+struct ValIq4 { static constexpr float v(int c) { return (float)kIq4Values[c]; } };
+struct ValMx { static constexpr float v(int c) { return (float)kMxfp4Values[c]; } };
+template <class V, int kScaleAt, int kMinAt, int kQsAt, int kSize>  // kMinAt < 0: no min
+struct Blk4 {
+  static constexpr int kBytes = kSize;
+  static void decode(const uint8_t* b, __m512& w0, __m512& w1) {
+    const __m512 tab = Table16<V>::table();
+    const __m512i c = bytes16(b + kQsAt);
+    const __m512 d = _mm512_set1_ps(kScaleAt < 0 ? e8m0_half(b[0]) : f16_at(b + kScaleAt));
+    const __m512 v0 = _mm512_permutexvar_ps(c, tab), v1 = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), tab);
+    if constexpr (kMinAt >= 0) {
+      const __m512 m = _mm512_set1_ps(f16_at(b + kMinAt));
+      w0 = _mm512_fmadd_ps(d, v0, m);
+      w1 = _mm512_fmadd_ps(d, v1, m);
+    } else {
+      w0 = _mm512_mul_ps(d, v0);
+      w1 = _mm512_mul_ps(d, v1);
+    }
+  }
+};
+using BlkQ4_0 = Blk4<ValQ40, 0, -1, 2, 18>;
+using BlkQ4_1 = Blk4<ValQ41, 0, 2, 4, 20>;
+using BlkIq4Nl = Blk4<ValIq4, 0, -1, 2, 18>;
+using BlkMxfp4 = Blk4<ValMx, -1, -1, 1, 17>;
+// Q5_0 / Q5_1: 5-bit codes, bit 4 of value i from bit i of qh: a 32-float table (two registers, vpermt2ps).
+template <int kOffset, bool kMin>
+struct Blk5 {
+  static constexpr int kBytes = kMin ? 24 : 22;
+  static void decode(const uint8_t* b, __m512& w0, __m512& w1) {
+    alignas(64) static const float t[32] = {kOffset + 0.f,  kOffset + 1.f,  kOffset + 2.f,  kOffset + 3.f,  kOffset + 4.f,
+                                            kOffset + 5.f,  kOffset + 6.f,  kOffset + 7.f,  kOffset + 8.f,  kOffset + 9.f,
+                                            kOffset + 10.f, kOffset + 11.f, kOffset + 12.f, kOffset + 13.f, kOffset + 14.f,
+                                            kOffset + 15.f, kOffset + 16.f, kOffset + 17.f, kOffset + 18.f, kOffset + 19.f,
+                                            kOffset + 20.f, kOffset + 21.f, kOffset + 22.f, kOffset + 23.f, kOffset + 24.f,
+                                            kOffset + 25.f, kOffset + 26.f, kOffset + 27.f, kOffset + 28.f, kOffset + 29.f,
+                                            kOffset + 30.f, kOffset + 31.f};
+    constexpr int qh_at = kMin ? 4 : 2;
+    uint32_t qh;
+    std::memcpy(&qh, b + qh_at, 4);
+    const __m512i c = bytes16(b + qh_at + 4), k15 = _mm512_set1_epi32(15), k16 = _mm512_set1_epi32(16);
+    const __m512i lo = _mm512_and_si512(c, k15), hi = _mm512_srli_epi32(c, 4);
+    const __m512i c0 = _mm512_mask_or_epi32(lo, (__mmask16)(qh & 0xFFFF), lo, k16);
+    const __m512i c1 = _mm512_mask_or_epi32(hi, (__mmask16)(qh >> 16), hi, k16);
+    const __m512 ta = _mm512_load_ps(t), tb = _mm512_load_ps(t + 16);
+    const __m512 d = _mm512_set1_ps(f16_at(b));
+    const __m512 v0 = _mm512_permutex2var_ps(ta, c0, tb), v1 = _mm512_permutex2var_ps(ta, c1, tb);
+    if constexpr (kMin) {
+      const __m512 m = _mm512_set1_ps(f16_at(b + 2));
+      w0 = _mm512_fmadd_ps(d, v0, m);
+      w1 = _mm512_fmadd_ps(d, v1, m);
+    } else {
+      w0 = _mm512_mul_ps(d, v0);
+      w1 = _mm512_mul_ps(d, v1);
+    }
+  }
+};
+using BlkQ5_0 = Blk5<-16, false>;
+using BlkQ5_1 = Blk5<0, true>;
+
 // Activation row t's block b at x + b * bstride + t * ldx: plain rows (32, row stride) or rows packed
 // block-major (32 * T, 32), where one base pointer reaches every row (T row pointers exhaust the
 // general registers and the loop reloads them).
-template <int T, int R>
-inline void q8_0_block(const MatView& W, const float* x, int64_t bstride, int64_t ldx, float* y, int64_t ldy, int64_t r) {
+template <class Blk, int T, int R>
+inline void block32(const MatView& W, const float* x, int64_t bstride, int64_t ldx, float* y, int64_t ldy, int64_t r) {
   const int64_t nb = W.cols / 32;
   const uint8_t* row[R];
   __m512 acc[R][T];
@@ -113,19 +201,13 @@ inline void q8_0_block(const MatView& W, const float* x, int64_t bstride, int64_
       // from DRAM: Q8_0 T = 1 18 -> 52 GB/s, T = 8 9 -> 13 GB/s; no change when they sit in the cache.)
       // (an address, not a pointer into the matrix: past the last group it points beyond it, and a prefetch
       // never faults)
-      const char* ahead = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row[0]) + R * W.row_bytes + b * R * 34);
+      const char* ahead =
+          reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row[0]) + R * W.row_bytes + b * R * Blk::kBytes);
       _mm_prefetch(ahead, _MM_HINT_T0);
       _mm_prefetch(ahead + 64, _MM_HINT_T0);
-      if (R * 34 > 128) _mm_prefetch(ahead + 128, _MM_HINT_T0);
+      if (R * Blk::kBytes > 128) _mm_prefetch(ahead + 128, _MM_HINT_T0);
     }
-    for (int i = 0; i < R; i++) {
-      const uint8_t* blk = row[i] + b * 34;
-      uint16_t h;
-      std::memcpy(&h, blk, 2);
-      const __m512 d = _mm512_set1_ps(_cvtsh_ss(h));
-      w0[i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(blk + 2)))));
-      w1[i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(blk + 18)))));
-    }
+    for (int i = 0; i < R; i++) Blk::decode(row[i] + b * Blk::kBytes, w0[i], w1[i]);
     const float* xb = x + b * bstride;
     for (int t = 0; t < T; t++) {
       const __m512 x0 = _mm512_loadu_ps(xb + t * ldx), x1 = _mm512_loadu_ps(xb + t * ldx + 16);
@@ -139,8 +221,8 @@ inline void q8_0_block(const MatView& W, const float* x, int64_t bstride, int64_
     for (int t = 0; t < T; t++) y[t * ldy + r + i] = reduce16(acc[i][t]);
 }
 
-template <int T>
-void rows_q8_0_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+template <class Blk, int T>
+void rows_b32_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   constexpr int R = rows_per_block<T>();
   int64_t r = r0;
   constexpr int64_t kPackCols = 512;
@@ -151,12 +233,12 @@ void rows_q8_0_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t 
     for (int64_t b = 0; b < nb; b++)
       for (int t = 0; t < T; t++, p += 32)
         for (int j = 0; j < 32; j += 16) _mm512_store_ps(p + j, _mm512_loadu_ps(a.x + t * a.ldx + b * 32 + j));
-    for (; r + R <= r1; r += R) q8_0_block<T, R>(W, xp, 32 * T, 32, y, ldy, r);
-    for (; r < r1; r++) q8_0_block<T, 1>(W, xp, 32 * T, 32, y, ldy, r);
+    for (; r + R <= r1; r += R) block32<Blk, T, R>(W, xp, 32 * T, 32, y, ldy, r);
+    for (; r < r1; r++) block32<Blk, T, 1>(W, xp, 32 * T, 32, y, ldy, r);
     return;
   }
-  for (; r + R <= r1; r += R) q8_0_block<T, R>(W, a.x, 32, a.ldx, y, ldy, r);
-  for (; r < r1; r++) q8_0_block<T, 1>(W, a.x, 32, a.ldx, y, ldy, r);
+  for (; r + R <= r1; r += R) block32<Blk, T, R>(W, a.x, 32, a.ldx, y, ldy, r);
+  for (; r < r1; r++) block32<Blk, T, 1>(W, a.x, 32, a.ldx, y, ldy, r);
 }
 
 template <class Dec>
@@ -164,8 +246,9 @@ void rows_plain(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r
   with_rows(a.T, [&](auto t) { rows_plain_t<Dec, decltype(t)::value>(W, a, y, ldy, r0, r1); });
 }
 
-void rows_q8_0(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  with_rows(a.T, [&](auto t) { rows_q8_0_t<decltype(t)::value>(W, a, y, ldy, r0, r1); });
+template <class Blk>
+void rows_b32(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  with_rows(a.T, [&](auto t) { rows_b32_t<Blk, decltype(t)::value>(W, a, y, ldy, r0, r1); });
 }
 
 }  // namespace
@@ -175,7 +258,13 @@ RowsFn rows_fn_avx512(uint32_t type) {
     case GGML_F32: return rows_plain<DecF32>;
     case GGML_F16: return rows_plain<DecF16>;
     case GGML_BF16: return rows_plain<DecBF16>;
-    case GGML_Q8_0: return rows_q8_0;
+    case GGML_Q8_0: return rows_b32<BlkQ8_0>;
+    case GGML_Q4_0: return rows_b32<BlkQ4_0>;
+    case GGML_Q4_1: return rows_b32<BlkQ4_1>;
+    case GGML_Q5_0: return rows_b32<BlkQ5_0>;
+    case GGML_Q5_1: return rows_b32<BlkQ5_1>;
+    case GGML_IQ4_NL: return rows_b32<BlkIq4Nl>;
+    case GGML_MXFP4: return rows_b32<BlkMxfp4>;
     default: return nullptr;
   }
 }

@@ -1,0 +1,41 @@
+// The 32-value block types with float scales: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 (with Q8_0 the
+// "legacy" ggml blocks; llama.cpp also falls back to IQ4_NL / Q5_0 / Q5_1 for rows that K-quants cannot
+// split). Like Q8_0 they multiply float activations (matmul.h): every weight is decoded exactly, as
+// gguf.quants.dequantize does, and the products are the canonical float32 ones.
+//
+// A block's 32 values come from 4-bit codes, 16 bytes qs: value i < 16 is qs[i] & 15, value 16 + i is
+// qs[i] >> 4. Q5_* add bit 4 of code i from a little-endian uint32 qh (bit i). Per block:
+//   Q4_0   [d f16][qs 16]            w = d * (code - 8)                     18 bytes
+//   Q4_1   [d f16][m f16][qs 16]     w = d * code + m                        20 bytes
+//   Q5_0   [d f16][qh 4][qs 16]      w = d * (code5 - 16)                    22 bytes
+//   Q5_1   [d f16][m f16][qh 4][qs 16] w = d * code5 + m                     24 bytes
+//   IQ4_NL [d f16][qs 16]            w = d * kIq4Values[code]                18 bytes
+//   MXFP4  [e u8][qs 16]             w = e8m0_half(e) * kMxfp4Values[code]   17 bytes
+// Every product d * value is exact in float32 (an 11-bit or power-of-two scale times a value of at most
+// 8 bits), so a decoder may form it any way; Q4_1 / Q5_1 then round once when adding m (a fused
+// multiply-add gives the same float).
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+namespace strata {
+
+// MXFP4's e2m1 values, doubled (gguf.quants.MXFP4.kvalues); the scale e8m0_half(e) halves them back.
+alignas(16) inline constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// ggml_e8m0_to_fp32_half: 2^(e - 128) as float32 bits (e < 2: the subnormals 2^-129, 2^-128).
+inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+void dq_q4_0(const uint8_t* s, float* d, int64_t n);
+void dq_q4_1(const uint8_t* s, float* d, int64_t n);
+void dq_q5_0(const uint8_t* s, float* d, int64_t n);
+void dq_q5_1(const uint8_t* s, float* d, int64_t n);
+void dq_iq4_nl(const uint8_t* s, float* d, int64_t n);
+void dq_mxfp4(const uint8_t* s, float* d, int64_t n);
+
+}  // namespace strata
