@@ -29,6 +29,17 @@ def test_unknown_type_id(tiny_q8_gguf, tmp_path):
         Model.load(patch(tiny_q8_gguf, tmp_path / "type.gguf", off, u32(99)))
 
 
+def test_known_but_unsupported_type(tmp_path):
+    """A tensor of a ggml type the engine does not compute with (IQ3_S: the same block size as Q3_K, so the
+    file stays well-formed) is refused at load, naming the file, the tensor and the type."""
+    from strata_py import synth
+    src = synth.write("tiny", tmp_path / "q3k.gguf", "q3_k", seed=1)
+    off = first_tensor_type_offset(src)
+    with pytest.raises(ValueError, match=r"iq3s\.gguf: tensor 'token_embd\.weight' has type IQ3_S, which this engine does "
+                                         r"not support \(supported: .*Q4_0.*MXFP4"):
+        Model.load(patch(src, tmp_path / "iq3s.gguf", off, u32(21)))
+
+
 def test_missing_tensor(tiny_gguf, tmp_path):
     p = rewrite(tiny_gguf, tmp_path / "missing.gguf", drop="blk.1.ssm_ba.weight")
     with pytest.raises(ValueError, match=r"missing\.gguf: missing tensor 'blk\.1\.ssm_ba\.weight'"):

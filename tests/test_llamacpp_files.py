@@ -42,3 +42,30 @@ def test_llamacpp_converter_output(tmp_path, outtype):
     ours = model.session(n_ctx=64).run(ids)
     rel = np.max(np.linalg.norm(ours - ref, axis=-1) / np.linalg.norm(ref, axis=-1))
     assert rel <= 1e-4
+
+
+@pytest.mark.parametrize("ftype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4_MOE", "Q4_K_M", "IQ4_XS"])
+def test_llamacpp_quantizer_output(tmp_path, ftype):
+    """Files quantized by llama.cpp's own llama_model_quantize (from llama-cpp-python, when installed: it is kept
+    out of CI) load and match transformers run on the same dequantized weights (gguf-py's dequantizer)."""
+    import ctypes
+
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (kept out of CI)")
+    from strata_py.convert import gguf_to_hf
+    from transformers import Qwen3NextForCausalLM
+    make_tiny_hf(tmp_path / "hf", seed=3)
+    src = convert(tmp_path / "hf", tmp_path / "f32.gguf", "f32")
+    out = tmp_path / f"llamacpp-{ftype}.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.nthread = 2
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params)) == 0
+    ref_model = Qwen3NextForCausalLM.from_pretrained(gguf_to_hf(out, tmp_path / "hf-back"), dtype=torch.float32).eval()
+    model = Model.load(out, threads=2)
+    ids = np.random.default_rng(1).integers(0, model.n_vocab, 48).tolist()
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([ids])).logits[0].float().numpy()
+    ours = model.session(n_ctx=64).run(ids)
+    rel = np.max(np.linalg.norm(ours - ref, axis=-1) / np.linalg.norm(ref, axis=-1))
+    # float-activation types compute with exactly those weights; K/IQ types quantize activations to int8
+    assert rel <= (1e-4 if "_K" not in ftype and ftype != "IQ4_XS" else 5e-2), rel

@@ -2,13 +2,14 @@
 
     python -m strata_py.synth NAME OUT.gguf --type TYPE --seed S [--mtp] [--expert-gib G]
 
-TYPE: f32, f16, bf16, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq2_xxs, iq3_xxs, iq4_xs, or q4_k_m (Q4_K with Q6_K for output,
-attn_v and every other layer's ffn_down, like llama-quantize's Q4_K_M mix).
+TYPE: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, q2_k, q3_k, q4_k, q5_k, q6_k, iq2_xxs, iq3_xxs,
+iq4_xs, or q4_k_m (Q4_K with Q6_K for output, attn_v and every other layer's ffn_down, like llama-quantize's Q4_K_M
+mix).
 
 Sizes: `tiny` (tests), `bench` (hidden 1024, 24 layers 3:1, 128 experts top-8 + shared expert), `stream`
 (the bench shape with as many experts as make `--expert-gib` GiB of expert weights). Weights are drawn
 directly as valid blocks of the target type (gguf-py has no K/IQ quantizer): a random fp16 scale and
-random codes. For K and IQ quants every byte pattern of the scales/codes/grid indices/sign bits is a valid
+random codes. For K, IQ and the 32-value block types every byte pattern of the scales/codes/grid indices/sign bits is a valid
 block, so the bytes are uniform random and only the fp16 scales are chosen, with a
 magnitude of about 1/sqrt(row length) so activations stay in range over many layers. Every file carries
 a valid byte-level BPE tokenizer (256 byte tokens + `<|endoftext|>`, padded), so our CLI and llama.cpp
@@ -39,12 +40,14 @@ SIZES = {
 }
 SIZES["stream"] = dict(SIZES["bench"])
 TYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q2_k": QT.Q2_K, "q3_k": QT.Q3_K, "q4_k": QT.Q4_K, "q5_k": QT.Q5_K,
-         "q6_k": QT.Q6_K, "iq2_xxs": QT.IQ2_XXS, "iq3_xxs": QT.IQ3_XXS, "iq4_xs": QT.IQ4_XS}
+         "q6_k": QT.Q6_K, "iq2_xxs": QT.IQ2_XXS, "iq3_xxs": QT.IQ3_XXS, "iq4_xs": QT.IQ4_XS, "q4_0": QT.Q4_0,
+         "q4_1": QT.Q4_1, "q5_0": QT.Q5_0, "q5_1": QT.Q5_1, "iq4_nl": QT.IQ4_NL, "mxfp4": QT.MXFP4}
 LFT = gguf.LlamaFileType
 FILE_TYPES = {"f32": LFT.ALL_F32, "f16": LFT.MOSTLY_F16, "bf16": LFT.MOSTLY_BF16, "q8_0": LFT.MOSTLY_Q8_0,
               "q2_k": LFT.MOSTLY_Q2_K, "q3_k": LFT.MOSTLY_Q3_K_S, "q4_k": LFT.MOSTLY_Q4_K_S, "q5_k": LFT.MOSTLY_Q5_K_S, "q6_k": LFT.MOSTLY_Q6_K,
               "iq2_xxs": LFT.MOSTLY_IQ2_XXS, "iq3_xxs": LFT.MOSTLY_IQ3_XXS, "iq4_xs": LFT.MOSTLY_IQ4_XS,
-              "q4_k_m": LFT.MOSTLY_Q4_K_M}
+              "q4_k_m": LFT.MOSTLY_Q4_K_M, "q4_0": LFT.MOSTLY_Q4_0, "q4_1": LFT.MOSTLY_Q4_1, "q5_0": LFT.MOSTLY_Q5_0,
+              "q5_1": LFT.MOSTLY_Q5_1, "iq4_nl": LFT.MOSTLY_IQ4_NL, "mxfp4": LFT.MOSTLY_MXFP4_MOE}
 MIXES = {"q4_k_m": (QT.Q4_K, QT.Q6_K)}  # (main type, type for output / attn_v / every other ffn_down)
 
 # K/IQ blocks: (byte offsets of fp16 scales, 1/typical |code * sub-scale|) so that d = scale * k gives values
@@ -59,6 +62,28 @@ _KQ = {
     QT.IQ3_XXS: ((0,), 1 / 130, {}),
     QT.IQ4_XS: ((0,), 1 / 1000, {}),     # |ls - 32| ~ 16, |kvalue| ~ 60
 }
+
+
+# 32-value blocks with float scales (blocks32.h): (1/typical |value / d|, byte offset of an fp16 min or None);
+# a min of -(code range)/2 * d centres Q4_1 / Q5_1. MXFP4's scale is a power of two (an e8m0 byte).
+_B32 = {QT.Q4_0: (1 / 4.5, None), QT.Q4_1: (1 / 4.5, 2), QT.Q5_0: (1 / 9, None), QT.Q5_1: (1 / 9, 2),
+        QT.IQ4_NL: (1 / 60, None), QT.MXFP4: (1 / 5, None)}
+
+
+def random_blocks32(rng: np.random.Generator, qt: QT, n_blocks: int, scale: float) -> np.ndarray:
+    """n_blocks random valid blocks of a 32-value type (any codes are valid), values of about `scale`."""
+    size = gguf.GGML_QUANT_SIZES[qt][1]
+    blocks = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+    k, min_at = _B32[qt]
+    d = scale * k * rng.uniform(0.5, 1.5, size=n_blocks)
+    if qt == QT.MXFP4:  # 2^(e - 128)
+        blocks[:, 0] = np.clip(np.round(np.log2(d)) + 128, 2, 254).astype(np.uint8)
+        return blocks
+    blocks[:, :2] = d.astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
+    if min_at is not None:
+        half_range = 7.5 if qt == QT.Q4_1 else 15.5
+        blocks[:, min_at:min_at + 2] = (-half_range * d).astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
+    return blocks
 
 
 def random_blocks(rng: np.random.Generator, qt: QT, n_blocks: int, scale: float) -> np.ndarray:
@@ -137,6 +162,9 @@ def _weight(rng: np.random.Generator, shape: tuple[int, ...], qt: QT) -> np.ndar
     if qt in _KQ:
         size = gguf.GGML_QUANT_SIZES[qt][1]
         return random_blocks(rng, qt, n // 256, scale).reshape(*shape[:-1], cols // 256 * size)
+    if qt in _B32:
+        size = gguf.GGML_QUANT_SIZES[qt][1]
+        return random_blocks32(rng, qt, n // 32, scale).reshape(*shape[:-1], cols // 32 * size)
     x = (rng.standard_normal(n, dtype=np.float32) * np.float32(scale)).reshape(shape)
     return gguf.quants.quantize(x, qt) if qt != QT.F32 else x
 
