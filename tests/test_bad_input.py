@@ -30,14 +30,14 @@ def test_unknown_type_id(tiny_q8_gguf, tmp_path):
 
 
 def test_known_but_unsupported_type(tmp_path):
-    """A tensor of a ggml type the engine does not compute with (IQ3_S: the same block size as Q3_K, so the
+    """A tensor of a ggml type the engine does not compute with (TQ2_0: the same block size as IQ2_XXS, so the
     file stays well-formed) is refused at load, naming the file, the tensor and the type."""
     from strata_py import synth
-    src = synth.write("tiny", tmp_path / "q3k.gguf", "q3_k", seed=1)
+    src = synth.write("tiny", tmp_path / "iq2xxs.gguf", "iq2_xxs", seed=1)
     off = first_tensor_type_offset(src)
-    with pytest.raises(ValueError, match=r"iq3s\.gguf: tensor 'token_embd\.weight' has type IQ3_S, which this engine does "
-                                         r"not support \(supported: .*Q4_0.*MXFP4"):
-        Model.load(patch(src, tmp_path / "iq3s.gguf", off, u32(21)))
+    with pytest.raises(ValueError, match=r"tq2\.gguf: tensor 'token_embd\.weight' has type TQ2_0, which this engine does "
+                                         r"not support \(supported: .*Q4_0.*IQ1_S.*MXFP4"):
+        Model.load(patch(src, tmp_path / "tq2.gguf", off, u32(35)))
 
 
 def test_missing_tensor(tiny_gguf, tmp_path):

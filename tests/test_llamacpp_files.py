@@ -69,3 +69,38 @@ def test_llamacpp_quantizer_output(tmp_path, ftype):
     rel = np.max(np.linalg.norm(ours - ref, axis=-1) / np.linalg.norm(ref, axis=-1))
     # float-activation types compute with exactly those weights; K/IQ types quantize activations to int8
     assert rel <= (1e-4 if "_K" not in ftype and ftype != "IQ4_XS" else 5e-2), rel
+
+
+@pytest.mark.parametrize("ftype", ["IQ3_S", "IQ3_M"])
+def test_llamacpp_lowbit_quantizer_output(tmp_path, ftype):
+    """The trained default model (rows of 256: llama.cpp's grid quants apply) quantized by llama.cpp's own
+    quantizer to IQ3_S (with IQ4_NL fallbacks for the 64-wide rows) and to the IQ3_M mix (IQ3_S, Q4_K, Q5_0,
+    IQ4_NL): loads and matches transformers on the dequantized weights within the int8-activation tolerances
+    of tests/test_kquant_model.py (median 5e-2, max 0.25 per position). The IQ1/IQ2 types need an importance
+    matrix, which llama-cpp-python cannot pass; they are checked against gguf-py's dequantizer instead."""
+    import collections
+    import ctypes
+
+    import gguf
+
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (kept out of CI)")
+    from strata_py.convert import gguf_to_hf
+    from transformers import Qwen3NextForCausalLM
+    from strata_py.model import default_model_path
+    hf = gguf_to_hf(default_model_path(), tmp_path / "hf-default")  # the shipped weights, as float32
+    src = convert(hf, tmp_path / "f32.gguf", "f32", mtp=False)
+    out = tmp_path / f"llamacpp-{ftype}.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.nthread = 2
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params)) == 0
+    types = collections.Counter(t.tensor_type.name for t in gguf.GGUFReader(str(out)).tensors)
+    assert types["IQ3_S"] > 50, types
+    ref_model = Qwen3NextForCausalLM.from_pretrained(gguf_to_hf(out, tmp_path / "hf-back"), dtype=torch.float32).eval()
+    model = Model.load(out, threads=2)
+    ids = model.tokenizer.encode("def parse_args(argv=None):\n    parser = argparse.ArgumentParser(description=")
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([ids])).logits[0].float().numpy()
+    ours = model.session(n_ctx=128).run(ids)
+    rel = np.linalg.norm(ours - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
+    assert np.median(rel) <= 5e-2 and rel.max() <= 0.25, (np.median(rel), rel.max())

@@ -1,4 +1,5 @@
-"""K- and IQ-quant kernels (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS, IQ4_XS): dequantization bit-exact against gguf-py,
+"""K- and IQ-quant kernels (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_XS):
+dequantization bit-exact against gguf-py,
 grids equal to gguf-py's, every fast path bit-identical to its scalar `_ref` twin on fresh random blocks,
 T-row results equal to 1-row results, dot products within the bound that int8 activations imply, and a
 quantized synthetic model: window parity and one layer's matmul against a float64 forward."""
@@ -12,7 +13,7 @@ from gguf import GGMLQuantizationType as QT
 from strata_py import _core, synth
 
 KQ = {"Q2_K": QT.Q2_K, "Q3_K": QT.Q3_K, "Q4_K": QT.Q4_K, "Q5_K": QT.Q5_K, "Q6_K": QT.Q6_K, "IQ2_XXS": QT.IQ2_XXS, "IQ3_XXS": QT.IQ3_XXS,
-      "IQ4_XS": QT.IQ4_XS}
+      "IQ4_XS": QT.IQ4_XS, "IQ2_XS": QT.IQ2_XS, "IQ2_S": QT.IQ2_S, "IQ3_S": QT.IQ3_S, "IQ1_S": QT.IQ1_S, "IQ1_M": QT.IQ1_M}
 ISAS = ["avx2", "avx512"][: {"scalar": 0, "avx2": 1, "avx512": 2}[_core.best_isa()]]
 
 
@@ -21,9 +22,12 @@ def _blocks(rng, typ, rows, cols, wild=False):
     nb = rows * cols // 256
     b = synth.random_blocks(rng, KQ[typ], nb, scale=float(rng.uniform(0.01, 2.0)))
     if wild:  # any finite fp16 scale is valid: magnitudes 2^-14 .. 2^4, either sign
-        d = (rng.choice([-1, 1], nb) * 2.0 ** rng.uniform(-14, 4, nb)).astype(np.float16).view(np.uint8).reshape(nb, 2)
-        off = {"Q6_K": 208, "Q3_K": 108, "Q2_K": 80}.get(typ, 0)
-        b[:, off:off + 2] = d
+        d = (rng.choice([-1, 1], nb) * 2.0 ** rng.uniform(-14, 4, nb)).astype(np.float16)
+        if typ == "IQ1_M":
+            synth.set_iq1m_d(b, d)
+        else:
+            off = {"Q6_K": 208, "Q3_K": 108, "Q2_K": 80}.get(typ, 0)
+            b[:, off:off + 2] = d.view(np.uint8).reshape(nb, 2)
     return np.ascontiguousarray(b).ravel()
 
 
@@ -37,6 +41,15 @@ def test_dequantize_matches_gguf(typ):
     for wild in (False, True):
         raw = _blocks(rng, typ, 8, 512, wild)
         np.testing.assert_array_equal(_core.dequantize(raw, typ, 8 * 512), _deq(raw, typ, 8).ravel())
+
+
+@pytest.mark.parametrize("typ", ["IQ2_XS", "IQ2_S", "IQ3_S", "IQ1_S", "IQ1_M"])
+def test_every_grid_entry_matches_gguf(typ):
+    """1024 random blocks look up each entry of the type's grid (512-2048 entries, csrc/kernels/iq_tables.h)
+    many times over (a missed entry: probability < 1e-6): dequantization bit-exact with gguf-py's grids."""
+    rng = np.random.default_rng()
+    raw = np.ascontiguousarray(synth.random_blocks(rng, KQ[typ], 1024, scale=1.0)).ravel()
+    np.testing.assert_array_equal(_core.dequantize(raw, typ, 1024 * 256), _deq(raw, typ, 1024).ravel())
 
 
 def test_iq4_values_equal_gguf():
@@ -194,7 +207,8 @@ def test_window_parity_q4k(tiny_q4k_model):
         np.testing.assert_array_equal(out[i], ref[i], err_msg=f"T=9 row {i}")
 
 
-@pytest.mark.parametrize("typ", ["q2_k", "q3_k", "q4_k", "q4_k_m", "q5_k", "q6_k", "iq2_xxs", "iq3_xxs", "iq4_xs"])
+@pytest.mark.parametrize("typ", ["q2_k", "q3_k", "q4_k", "q4_k_m", "q5_k", "q6_k", "iq2_xxs", "iq3_xxs", "iq4_xs", "iq2_xs",
+                                 "iq2_s", "iq3_s", "iq1_s", "iq1_m"])
 def test_synthetic_model_loads_and_matmul_matches_float64(tmp_path, typ):
     """Every synthetic K/IQ model loads; its first expert matrix run through the kernel matches a numpy
     float64 product with the dequantized weights within 2% of the row's |w|.|x| scale (int8 activations:

@@ -140,6 +140,11 @@ IntDecodeFn int_decoder(uint32_t type) {
     case GGML_IQ2_XXS: return dec_iq2_xxs;
     case GGML_IQ3_XXS: return dec_iq3_xxs;
     case GGML_IQ4_XS: return dec_iq4_xs;
+    case GGML_IQ2_XS: return dec_iq2_xs;
+    case GGML_IQ2_S: return dec_iq2_s;
+    case GGML_IQ3_S: return dec_iq3_s;
+    case GGML_IQ1_S: return dec_iq1_s;
+    case GGML_IQ1_M: return dec_iq1_m;
     default: return nullptr;
   }
 }

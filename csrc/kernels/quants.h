@@ -1,6 +1,7 @@
 // K- and IQ-quant blocks (spec qwen3next.md 3.2) and the int8 activation rows their kernels multiply.
 //
-// Every 256-value block of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS and IQ4_XS has an exact integer form
+// Every 256-value block of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M and
+// IQ4_XS has an exact integer form
 //   value v = d * w[v] - dmin * m[v / 32]        (w int16, m the 6-bit mins; dmin = 0 without mins)
 //   (Q2_K: - dmin * m16[v / 16], a 4-bit min per 16 values)
 //   Q2_K:      w = (sc & 15)*q, m16 = sc >> 4 (sc: the byte of the 16 values), d = fp16 d, dmin = fp16 dmin
@@ -10,6 +11,9 @@
 //   IQ2_XXS:   w = (2s+1)*grid*sign,       d = fp16 d / 8    (gguf: d*(0.5+s)*0.25)
 //   IQ3_XXS:   w = (2s+1)*grid*sign,       d = fp16 d / 4    (gguf: d*(0.5+s)*0.5)
 //   IQ4_XS:    w = (ls-32)*kvalues[q],     d = fp16 d        (ls: 6-bit sub-block scale, q: 4-bit code)
+//   IQ2_XS, IQ2_S: w = (2s+1)*grid*sign,   d = fp16 d / 8    (s: 4-bit scale per 16 values)
+//   IQ3_S:     w = (2s+1)*grid*sign,       d = fp16 d        (s: 4-bit scale per 32 values)
+//   IQ1_S, IQ1_M: w = (2s+1)*(8*grid +- 1), d = fp16 d / 8   (grid in {-1, 0, 1}; gguf: d*(2s+1)*(grid +- 1/8))
 // Each activation row is quantized per 256-block (Q8_K style, deterministic, per row):
 //   amax = max|x|, iscale = 127/amax, q = round_half_even(iscale*x) in [-127, 127], dx = amax/127.
 // So a block's dot product is integer: P = sum w*q (|lane sums| < 2^24, exact in float), M = sum m*bsum.
@@ -43,6 +47,23 @@ void dq_q6_k(const uint8_t* s, float* d, int64_t n);
 void dq_iq2_xxs(const uint8_t* s, float* d, int64_t n);
 void dq_iq3_xxs(const uint8_t* s, float* d, int64_t n);
 void dq_iq4_xs(const uint8_t* s, float* d, int64_t n);
+// iq_lowbit.cpp: the dequantizers and integer forms of IQ2_XS, IQ2_S, IQ3_S, IQ1_S, IQ1_M.
+void dq_iq2_xs(const uint8_t* s, float* d, int64_t n);
+void dq_iq2_s(const uint8_t* s, float* d, int64_t n);
+void dq_iq3_s(const uint8_t* s, float* d, int64_t n);
+void dq_iq1_s(const uint8_t* s, float* d, int64_t n);
+void dq_iq1_m(const uint8_t* s, float* d, int64_t n);
+void dec_iq2_xs(const uint8_t* b, IntBlock& o);
+void dec_iq2_s(const uint8_t* b, IntBlock& o);
+void dec_iq3_s(const uint8_t* b, IntBlock& o);
+void dec_iq1_s(const uint8_t* b, IntBlock& o);
+void dec_iq1_m(const uint8_t* b, IntBlock& o);
+// IQ1_M's fp16 d, spread over the top nibbles of its four scale words (bytes 48-55).
+inline uint16_t iq1m_d_bits(const uint8_t* b) {
+  const uint16_t w0 = (uint16_t)(b[48] | b[49] << 8), w1 = (uint16_t)(b[50] | b[51] << 8);
+  const uint16_t w2 = (uint16_t)(b[52] | b[53] << 8), w3 = (uint16_t)(b[54] | b[55] << 8);
+  return (uint16_t)((w0 >> 12) | ((w1 >> 8) & 0x00F0) | ((w2 >> 4) & 0x0F00) | (w3 & 0xF000));
+}
 
 // Q2_K block (84 bytes): 16 scale bytes (low nibble: scale, high: min, each for 16 values), 64 bytes of 2-bit
 // codes (value v = 128 h + 32 k + l: bits 2k of byte 16 + 32 h + l), fp16 d, fp16 dmin.

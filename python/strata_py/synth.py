@@ -2,8 +2,8 @@
 
     python -m strata_py.synth NAME OUT.gguf --type TYPE --seed S [--mtp] [--expert-gib G]
 
-TYPE: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, q2_k, q3_k, q4_k, q5_k, q6_k, iq2_xxs, iq3_xxs,
-iq4_xs, or q4_k_m (Q4_K with Q6_K for output, attn_v and every other layer's ffn_down, like llama-quantize's Q4_K_M
+TYPE: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, q2_k, q3_k, q4_k, q5_k, q6_k, iq1_s, iq1_m,
+iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq4_xs, or q4_k_m (Q4_K with Q6_K for output, attn_v and every other layer's ffn_down, like llama-quantize's Q4_K_M
 mix).
 
 Sizes: `tiny` (tests), `bench` (hidden 1024, 24 layers 3:1, 128 experts top-8 + shared expert), `stream`
@@ -41,13 +41,16 @@ SIZES = {
 SIZES["stream"] = dict(SIZES["bench"])
 TYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q2_k": QT.Q2_K, "q3_k": QT.Q3_K, "q4_k": QT.Q4_K, "q5_k": QT.Q5_K,
          "q6_k": QT.Q6_K, "iq2_xxs": QT.IQ2_XXS, "iq3_xxs": QT.IQ3_XXS, "iq4_xs": QT.IQ4_XS, "q4_0": QT.Q4_0,
-         "q4_1": QT.Q4_1, "q5_0": QT.Q5_0, "q5_1": QT.Q5_1, "iq4_nl": QT.IQ4_NL, "mxfp4": QT.MXFP4}
+         "q4_1": QT.Q4_1, "q5_0": QT.Q5_0, "q5_1": QT.Q5_1, "iq4_nl": QT.IQ4_NL, "mxfp4": QT.MXFP4,
+         "iq2_xs": QT.IQ2_XS, "iq2_s": QT.IQ2_S, "iq3_s": QT.IQ3_S, "iq1_s": QT.IQ1_S, "iq1_m": QT.IQ1_M}
 LFT = gguf.LlamaFileType
 FILE_TYPES = {"f32": LFT.ALL_F32, "f16": LFT.MOSTLY_F16, "bf16": LFT.MOSTLY_BF16, "q8_0": LFT.MOSTLY_Q8_0,
               "q2_k": LFT.MOSTLY_Q2_K, "q3_k": LFT.MOSTLY_Q3_K_S, "q4_k": LFT.MOSTLY_Q4_K_S, "q5_k": LFT.MOSTLY_Q5_K_S, "q6_k": LFT.MOSTLY_Q6_K,
               "iq2_xxs": LFT.MOSTLY_IQ2_XXS, "iq3_xxs": LFT.MOSTLY_IQ3_XXS, "iq4_xs": LFT.MOSTLY_IQ4_XS,
               "q4_k_m": LFT.MOSTLY_Q4_K_M, "q4_0": LFT.MOSTLY_Q4_0, "q4_1": LFT.MOSTLY_Q4_1, "q5_0": LFT.MOSTLY_Q5_0,
-              "q5_1": LFT.MOSTLY_Q5_1, "iq4_nl": LFT.MOSTLY_IQ4_NL, "mxfp4": LFT.MOSTLY_MXFP4_MOE}
+              "q5_1": LFT.MOSTLY_Q5_1, "iq4_nl": LFT.MOSTLY_IQ4_NL, "mxfp4": LFT.MOSTLY_MXFP4_MOE,
+              "iq2_xs": LFT.MOSTLY_IQ2_XS, "iq2_s": LFT.MOSTLY_IQ2_S, "iq3_s": LFT.MOSTLY_IQ3_S,
+              "iq1_s": LFT.MOSTLY_IQ1_S, "iq1_m": LFT.MOSTLY_IQ1_M}
 MIXES = {"q4_k_m": (QT.Q4_K, QT.Q6_K)}  # (main type, type for output / attn_v / every other ffn_down)
 
 # K/IQ blocks: (byte offsets of fp16 scales, 1/typical |code * sub-scale|) so that d = scale * k gives values
@@ -61,7 +64,21 @@ _KQ = {
     QT.IQ2_XXS: ((0,), 1 / 50, {}),
     QT.IQ3_XXS: ((0,), 1 / 130, {}),
     QT.IQ4_XS: ((0,), 1 / 1000, {}),     # |ls - 32| ~ 16, |kvalue| ~ 60
+    QT.IQ2_XS: ((0,), 1 / 50, {}),
+    QT.IQ2_S: ((0,), 1 / 50, {}),
+    QT.IQ3_S: ((0,), 1 / 130, {}),
+    QT.IQ1_S: ((0,), 1 / 6, {}),
+    QT.IQ1_M: ((None,), 1 / 6, {}),        # d in the top nibbles of the four scale words (set_iq1m_d)
 }
+
+
+def set_iq1m_d(blocks: np.ndarray, d: np.ndarray) -> None:
+    """Write fp16 scales d (n,) into IQ1_M blocks (n, 56): bits 4k..4k+3 of d are the top nibble of scale word k."""
+    bits = d.astype(np.float16).view(np.uint16).astype(np.uint16)
+    words = blocks[:, 48:56].copy().view(np.uint16)  # (n, 4)
+    for k in range(4):
+        words[:, k] = (words[:, k] & np.uint16(0x0FFF)) | (((bits >> np.uint16(4 * k)) & np.uint16(0xF)) << np.uint16(12))
+    blocks[:, 48:56] = words.view(np.uint8)
 
 
 # 32-value blocks with float scales (blocks32.h): (1/typical |value / d|, byte offset of an fp16 min or None);
@@ -92,7 +109,10 @@ def random_blocks(rng: np.random.Generator, qt: QT, n_blocks: int, scale: float)
     blocks = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
     (d_off,), k, extra = _KQ[qt]
     d = (scale * k * rng.uniform(0.5, 1.5, size=n_blocks)).astype(np.float16)
-    blocks[:, d_off:d_off + 2] = d.view(np.uint8).reshape(n_blocks, 2)
+    if d_off is None:
+        set_iq1m_d(blocks, d)
+    else:
+        blocks[:, d_off:d_off + 2] = d.view(np.uint8).reshape(n_blocks, 2)
     for off, ratio in extra.items():  # dmin
         dm = (d.astype(np.float32) * ratio * rng.uniform(0.9, 1.1, size=n_blocks)).astype(np.float16)
         blocks[:, off:off + 2] = dm.view(np.uint8).reshape(n_blocks, 2)

@@ -179,6 +179,123 @@ struct DecIQ4XS {
   }
 };
 
+// The low-bit grid types (iq_lowbit.cpp), as in the AVX-512 build: per sub-block of 32 values the grid bytes,
+// signs (or IQ1's +-1 shifts) and multipliers 2s+1; w[2 ib] holds values 0-15, w[2 ib + 1] values 16-31.
+inline __m256i sign_bytes(uint32_t bits) {  // byte v = 0xFF where bit v is set
+  const __m256i rep = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
+                                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                           2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+  return _mm256_cmpeq_epi8(_mm256_and_si256(rep, bit), bit);
+}
+inline __m256i with_signs(__m256i g, __m256i m) { return _mm256_sub_epi8(_mm256_xor_si256(g, m), m); }
+inline void scaled_halves(__m256i g, int lo, int hi, __m256i* w) {  // int8 values -> two words vectors x 2s+1
+  w[0] = _mm256_mullo_epi16(lo16s(g), _mm256_set1_epi16((short)lo));
+  w[1] = _mm256_mullo_epi16(hi16s(g), _mm256_set1_epi16((short)hi));
+}
+
+struct DecIQ2XS {
+  static constexpr int kBytes = 74;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m256i* w, float& d, float& dmin, uint8_t* m) {
+    d = h2f(b) * 0.125f;
+    dmin = 0.f;
+    for (int ib = 0; ib < 8; ib++) {
+      uint16_t q[4];
+      std::memcpy(q, b + 2 + 8 * ib, 8);
+      const __m256i g = _mm256_set_epi64x((long long)kIq2xsGrid[q[3] & 511], (long long)kIq2xsGrid[q[2] & 511],
+                                          (long long)kIq2xsGrid[q[1] & 511], (long long)kIq2xsGrid[q[0] & 511]);
+      const __m256i sm = _mm256_set_epi64x((long long)kSignMask[q[3] >> 9], (long long)kSignMask[q[2] >> 9],
+                                           (long long)kSignMask[q[1] >> 9], (long long)kSignMask[q[0] >> 9]);
+      const int sc = b[66 + ib];
+      scaled_halves(with_signs(g, sm), 2 * (sc & 15) + 1, 2 * (sc >> 4) + 1, w + 2 * ib);
+    }
+  }
+};
+
+struct DecIQ2S {
+  static constexpr int kBytes = 82;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m256i* w, float& d, float& dmin, uint8_t* m) {
+    d = h2f(b) * 0.125f;
+    dmin = 0.f;
+    for (int ib = 0; ib < 8; ib++) {
+      const uint8_t* qs = b + 2 + 4 * ib;
+      const int qh = b[66 + ib];
+      const __m256i g = _mm256_set_epi64x((long long)kIq2sGrid[qs[3] | (qh >> 6 & 3) << 8], (long long)kIq2sGrid[qs[2] | (qh >> 4 & 3) << 8],
+                                          (long long)kIq2sGrid[qs[1] | (qh >> 2 & 3) << 8], (long long)kIq2sGrid[qs[0] | (qh & 3) << 8]);
+      const int sc = b[74 + ib];
+      scaled_halves(with_signs(g, sign_bytes(u32_at(b + 34 + 4 * ib))), 2 * (sc & 15) + 1, 2 * (sc >> 4) + 1, w + 2 * ib);
+    }
+  }
+};
+
+struct DecIQ3S {
+  static constexpr int kBytes = 110;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m256i* w, float& d, float& dmin, uint8_t* m) {
+    d = h2f(b);
+    dmin = 0.f;
+    for (int ib = 0; ib < 8; ib++) {
+      const uint8_t* qs = b + 2 + 8 * ib;
+      const int qh = b[66 + ib];
+      int e[8];
+      for (int l = 0; l < 8; l++) e[l] = (int)kIq3sGrid[qs[l] | ((qh >> l) & 1) << 8];
+      const __m256i g = _mm256_setr_epi32(e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]);
+      const int s = 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 15) + 1;
+      scaled_halves(with_signs(g, sign_bytes(u32_at(b + 74 + 4 * ib))), s, s, w + 2 * ib);
+    }
+  }
+};
+
+// IQ1: w = (2s+1) * (8 g + shift) for 16 values from int8 grid bytes g in {-1, 0, 1}.
+inline __m256i iq1_shifted(__m128i g, __m256i shift, int mult) {
+  return _mm256_mullo_epi16(_mm256_add_epi16(_mm256_slli_epi16(_mm256_cvtepi8_epi16(g), 3), shift),
+                            _mm256_set1_epi16((short)mult));
+}
+
+struct DecIQ1S {
+  static constexpr int kBytes = 50;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m256i* w, float& d, float& dmin, uint8_t* m) {
+    d = h2f(b) * 0.125f;
+    dmin = 0.f;
+    for (int ib = 0; ib < 8; ib++) {
+      const uint8_t* qs = b + 2 + 4 * ib;
+      const int qh = b[34 + 2 * ib] | b[35 + 2 * ib] << 8;
+      const __m128i g01 = _mm_set_epi64x((long long)kIq1sGrid[qs[1] | (qh >> 3 & 7) << 8], (long long)kIq1sGrid[qs[0] | (qh & 7) << 8]);
+      const __m128i g23 = _mm_set_epi64x((long long)kIq1sGrid[qs[3] | (qh >> 9 & 7) << 8], (long long)kIq1sGrid[qs[2] | (qh >> 6 & 7) << 8]);
+      const __m256i sh = _mm256_set1_epi16((qh & 0x8000) ? -1 : 1);
+      const int mult = 2 * ((qh >> 12) & 7) + 1;
+      w[2 * ib] = iq1_shifted(g01, sh, mult);
+      w[2 * ib + 1] = iq1_shifted(g23, sh, mult);
+    }
+  }
+};
+
+struct DecIQ1M {
+  static constexpr int kBytes = 56;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m256i* w, float& d, float& dmin, uint8_t* m) {
+    d = fp16_to_f32(iq1m_d_bits(b)) * 0.125f;
+    dmin = 0.f;
+    uint16_t sw[4];
+    std::memcpy(sw, b + 48, 8);
+    for (int ib = 0; ib < 8; ib++) {
+      const uint8_t* qs = b + 4 * ib;
+      const int h0 = b[32 + 2 * ib], h1 = b[33 + 2 * ib];
+      const int n[4] = {h0 & 15, h0 >> 4, h1 & 15, h1 >> 4};
+      auto sh = [&](int l) { return (short)((n[l] & 8) ? -1 : 1); };
+      const __m128i g01 = _mm_set_epi64x((long long)kIq1sGrid[qs[1] | (n[1] & 7) << 8], (long long)kIq1sGrid[qs[0] | (n[0] & 7) << 8]);
+      const __m128i g23 = _mm_set_epi64x((long long)kIq1sGrid[qs[3] | (n[3] & 7) << 8], (long long)kIq1sGrid[qs[2] | (n[2] & 7) << 8]);
+      const int k = 2 * ib;  // scales k (values 0-15) and k + 1 (16-31)
+      const int s0 = (sw[k / 4] >> (3 * (k % 4))) & 7, s1 = (sw[(k + 1) / 4] >> (3 * ((k + 1) % 4))) & 7;
+      w[2 * ib] = iq1_shifted(g01, _mm256_set_m128i(_mm_set1_epi16(sh(1)), _mm_set1_epi16(sh(0))), 2 * s0 + 1);
+      w[2 * ib + 1] = iq1_shifted(g23, _mm256_set_m128i(_mm_set1_epi16(sh(3)), _mm_set1_epi16(sh(2))), 2 * s1 + 1);
+    }
+  }
+};
+
 // T is a compile-time constant (the accumulators stay in registers); per output element nothing changes.
 template <class Dec, int T>
 void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
@@ -248,6 +365,11 @@ RowsFn rows_fn_kq_avx2(uint32_t type) {
     case GGML_IQ2_XXS: return rows_kq<DecIQ2XXS>;
     case GGML_IQ3_XXS: return rows_kq<DecIQ3XXS>;
     case GGML_IQ4_XS: return rows_kq<DecIQ4XS>;
+    case GGML_IQ2_XS: return rows_kq<DecIQ2XS>;
+    case GGML_IQ2_S: return rows_kq<DecIQ2S>;
+    case GGML_IQ3_S: return rows_kq<DecIQ3S>;
+    case GGML_IQ1_S: return rows_kq<DecIQ1S>;
+    case GGML_IQ1_M: return rows_kq<DecIQ1M>;
     default: return nullptr;
   }
 }

@@ -18,6 +18,11 @@ RowsFn rows_fn_kq_avx512(uint32_t type) {
     case GGML_IQ2_XXS: return pick<DecIQ2XXS>();
     case GGML_IQ3_XXS: return pick<DecIQ3XXS>();
     case GGML_IQ4_XS: return pick<DecIQ4XS>();
+    case GGML_IQ2_XS: return pick<DecIQ2XS>();
+    case GGML_IQ2_S: return pick<DecIQ2S>();
+    case GGML_IQ3_S: return pick<DecIQ3S>();
+    case GGML_IQ1_S: return pick<DecIQ1S>();
+    case GGML_IQ1_M: return pick<DecIQ1M>();
     default: return nullptr;
   }
 }

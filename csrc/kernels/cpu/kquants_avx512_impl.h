@@ -183,6 +183,121 @@ struct DecIQ4XS {
   }
 };
 
+// The low-bit grid types (iq_lowbit.cpp): per sub-block of 32 values, the grid bytes of its groups, signs
+// (or IQ1's +-1 shifts) and the multipliers 2s+1, in words 0-15 and 16-31 where the scale is per 16 values.
+inline __m512i halves(int lo, int hi) {  // words 0-15 = lo, 16-31 = hi
+  return _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)lo), _mm512_set1_epi16((short)hi));
+}
+inline __m512i negate_where(__m512i w, uint32_t bits) {  // w[v] = -w[v] where bit v is set
+  return _mm512_mask_sub_epi16(w, (__mmask32)bits, _mm512_setzero_si512(), w);
+}
+
+struct DecIQ2XS {  // grid index 9 bits + ksigns index 7 bits per 8 values; a 4-bit scale per 16
+  static constexpr int kBytes = 74;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
+    d = h2f(b) * 0.125f;
+    dmin = 0.f;
+    mins = _mm_setzero_si128();
+    for (int ib = 0; ib < 8; ib++) {
+      uint16_t q[4];
+      std::memcpy(q, b + 2 + 8 * ib, 8);
+      const __m256i g = _mm256_set_epi64x((long long)kIq2xsGrid[q[3] & 511], (long long)kIq2xsGrid[q[2] & 511],
+                                          (long long)kIq2xsGrid[q[1] & 511], (long long)kIq2xsGrid[q[0] & 511]);
+      const __m256i sm = _mm256_set_epi64x((long long)kSignMask[q[3] >> 9], (long long)kSignMask[q[2] >> 9],
+                                           (long long)kSignMask[q[1] >> 9], (long long)kSignMask[q[0] >> 9]);
+      const int sc = b[66 + ib];
+      w[ib] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm256_sub_epi8(_mm256_xor_si256(g, sm), sm)),
+                                 halves(2 * (sc & 15) + 1, 2 * (sc >> 4) + 1));
+    }
+  }
+};
+
+struct DecIQ2S {  // grid index 8 + 2 bits per 8 values, a sign bit per value, a 4-bit scale per 16
+  static constexpr int kBytes = 82;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
+    d = h2f(b) * 0.125f;
+    dmin = 0.f;
+    mins = _mm_setzero_si128();
+    for (int ib = 0; ib < 8; ib++) {
+      const uint8_t* qs = b + 2 + 4 * ib;
+      const int qh = b[66 + ib];
+      const __m256i g = _mm256_set_epi64x((long long)kIq2sGrid[qs[3] | (qh >> 6 & 3) << 8], (long long)kIq2sGrid[qs[2] | (qh >> 4 & 3) << 8],
+                                          (long long)kIq2sGrid[qs[1] | (qh >> 2 & 3) << 8], (long long)kIq2sGrid[qs[0] | (qh & 3) << 8]);
+      const int sc = b[74 + ib];
+      w[ib] = _mm512_mullo_epi16(negate_where(_mm512_cvtepu8_epi16(g), u32_at(b + 34 + 4 * ib)),
+                                 halves(2 * (sc & 15) + 1, 2 * (sc >> 4) + 1));
+    }
+  }
+};
+
+struct DecIQ3S {  // grid index 8 + 1 bits per 4 values, a sign bit per value, a 4-bit scale per 32
+  static constexpr int kBytes = 110;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
+    d = h2f(b);
+    dmin = 0.f;
+    mins = _mm_setzero_si128();
+    for (int ib = 0; ib < 8; ib++) {
+      const uint8_t* qs = b + 2 + 8 * ib;
+      const int qh = b[66 + ib];
+      int e[8];
+      for (int l = 0; l < 8; l++) e[l] = (int)kIq3sGrid[qs[l] | ((qh >> l) & 1) << 8];
+      const __m256i g = _mm256_setr_epi32(e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]);
+      const int sc = (b[106 + ib / 2] >> (4 * (ib % 2))) & 15;
+      w[ib] = _mm512_mullo_epi16(negate_where(_mm512_cvtepu8_epi16(g), u32_at(b + 74 + 4 * ib)),
+                                 _mm512_set1_epi16((short)(2 * sc + 1)));
+    }
+  }
+};
+
+// IQ1: w = (2s+1) * (8 g + shift), g in {-1, 0, 1} and shift = +-1 per 8 values (the 1/8 is in d).
+inline __m512i iq1_shifted(__m256i g, __m512i shift, __m512i mult) {
+  return _mm512_mullo_epi16(_mm512_add_epi16(_mm512_slli_epi16(_mm512_cvtepi8_epi16(g), 3), shift), mult);
+}
+
+struct DecIQ1S {  // grid index 8 + 3 bits per 8 values; per 32: a 3-bit scale and the shift's sign
+  static constexpr int kBytes = 50;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
+    d = h2f(b) * 0.125f;
+    dmin = 0.f;
+    mins = _mm_setzero_si128();
+    for (int ib = 0; ib < 8; ib++) {
+      const uint8_t* qs = b + 2 + 4 * ib;
+      const int qh = b[34 + 2 * ib] | b[35 + 2 * ib] << 8;
+      const __m256i g = _mm256_set_epi64x((long long)kIq1sGrid[qs[3] | (qh >> 9 & 7) << 8], (long long)kIq1sGrid[qs[2] | (qh >> 6 & 7) << 8],
+                                          (long long)kIq1sGrid[qs[1] | (qh >> 3 & 7) << 8], (long long)kIq1sGrid[qs[0] | (qh & 7) << 8]);
+      w[ib] = iq1_shifted(g, _mm512_set1_epi16((qh & 0x8000) ? -1 : 1), _mm512_set1_epi16((short)(2 * ((qh >> 12) & 7) + 1)));
+    }
+  }
+};
+
+struct DecIQ1M {  // grid index 8 + 3 bits and the shift's sign per 8 values; a 3-bit scale per 16
+  static constexpr int kBytes = 56;
+  static constexpr bool kHasMin = false;
+  static inline void decode(const uint8_t* b, __m512i* w, float& d, float& dmin, __m128i& mins) {
+    d = fp16_to_f32(iq1m_d_bits(b)) * 0.125f;
+    dmin = 0.f;
+    mins = _mm_setzero_si128();
+    uint16_t sw[4];
+    std::memcpy(sw, b + 48, 8);
+    for (int ib = 0; ib < 8; ib++) {
+      const uint8_t* qs = b + 4 * ib;
+      const int h0 = b[32 + 2 * ib], h1 = b[33 + 2 * ib];
+      const int n[4] = {h0 & 15, h0 >> 4, h1 & 15, h1 >> 4};
+      const __m256i g = _mm256_set_epi64x((long long)kIq1sGrid[qs[3] | (n[3] & 7) << 8], (long long)kIq1sGrid[qs[2] | (n[2] & 7) << 8],
+                                          (long long)kIq1sGrid[qs[1] | (n[1] & 7) << 8], (long long)kIq1sGrid[qs[0] | (n[0] & 7) << 8]);
+      auto shift = [&](int l) { return (long long)((n[l] & 8) ? -1LL : 0x0001000100010001LL); };  // 4 words of +-1
+      const __m512i sh = _mm512_set_epi64(shift(3), shift(3), shift(2), shift(2), shift(1), shift(1), shift(0), shift(0));
+      const int k = 2 * ib;  // scales k (values 0-15) and k + 1 (16-31)
+      const int s0 = (sw[k / 4] >> (3 * (k % 4))) & 7, s1 = (sw[(k + 1) / 4] >> (3 * ((k + 1) % 4))) & 7;
+      w[ib] = iq1_shifted(g, sh, halves(2 * s0 + 1, 2 * s1 + 1));
+    }
+  }
+};
+
 template <bool kVnni>
 inline __m512i dot16(__m512i acc, __m512i w, __m512i q) {
   if constexpr (kVnni) return _mm512_dpwssd_epi32(acc, w, q);
