@@ -9,6 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from strata_py import _core
+from window_util import assert_windows_equal_serial
 
 TYPES = {"F32": QT.F32, "F16": QT.F16, "BF16": QT.BF16, "Q8_0": QT.Q8_0, "Q4_0": QT.Q4_0, "Q4_1": QT.Q4_1,
          "Q5_0": QT.Q5_0, "Q5_1": QT.Q5_1, "IQ4_NL": QT.IQ4_NL, "MXFP4": QT.MXFP4}
@@ -211,17 +212,4 @@ def test_block32_model_windows_equal_serial(tmp_path, typ):
     from strata_py import synth
     from strata_py.model import Model
     model = Model.load(synth.write("tiny", tmp_path / f"t-{typ}.gguf", typ, seed=6), threads=2)
-    rng = np.random.default_rng(12)
-    prompt, seq = rng.integers(0, model.n_vocab, 10).tolist(), rng.integers(0, model.n_vocab, 9).tolist()
-    s = model.session(n_ctx=64, max_window=16)
-    s.run(prompt)
-    s.commit(len(prompt))
-    base = s.checkpoint()
-    ref = []
-    for t in seq:
-        ref.append(s.run([t])[0].copy())
-        s.commit(1)
-    assert np.all(np.isfinite(ref))
-    for T in (3, 9):
-        s.restore(base)
-        np.testing.assert_array_equal(s.run(seq[:T]), np.asarray(ref[:T]), err_msg=f"{typ} T={T}")
+    assert_windows_equal_serial(model, windows=(3, 9), seed=12, label=typ)

@@ -11,6 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from strata_py import _core, synth
+from window_util import assert_windows_equal_serial
 
 KQ = {"Q2_K": QT.Q2_K, "Q3_K": QT.Q3_K, "Q4_K": QT.Q4_K, "Q5_K": QT.Q5_K, "Q6_K": QT.Q6_K, "IQ2_XXS": QT.IQ2_XXS, "IQ3_XXS": QT.IQ3_XXS,
       "IQ4_XS": QT.IQ4_XS, "IQ2_XS": QT.IQ2_XS, "IQ2_S": QT.IQ2_S, "IQ3_S": QT.IQ3_S, "IQ1_S": QT.IQ1_S, "IQ1_M": QT.IQ1_M}
@@ -175,36 +176,13 @@ def test_dot_within_int8_activation_bound(typ):
     assert np.max(err / bound) > 0.01
 
 
-@pytest.fixture(scope="module")
-def tiny_q4k_model(tmp_path_factory):
+@pytest.mark.parametrize("typ", ["q4_k", "iq2_xs", "iq2_s", "iq3_s", "iq1_s", "iq1_m"])
+def test_window_parity(tmp_path, typ):
+    """A window of T rows gives exactly the logits of serial decoding (engine core II), on a synthetic model of
+    the type."""
     from strata_py.model import Model
-    path = synth.write("tiny", tmp_path_factory.mktemp("synth") / "tiny-q4_k.gguf", "q4_k", seed=4)
-    return Model.load(path, threads=2)
-
-
-def test_window_parity_q4k(tiny_q4k_model):
-    """A window of T rows gives exactly the logits of serial decoding (engine core II), on a Q4_K model."""
-    model = tiny_q4k_model
-    rng = np.random.default_rng(11)
-    prompt = rng.integers(0, model.n_vocab, 10).tolist()
-    seq = rng.integers(0, model.n_vocab, 9).tolist()
-    s = model.session(n_ctx=64)
-    s.run(prompt)
-    s.commit(len(prompt))
-    base = s.checkpoint()
-    ref = []
-    for t in seq:
-        ref.append(s.run([t])[0].copy())
-        s.commit(1)
-    for T in (1, 3, 8):
-        s.restore(base)
-        out = s.run(seq[:T])
-        for i in range(T):
-            np.testing.assert_array_equal(out[i], ref[i], err_msg=f"T={T} row {i}")
-    s.restore(base)
-    out = s.run(seq[:9])  # > 8 rows: two kernel passes
-    for i in range(9):
-        np.testing.assert_array_equal(out[i], ref[i], err_msg=f"T=9 row {i}")
+    model = Model.load(synth.write("tiny", tmp_path / f"tiny-{typ}.gguf", typ, seed=4), threads=2)
+    assert_windows_equal_serial(model, label=typ)
 
 
 @pytest.mark.parametrize("typ", ["q2_k", "q3_k", "q4_k", "q4_k_m", "q5_k", "q6_k", "iq2_xxs", "iq3_xxs", "iq4_xs", "iq2_xs",

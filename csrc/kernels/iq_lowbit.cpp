@@ -85,28 +85,17 @@ void dq_iq1(const uint8_t* s, float* y, int64_t n, int bytes, V value, float (*d
 float d_at0(const uint8_t* b) { return half_at(b); }
 float iq1m_d(const uint8_t* b) { return fp16_to_f32(iq1m_d_bits(b)); }
 
-// Integer forms: IQ2 w = (2s+1)*(+-g), d/8; IQ3_S w = (2s+1)*(+-g), d; IQ1 w = (2s+1)*(8g +- 1), d/8.
-template <class V>
-void dec_signed(const uint8_t* b, IntBlock& o, float d, V value) {
+// Integer forms: IQ2 w = (2s+1)*(+-g), d/8; IQ3_S w = (2s+1)*(+-g), d; IQ1 (kShifted) w = (2s+1)*(8g +- 1), d/8.
+template <bool kShifted, class V>
+void dec_iq(const uint8_t* b, IntBlock& o, float d, V value) {
   o.d = d;
   o.dmin = 0.f;
   o.has_min = false;
   o.min16 = false;
   for (int v = 0; v < QK_K; v++) {
     const IqValue e = value(b, v);
-    o.w[v] = (int16_t)((2 * e.s + 1) * (e.neg ? -e.g : e.g));
-  }
-  for (int j = 0; j < 8; j++) o.m[j] = 0;
-}
-template <class V>
-void dec_shifted(const uint8_t* b, IntBlock& o, float d, V value) {
-  o.d = d;
-  o.dmin = 0.f;
-  o.has_min = false;
-  o.min16 = false;
-  for (int v = 0; v < QK_K; v++) {
-    const IqValue e = value(b, v);
-    o.w[v] = (int16_t)((2 * e.s + 1) * (8 * e.g + (e.neg ? -1 : 1)));
+    const int q = kShifted ? 8 * e.g + (e.neg ? -1 : 1) : (e.neg ? -e.g : e.g);
+    o.w[v] = (int16_t)((2 * e.s + 1) * q);
   }
   for (int j = 0; j < 8; j++) o.m[j] = 0;
 }
@@ -129,10 +118,10 @@ void dq_iq3_s(const uint8_t* s, float* y, int64_t n) {  // db = d*(1+2s); (db*g)
 void dq_iq1_s(const uint8_t* s, float* y, int64_t n) { dq_iq1(s, y, n, 50, iq1s_value, d_at0); }
 void dq_iq1_m(const uint8_t* s, float* y, int64_t n) { dq_iq1(s, y, n, 56, iq1m_value, iq1m_d); }
 
-void dec_iq2_xs(const uint8_t* b, IntBlock& o) { dec_signed(b, o, half_at(b) * 0.125f, iq2xs_value); }
-void dec_iq2_s(const uint8_t* b, IntBlock& o) { dec_signed(b, o, half_at(b) * 0.125f, iq2s_value); }
-void dec_iq3_s(const uint8_t* b, IntBlock& o) { dec_signed(b, o, half_at(b), iq3s_value); }
-void dec_iq1_s(const uint8_t* b, IntBlock& o) { dec_shifted(b, o, half_at(b) * 0.125f, iq1s_value); }
-void dec_iq1_m(const uint8_t* b, IntBlock& o) { dec_shifted(b, o, iq1m_d(b) * 0.125f, iq1m_value); }
+void dec_iq2_xs(const uint8_t* b, IntBlock& o) { dec_iq<false>(b, o, half_at(b) * 0.125f, iq2xs_value); }
+void dec_iq2_s(const uint8_t* b, IntBlock& o) { dec_iq<false>(b, o, half_at(b) * 0.125f, iq2s_value); }
+void dec_iq3_s(const uint8_t* b, IntBlock& o) { dec_iq<false>(b, o, half_at(b), iq3s_value); }
+void dec_iq1_s(const uint8_t* b, IntBlock& o) { dec_iq<true>(b, o, half_at(b) * 0.125f, iq1s_value); }
+void dec_iq1_m(const uint8_t* b, IntBlock& o) { dec_iq<true>(b, o, iq1m_d(b) * 0.125f, iq1m_value); }
 
 }  // namespace strata

@@ -1,5 +1,6 @@
 // Shared by the int8-activation SIMD kernels: block facts and tables (the IQ sign masks, the Q4_K/Q5_K scale
-// unpacking), and a few AVX2 helpers (marked) that only the ISA translation units call.
+// unpacking), and AVX2-level helpers (marked) that only the ISA translation units call (Q2_K mins, the low-bit IQ
+// grid lookups).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -53,6 +54,36 @@ inline __m256i min_sums16(const int16_t* m16, const int16_t* bs) {
                                               _mm256_set1_epi32(pair)));
   }
   return M;
+}
+
+// Only for the ISA translation units (AVX2 and up), shared by the low-bit IQ decoders:
+// grid entries of 4 groups, idx_l = lo8[l] | ((hi >> shift_l) & mask) << 8, looked up by one gather;
+inline __m128i grid_index4(const uint8_t* lo8, uint32_t hi, __m128i shifts, int mask) {
+  uint32_t lo;
+  std::memcpy(&lo, lo8, 4);
+  const __m128i h = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)hi), shifts), _mm_set1_epi32(mask));
+  return _mm_or_si128(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)lo)), _mm_slli_epi32(h, 8));
+}
+inline __m256i gather4(const uint64_t* table, __m128i idx) {
+  return _mm256_i32gather_epi64(reinterpret_cast<const long long*>(table), idx, 8);
+}
+// IQ3_S's eight groups of sub-block ib (grid index: qs byte | bit l of qh[ib] << 8): their grid bytes, by one gather.
+inline __m256i iq3s_groups(const uint8_t* b, int ib) {
+  const __m256i hb = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b[66 + ib]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+                                      _mm256_set1_epi32(1));
+  const __m256i idx = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * ib))),
+                                      _mm256_slli_epi32(hb, 8));
+  return _mm256_i32gather_epi32(reinterpret_cast<const int*>(kIq3sGrid), idx, 4);
+}
+// IQ2_XS's four groups of a sub-block (4 u16 at q16: grid index 9 bits, ksigns index 7 bits): grid bytes and
+// sign masks (scalar lookups: two gathers per 4 groups, grid and signs, measured 40 % slower here).
+inline void iq2xs_groups(const uint8_t* q16, __m256i& g, __m256i& sm) {
+  uint16_t q[4];
+  std::memcpy(q, q16, 8);
+  g = _mm256_set_epi64x((long long)kIq2xsGrid[q[3] & 511], (long long)kIq2xsGrid[q[2] & 511],
+                        (long long)kIq2xsGrid[q[1] & 511], (long long)kIq2xsGrid[q[0] & 511]);
+  sm = _mm256_set_epi64x((long long)kSignMask[q[3] >> 9], (long long)kSignMask[q[2] >> 9],
+                         (long long)kSignMask[q[1] >> 9], (long long)kSignMask[q[0] >> 9]);
 }
 
 // What the AVX2 and AVX-512 Q2_K decoders share: the block size and the mins per 16 values.

@@ -189,16 +189,6 @@ inline __m256i sign_bytes(uint32_t bits) {  // byte v = 0xFF where bit v is set
   return _mm256_cmpeq_epi8(_mm256_and_si256(rep, bit), bit);
 }
 inline __m256i with_signs(__m256i g, __m256i m) { return _mm256_sub_epi8(_mm256_xor_si256(g, m), m); }
-// Grid entries of 4 groups: idx_l = lo8[l] | ((hi >> shift_l) & mask) << 8, looked up by one gather.
-inline __m128i grid_index4(const uint8_t* lo8, uint32_t hi, __m128i shifts, int mask) {
-  uint32_t lo;
-  std::memcpy(&lo, lo8, 4);
-  const __m128i h = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)hi), shifts), _mm_set1_epi32(mask));
-  return _mm_or_si128(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)lo)), _mm_slli_epi32(h, 8));
-}
-inline __m256i gather4(const uint64_t* table, __m128i idx) {
-  return _mm256_i32gather_epi64(reinterpret_cast<const long long*>(table), idx, 8);
-}
 inline void scaled_halves(__m256i g, int lo, int hi, __m256i* w) {  // int8 values -> two words vectors x 2s+1
   w[0] = _mm256_mullo_epi16(lo16s(g), _mm256_set1_epi16((short)lo));
   w[1] = _mm256_mullo_epi16(hi16s(g), _mm256_set1_epi16((short)hi));
@@ -211,13 +201,8 @@ struct DecIQ2XS {
     d = h2f(b) * 0.125f;
     dmin = 0.f;
     for (int ib = 0; ib < 8; ib++) {
-      // (scalar lookups: two gathers per 4 groups, grid and signs, measured 40 % slower here)
-      uint16_t q[4];
-      std::memcpy(q, b + 2 + 8 * ib, 8);
-      const __m256i g = _mm256_set_epi64x((long long)kIq2xsGrid[q[3] & 511], (long long)kIq2xsGrid[q[2] & 511],
-                                          (long long)kIq2xsGrid[q[1] & 511], (long long)kIq2xsGrid[q[0] & 511]);
-      const __m256i sm = _mm256_set_epi64x((long long)kSignMask[q[3] >> 9], (long long)kSignMask[q[2] >> 9],
-                                           (long long)kSignMask[q[1] >> 9], (long long)kSignMask[q[0] >> 9]);
+      __m256i g, sm;
+      iq2xs_groups(b + 2 + 8 * ib, g, sm);
       const int sc = b[66 + ib];
       scaled_halves(with_signs(g, sm), 2 * (sc & 15) + 1, 2 * (sc >> 4) + 1, w + 2 * ib);
     }
@@ -245,11 +230,7 @@ struct DecIQ3S {
     d = h2f(b);
     dmin = 0.f;
     for (int ib = 0; ib < 8; ib++) {
-      const __m256i hb = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b[66 + ib]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
-                                          _mm256_set1_epi32(1));
-      const __m256i idx = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * ib))),
-                                          _mm256_slli_epi32(hb, 8));
-      const __m256i g = _mm256_i32gather_epi32(reinterpret_cast<const int*>(kIq3sGrid), idx, 4);
+      const __m256i g = iq3s_groups(b, ib);
       const int s = 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 15) + 1;
       scaled_halves(with_signs(g, sign_bytes(u32_at(b + 74 + 4 * ib))), s, s, w + 2 * ib);
     }
