@@ -5,12 +5,13 @@
 // a weight block once for all T rows and computes each row as its scalar `_ref` twin does, bit for bit
 // (tests check this on fresh random inputs). What each type's path computes:
 //
-// F32, F16, BF16, Q8_0 (float activations): each weight is decoded exactly as the type's scalar
-//   dequantizer does; 16 float lanes, lane j accumulates the products of columns c = j (mod 16) with
-//   fused multiply-add in increasing c (a zero-padded tail), then the fixed tree s8 = l[j]+l[j+8],
-//   s4 = s8[j]+s8[j+4], s2 = s4[j]+s4[j+2], y = s2[0]+s2[1].
+// F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 (float activations): each weight is decoded
+//   exactly as the type's scalar dequantizer does; 16 float lanes, lane j accumulates the products of columns
+//   c = j (mod 16) with fused multiply-add in increasing c (a zero-padded tail), then the fixed tree
+//   s8 = l[j]+l[j+8], s4 = s8[j]+s8[j+4], s2 = s4[j]+s4[j+2], y = s2[0]+s2[1].
 //
-// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ3_XXS, IQ4_XS (int8 activations, quants.h): each activation row is quantized per
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_XS (int8 activations,
+//   quants.h): each activation row is quantized per
 //   256-block to int8 (q, dx, sub-block sums bsum; a function of that row alone). A weight block in its
 //   integer form (d, dmin, int16 w[256], mins m[8]) gives, per row, 16 exact int32 lane sums
 //   P[k] = sum of w[v]*q[v] over the block's values v with (v mod 32) / 2 == k (vpmaddwd/vpdpwssd pairs)
