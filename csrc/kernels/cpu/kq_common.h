@@ -75,15 +75,24 @@ inline __m256i iq3s_groups(const uint8_t* b, int ib) {
                                       _mm256_slli_epi32(hb, 8));
   return _mm256_i32gather_epi32(reinterpret_cast<const int*>(kIq3sGrid), idx, 4);
 }
-// IQ2_XS's four groups of a sub-block (4 u16 at q16: grid index 9 bits, ksigns index 7 bits): grid bytes and
-// sign masks (scalar lookups: two gathers per 4 groups, grid and signs, measured 40 % slower here).
-inline void iq2xs_groups(const uint8_t* q16, __m256i& g, __m256i& sm) {
+// g's bytes negated where m's bytes are 0xFF.
+inline __m256i apply_signs(__m256i g, __m256i m) { return _mm256_sub_epi8(_mm256_xor_si256(g, m), m); }
+// IQ2_XXS / IQ3_XXS: the four 7-bit ksigns indices of `signs` (bits 0-27) sign four groups of 8 bytes of g.
+inline __m256i iq_signed(__m256i g, uint32_t signs) {
+  const __m256i sm = _mm256_set_epi64x((long long)kSignMask[(signs >> 21) & 127], (long long)kSignMask[(signs >> 14) & 127],
+                                       (long long)kSignMask[(signs >> 7) & 127], (long long)kSignMask[signs & 127]);
+  return apply_signs(g, sm);
+}
+// IQ2_XS's four groups of a sub-block (4 u16 at q16: grid index 9 bits, ksigns index 7 bits): the signed grid
+// bytes (scalar lookups: two gathers per 4 groups, grid and signs, measured 40 % slower here).
+inline __m256i iq2xs_signed(const uint8_t* q16) {
   uint16_t q[4];
   std::memcpy(q, q16, 8);
-  g = _mm256_set_epi64x((long long)kIq2xsGrid[q[3] & 511], (long long)kIq2xsGrid[q[2] & 511],
-                        (long long)kIq2xsGrid[q[1] & 511], (long long)kIq2xsGrid[q[0] & 511]);
-  sm = _mm256_set_epi64x((long long)kSignMask[q[3] >> 9], (long long)kSignMask[q[2] >> 9],
-                         (long long)kSignMask[q[1] >> 9], (long long)kSignMask[q[0] >> 9]);
+  const __m256i g = _mm256_set_epi64x((long long)kIq2xsGrid[q[3] & 511], (long long)kIq2xsGrid[q[2] & 511],
+                                      (long long)kIq2xsGrid[q[1] & 511], (long long)kIq2xsGrid[q[0] & 511]);
+  const __m256i sm = _mm256_set_epi64x((long long)kSignMask[q[3] >> 9], (long long)kSignMask[q[2] >> 9],
+                                       (long long)kSignMask[q[1] >> 9], (long long)kSignMask[q[0] >> 9]);
+  return apply_signs(g, sm);
 }
 
 // What the AVX2 and AVX-512 Q2_K decoders share: the block size and the mins per 16 values.

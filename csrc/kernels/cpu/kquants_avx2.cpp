@@ -85,12 +85,6 @@ struct DecQ6K {
   }
 };
 
-inline __m256i iq_signed(__m256i g, uint32_t signs) {
-  const __m256i sm = _mm256_set_epi64x((long long)kSignMask[(signs >> 21) & 127], (long long)kSignMask[(signs >> 14) & 127],
-                                       (long long)kSignMask[(signs >> 7) & 127], (long long)kSignMask[signs & 127]);
-  return _mm256_sub_epi8(_mm256_xor_si256(g, sm), sm);
-}
-
 struct DecIQ2XXS {
   static constexpr int kBytes = 66;
   static constexpr bool kHasMin = false;
@@ -188,7 +182,6 @@ inline __m256i sign_bytes(uint32_t bits) {  // byte v = 0xFF where bit v is set
   const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
   return _mm256_cmpeq_epi8(_mm256_and_si256(rep, bit), bit);
 }
-inline __m256i with_signs(__m256i g, __m256i m) { return _mm256_sub_epi8(_mm256_xor_si256(g, m), m); }
 inline void scaled_halves(__m256i g, int lo, int hi, __m256i* w) {  // int8 values -> two words vectors x 2s+1
   w[0] = _mm256_mullo_epi16(lo16s(g), _mm256_set1_epi16((short)lo));
   w[1] = _mm256_mullo_epi16(hi16s(g), _mm256_set1_epi16((short)hi));
@@ -201,10 +194,8 @@ struct DecIQ2XS {
     d = h2f(b) * 0.125f;
     dmin = 0.f;
     for (int ib = 0; ib < 8; ib++) {
-      __m256i g, sm;
-      iq2xs_groups(b + 2 + 8 * ib, g, sm);
       const int sc = b[66 + ib];
-      scaled_halves(with_signs(g, sm), 2 * (sc & 15) + 1, 2 * (sc >> 4) + 1, w + 2 * ib);
+      scaled_halves(iq2xs_signed(b + 2 + 8 * ib), 2 * (sc & 15) + 1, 2 * (sc >> 4) + 1, w + 2 * ib);
     }
   }
 };
@@ -218,7 +209,7 @@ struct DecIQ2S {
     for (int ib = 0; ib < 8; ib++) {
       const __m256i g = gather4(kIq2sGrid, grid_index4(b + 2 + 4 * ib, b[66 + ib], _mm_setr_epi32(0, 2, 4, 6), 3));
       const int sc = b[74 + ib];
-      scaled_halves(with_signs(g, sign_bytes(u32_at(b + 34 + 4 * ib))), 2 * (sc & 15) + 1, 2 * (sc >> 4) + 1, w + 2 * ib);
+      scaled_halves(apply_signs(g, sign_bytes(u32_at(b + 34 + 4 * ib))), 2 * (sc & 15) + 1, 2 * (sc >> 4) + 1, w + 2 * ib);
     }
   }
 };
@@ -232,7 +223,7 @@ struct DecIQ3S {
     for (int ib = 0; ib < 8; ib++) {
       const __m256i g = iq3s_groups(b, ib);
       const int s = 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 15) + 1;
-      scaled_halves(with_signs(g, sign_bytes(u32_at(b + 74 + 4 * ib))), s, s, w + 2 * ib);
+      scaled_halves(apply_signs(g, sign_bytes(u32_at(b + 74 + 4 * ib))), s, s, w + 2 * ib);
     }
   }
 };

@@ -88,12 +88,6 @@ struct DecQ6K {
   }
 };
 
-inline __m256i iq_signed(__m256i g, uint32_t signs) {
-  const __m256i sm = _mm256_set_epi64x((long long)kSignMask[(signs >> 21) & 127], (long long)kSignMask[(signs >> 14) & 127],
-                                       (long long)kSignMask[(signs >> 7) & 127], (long long)kSignMask[signs & 127]);
-  return _mm256_sub_epi8(_mm256_xor_si256(g, sm), sm);
-}
-
 struct DecIQ2XXS {
   static constexpr int kBytes = 66;
   static constexpr bool kHasMin = false;
@@ -201,10 +195,8 @@ struct DecIQ2XS {  // grid index 9 bits + ksigns index 7 bits per 8 values; a 4-
     dmin = 0.f;
     mins = _mm_setzero_si128();
     for (int ib = 0; ib < 8; ib++) {
-      __m256i g, sm;
-      iq2xs_groups(b + 2 + 8 * ib, g, sm);
       const int sc = b[66 + ib];
-      w[ib] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm256_sub_epi8(_mm256_xor_si256(g, sm), sm)),
+      w[ib] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(iq2xs_signed(b + 2 + 8 * ib)),
                                  halves(2 * (sc & 15) + 1, 2 * (sc >> 4) + 1));
     }
   }
