@@ -20,7 +20,11 @@
 
 namespace strata {
 
-// MXFP4's e2m1 values, doubled (gguf.quants.MXFP4.kvalues); the scale e8m0_half(e) halves them back.
+// The value each 4-bit code stands for, before the scale: Q4_0 code - 8, Q4_1 the code itself (m is added after
+// scaling), IQ4_NL kIq4Values (quants.h), MXFP4 its e2m1 values doubled (gguf.quants.MXFP4.kvalues; the scale
+// e8m0_half(e) halves them back).
+alignas(16) inline constexpr int8_t kQ4_0Values[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+alignas(16) inline constexpr int8_t kQ4_1Values[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 alignas(16) inline constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 // ggml_e8m0_to_fp32_half: 2^(e - 128) as float32 bits (e < 2: the subnormals 2^-129, 2^-128).

@@ -93,32 +93,24 @@ inline void codes4(const uint8_t* qs, __m128i& lo, __m128i& hi) {
   lo = _mm_and_si128(x, k15);
   hi = _mm_and_si128(_mm_srli_epi16(x, 4), k15);
 }
-template <class V>
-inline __m128i table16() {
-  alignas(16) static const int8_t t[16] = {V::v(0), V::v(1), V::v(2),  V::v(3),  V::v(4),  V::v(5),  V::v(6),  V::v(7),
-                                           V::v(8), V::v(9), V::v(10), V::v(11), V::v(12), V::v(13), V::v(14), V::v(15)};
-  return _mm_load_si128(reinterpret_cast<const __m128i*>(t));
-}
-struct ValQ40 { static constexpr int8_t v(int c) { return (int8_t)(c - 8); } };
-struct ValQ41 { static constexpr int8_t v(int c) { return (int8_t)c; } };
-struct ValIq4 { static constexpr int8_t v(int c) { return kIq4Values[c]; } };
-struct ValMx { static constexpr int8_t v(int c) { return kMxfp4Values[c]; } };
-template <class V, int kScaleAt, int kMinAt, int kQsAt, int kSize>  // kScaleAt < 0: e8m0 byte 0; kMinAt < 0: no min
+// kScaleAt < 0: the e8m0 byte 0 (MXFP4); kMinAt < 0: no min.
+template <const int8_t* kValues, int kScaleAt, int kMinAt, int kQsAt, int kSize>
 struct Blk4 {
   static constexpr int kBytes = kSize;
   static void decode(const uint8_t* b, __m256* w) {
     __m128i lo, hi;
     codes4(b + kQsAt, lo, hi);
-    const __m128i tab = table16<V>();
+    const __m128i tab = _mm_load_si128(reinterpret_cast<const __m128i*>(kValues));  // pshufb: code -> value
     const __m256 d = _mm256_set1_ps(kScaleAt < 0 ? e8m0_half(b[0]) : f16_at(b + kScaleAt));
-    const __m256 m = kMinAt < 0 ? _mm256_setzero_ps() : _mm256_set1_ps(f16_at(b + (kMinAt < 0 ? 0 : kMinAt)));
+    __m256 m = _mm256_setzero_ps();
+    if constexpr (kMinAt >= 0) m = _mm256_set1_ps(f16_at(b + kMinAt));
     scale32<(kMinAt >= 0)>(_mm_shuffle_epi8(tab, lo), _mm_shuffle_epi8(tab, hi), d, m, w);
   }
 };
-using BlkQ4_0 = Blk4<ValQ40, 0, -1, 2, 18>;
-using BlkQ4_1 = Blk4<ValQ41, 0, 2, 4, 20>;
-using BlkIq4Nl = Blk4<ValIq4, 0, -1, 2, 18>;
-using BlkMxfp4 = Blk4<ValMx, -1, -1, 1, 17>;
+using BlkQ4_0 = Blk4<kQ4_0Values, 0, -1, 2, 18>;
+using BlkQ4_1 = Blk4<kQ4_1Values, 0, 2, 4, 20>;
+using BlkIq4Nl = Blk4<kIq4Values, 0, -1, 2, 18>;
+using BlkMxfp4 = Blk4<kMxfp4Values, -1, -1, 1, 17>;
 // 0x10 in byte i where bit (first + i) of qh is set, i = 0..15.
 inline __m128i high_bits16(uint32_t qh, int first) {
   const __m128i sel = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);

@@ -110,25 +110,21 @@ struct BlkQ8_0 {  // [d f16][32 int8]: w = d * q
     w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 18)))));
   }
 };
-// 4-bit codes (one byte of qs per value pair, widened to 32 bits) index a 16-float table of the values:
-// vpermps reads the low 4 bits of each index, so the low nibbles need no mask.
-template <class V>
-struct Table16 {
-  static __m512 table() {
-    alignas(64) static const float t[16] = {V::v(0), V::v(1), V::v(2),  V::v(3),  V::v(4),  V::v(5),  V::v(6),  V::v(7),
-                                            V::v(8), V::v(9), V::v(10), V::v(11), V::v(12), V::v(13), V::v(14), V::v(15)};
-    return _mm512_load_ps(t);
-  }
-};
-struct ValQ40 { static constexpr float v(int c) { return (float)(c - 8); } };
-struct ValQ41 { static constexpr float v(int c) { return (float)c; } };
-struct ValIq4 { static constexpr float v(int c) { return (float)kIq4Values[c]; } };
-struct ValMx { static constexpr float v(int c) { return (float)kMxfp4Values[c]; } };
-template <class V, int kScaleAt, int kMinAt, int kQsAt, int kSize>  // kMinAt < 0: no min
+// 4-bit codes (one byte of qs per value pair, widened to 32 bits) index a 16-float table of the values
+// (blocks32.h's int8 tables as floats): vpermps reads the low 4 bits of each index, so the low nibbles need no mask.
+template <const int8_t* kValues>
+__m512 table16() {
+  alignas(64) static const float t[16] = {kValues[0], kValues[1], kValues[2],  kValues[3],  kValues[4],  kValues[5],
+                                          kValues[6], kValues[7], kValues[8],  kValues[9],  kValues[10], kValues[11],
+                                          kValues[12], kValues[13], kValues[14], kValues[15]};
+  return _mm512_load_ps(t);
+}
+// kScaleAt < 0: the e8m0 byte 0 (MXFP4); kMinAt < 0: no min.
+template <const int8_t* kValues, int kScaleAt, int kMinAt, int kQsAt, int kSize>
 struct Blk4 {
   static constexpr int kBytes = kSize;
   static void decode(const uint8_t* b, __m512& w0, __m512& w1) {
-    const __m512 tab = Table16<V>::table();
+    const __m512 tab = table16<kValues>();
     const __m512i c = bytes16(b + kQsAt);
     const __m512 d = _mm512_set1_ps(kScaleAt < 0 ? e8m0_half(b[0]) : f16_at(b + kScaleAt));
     const __m512 v0 = _mm512_permutexvar_ps(c, tab), v1 = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), tab);
@@ -142,10 +138,10 @@ struct Blk4 {
     }
   }
 };
-using BlkQ4_0 = Blk4<ValQ40, 0, -1, 2, 18>;
-using BlkQ4_1 = Blk4<ValQ41, 0, 2, 4, 20>;
-using BlkIq4Nl = Blk4<ValIq4, 0, -1, 2, 18>;
-using BlkMxfp4 = Blk4<ValMx, -1, -1, 1, 17>;
+using BlkQ4_0 = Blk4<kQ4_0Values, 0, -1, 2, 18>;
+using BlkQ4_1 = Blk4<kQ4_1Values, 0, 2, 4, 20>;
+using BlkIq4Nl = Blk4<kIq4Values, 0, -1, 2, 18>;
+using BlkMxfp4 = Blk4<kMxfp4Values, -1, -1, 1, 17>;
 // Q5_0 / Q5_1: 5-bit codes, bit 4 of value i from bit i of qh: a 32-float table (two registers, vpermt2ps).
 template <int kOffset, bool kMin>
 struct Blk5 {
