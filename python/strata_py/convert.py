@@ -677,7 +677,8 @@ def convert(hf_dir, out_path, out_type: str = "f32", layout: str = "current", mt
     """Convert the HF Qwen3-Next checkpoint in `hf_dir` into a `qwen3next` GGUF at `out_path`.
 
     out_type: a key of OUT_TYPES (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4) for >=2-D weight
-    matrices (norms, routers, shared-expert gates, conv1d and 1-D tensors stay F32). layout: "current" (attn_qkv + attn_gate) or "legacy" (ssm_in).
+    matrices (norms, routers, shared-expert gates, conv1d and 1-D tensors stay F32).
+    layout: "current" (attn_qkv + attn_gate) or "legacy" (ssm_in).
     mtp=False drops `mtp.*`; mtp_only=True writes only the MTP block plus the shared token_embd/output_norm/output.
     Writes OUT.tmp and renames it, so a failure leaves no output. Returns the output path."""
     hf_dir, out_path = Path(hf_dir), Path(out_path)

@@ -3,16 +3,16 @@
     python -m strata_py.synth NAME OUT.gguf --type TYPE --seed S [--mtp] [--expert-gib G]
 
 TYPE: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, q2_k, q3_k, q4_k, q5_k, q6_k, iq1_s, iq1_m,
-iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq4_xs, or q4_k_m (Q4_K with Q6_K for output, attn_v and every other layer's ffn_down, like llama-quantize's Q4_K_M
-mix).
+iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq4_xs, or q4_k_m (Q4_K with Q6_K for output, attn_v and every other
+layer's ffn_down, like llama-quantize's Q4_K_M mix).
 
 Sizes: `tiny` (tests), `bench` (hidden 1024, 24 layers 3:1, 128 experts top-8 + shared expert), `stream`
 (the bench shape with as many experts as make `--expert-gib` GiB of expert weights). Weights are drawn
 directly as valid blocks of the target type (gguf-py has no K/IQ quantizer): a random fp16 scale and
-random codes. For K, IQ and the 32-value block types every byte pattern of the scales/codes/grid indices/sign bits is a valid
-block, so the bytes are uniform random and only the fp16 scales are chosen, with a
-magnitude of about 1/sqrt(row length) so activations stay in range over many layers. Every file carries
-a valid byte-level BPE tokenizer (256 byte tokens + `<|endoftext|>`, padded), so our CLI and llama.cpp
+random codes. For K, IQ and the 32-value block types every byte pattern of the scales/codes/grid indices/sign
+bits is a valid block, so the bytes are uniform random and only the scales are chosen, with a magnitude of
+about 1/sqrt(row length) so activations stay in range over many layers. Every file carries a valid
+byte-level BPE tokenizer (256 byte tokens + `<|endoftext|>`, padded), so our CLI and llama.cpp
 both load it. The file is written to OUT.tmp and renamed on success.
 """
 from __future__ import annotations
@@ -39,18 +39,16 @@ SIZES = {
                   n_ctx=32768),
 }
 SIZES["stream"] = dict(SIZES["bench"])
-TYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q2_k": QT.Q2_K, "q3_k": QT.Q3_K, "q4_k": QT.Q4_K, "q5_k": QT.Q5_K,
-         "q6_k": QT.Q6_K, "iq2_xxs": QT.IQ2_XXS, "iq3_xxs": QT.IQ3_XXS, "iq4_xs": QT.IQ4_XS, "q4_0": QT.Q4_0,
-         "q4_1": QT.Q4_1, "q5_0": QT.Q5_0, "q5_1": QT.Q5_1, "iq4_nl": QT.IQ4_NL, "mxfp4": QT.MXFP4,
-         "iq2_xs": QT.IQ2_XS, "iq2_s": QT.IQ2_S, "iq3_s": QT.IQ3_S, "iq1_s": QT.IQ1_S, "iq1_m": QT.IQ1_M}
+# the types convert.py writes (float, Q8_0 and the other 32-value blocks), plus the K and IQ quants
+TYPES = {**cv.OUT_TYPES, "q2_k": QT.Q2_K, "q3_k": QT.Q3_K, "q4_k": QT.Q4_K, "q5_k": QT.Q5_K, "q6_k": QT.Q6_K,
+         "iq1_s": QT.IQ1_S, "iq1_m": QT.IQ1_M, "iq2_xxs": QT.IQ2_XXS, "iq2_xs": QT.IQ2_XS, "iq2_s": QT.IQ2_S,
+         "iq3_xxs": QT.IQ3_XXS, "iq3_s": QT.IQ3_S, "iq4_xs": QT.IQ4_XS}
 LFT = gguf.LlamaFileType
-FILE_TYPES = {"f32": LFT.ALL_F32, "f16": LFT.MOSTLY_F16, "bf16": LFT.MOSTLY_BF16, "q8_0": LFT.MOSTLY_Q8_0,
-              "q2_k": LFT.MOSTLY_Q2_K, "q3_k": LFT.MOSTLY_Q3_K_S, "q4_k": LFT.MOSTLY_Q4_K_S, "q5_k": LFT.MOSTLY_Q5_K_S, "q6_k": LFT.MOSTLY_Q6_K,
-              "iq2_xxs": LFT.MOSTLY_IQ2_XXS, "iq3_xxs": LFT.MOSTLY_IQ3_XXS, "iq4_xs": LFT.MOSTLY_IQ4_XS,
-              "q4_k_m": LFT.MOSTLY_Q4_K_M, "q4_0": LFT.MOSTLY_Q4_0, "q4_1": LFT.MOSTLY_Q4_1, "q5_0": LFT.MOSTLY_Q5_0,
-              "q5_1": LFT.MOSTLY_Q5_1, "iq4_nl": LFT.MOSTLY_IQ4_NL, "mxfp4": LFT.MOSTLY_MXFP4_MOE,
-              "iq2_xs": LFT.MOSTLY_IQ2_XS, "iq2_s": LFT.MOSTLY_IQ2_S, "iq3_s": LFT.MOSTLY_IQ3_S,
-              "iq1_s": LFT.MOSTLY_IQ1_S, "iq1_m": LFT.MOSTLY_IQ1_M}
+FILE_TYPES = {**cv.FILE_TYPES, "q2_k": LFT.MOSTLY_Q2_K, "q3_k": LFT.MOSTLY_Q3_K_S, "q4_k": LFT.MOSTLY_Q4_K_S,
+              "q5_k": LFT.MOSTLY_Q5_K_S, "q6_k": LFT.MOSTLY_Q6_K, "iq1_s": LFT.MOSTLY_IQ1_S, "iq1_m": LFT.MOSTLY_IQ1_M,
+              "iq2_xxs": LFT.MOSTLY_IQ2_XXS, "iq2_xs": LFT.MOSTLY_IQ2_XS, "iq2_s": LFT.MOSTLY_IQ2_S,
+              "iq3_xxs": LFT.MOSTLY_IQ3_XXS, "iq3_s": LFT.MOSTLY_IQ3_S, "iq4_xs": LFT.MOSTLY_IQ4_XS,
+              "q4_k_m": LFT.MOSTLY_Q4_K_M}
 MIXES = {"q4_k_m": (QT.Q4_K, QT.Q6_K)}  # (main type, type for output / attn_v / every other ffn_down)
 
 # K/IQ blocks: (byte offsets of fp16 scales, 1/typical |code * sub-scale|) so that d = scale * k gives values
