@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from strata_py import _core
+from strata_py import _core, synth
 from window_util import assert_windows_equal_serial
 
 TYPES = {"F32": QT.F32, "F16": QT.F16, "BF16": QT.BF16, "Q8_0": QT.Q8_0, "Q4_0": QT.Q4_0, "Q4_1": QT.Q4_1,
@@ -19,11 +19,8 @@ ISAS = [i for i in ("avx2", "avx512") if (i == "avx2" and _core.best_isa() in ("
 
 def _weights(rng, typ, rows, cols):
     w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.1, 3.0)
-    if typ == "IQ4_NL":  # gguf.quants has no IQ4_NL quantizer: a random scale per block, random codes
-        nb = rows * cols // 32
-        blocks = rng.integers(0, 256, size=(nb, 18), dtype=np.uint8)
-        blocks[:, :2] = (rng.uniform(0.5, 1.5, nb) / 60).astype(np.float16).view(np.uint8).reshape(nb, 2)
-        return blocks.ravel()
+    if typ == "IQ4_NL":  # gguf.quants has no IQ4_NL quantizer: synth's random blocks (values of about 1)
+        return synth.random_blocks32(rng, QT.IQ4_NL, rows * cols // 32, scale=1.0).ravel()
     q = gguf.quants.quantize(w, TYPES[typ]) if typ != "F32" else w
     return np.ascontiguousarray(q).view(np.uint8).ravel()
 
@@ -191,7 +188,6 @@ def test_random_blocks32_dequantize_and_multiply(typ):
     """Uniform random codes and high bits (every pattern occurs, unlike in quantized data: MXFP4's -0, every
     Q5 bit) with synth's random scales: dequantization bit-exact with gguf.quants, fast paths equal to the
     scalar twin."""
-    from strata_py import synth
     rng = np.random.default_rng()
     rows, cols = 40, 256
     raw = synth.random_blocks32(rng, TYPES[typ], rows * cols // 32, scale=float(rng.uniform(0.01, 2.0)))
@@ -209,7 +205,6 @@ def test_random_blocks32_dequantize_and_multiply(typ):
 def test_block32_model_windows_equal_serial(tmp_path, typ):
     """A synthetic model of each 32-value block type loads and a window of T rows (T = 3, and 9: two kernel
     passes) gives exactly the logits of serial decoding."""
-    from strata_py import synth
     from strata_py.model import Model
     model = Model.load(synth.write("tiny", tmp_path / f"t-{typ}.gguf", typ, seed=6), threads=2)
     assert_windows_equal_serial(model, windows=(3, 9), seed=12, label=typ)
