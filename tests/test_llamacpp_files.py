@@ -5,6 +5,7 @@ it is looked for at scratch/llama.cpp (git-ignored; e.g. `vendor/llama.cpp` of t
 Without it the test is skipped with that reason; docs/BENCHMARKS.md records the last run."""
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -44,22 +45,34 @@ def test_llamacpp_converter_output(tmp_path, outtype):
     assert rel <= 1e-4
 
 
-@pytest.mark.parametrize("ftype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4_MOE", "Q4_K_M", "IQ4_XS"])
-def test_llamacpp_quantizer_output(tmp_path, ftype):
-    """Files quantized by llama.cpp's own llama_model_quantize (from llama-cpp-python, when installed: it is kept
-    out of CI) load and match transformers run on the same dequantized weights (gguf-py's dequantizer)."""
+# llama-cpp-python builds llama.cpp from source and is kept out of CI: the quantizer tests skip without it
+needs_llama_cpp = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                                     reason="llama-cpp-python is not installed (kept out of CI)")
+
+
+def _llama_quantize(src: Path, out: Path, ftype: str) -> Path:
+    """src quantized to out by llama.cpp's own llama_model_quantize (llama-cpp-python), LLAMA_FTYPE_MOSTLY_<ftype>,
+    2 threads."""
     import ctypes
 
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (kept out of CI)")
-    from strata_py.convert import gguf_to_hf
-    from transformers import Qwen3NextForCausalLM
-    make_tiny_hf(tmp_path / "hf", seed=3)
-    src = convert(tmp_path / "hf", tmp_path / "f32.gguf", "f32")
-    out = tmp_path / f"llamacpp-{ftype}.gguf"
+    import llama_cpp
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
     params.nthread = 2
     assert llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params)) == 0
+    return out
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("ftype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4_MOE", "Q4_K_M", "IQ4_XS"])
+def test_llamacpp_quantizer_output(tmp_path, ftype):
+    """Files quantized by llama.cpp's own llama_model_quantize (from llama-cpp-python, when installed: it is kept
+    out of CI) load and match transformers run on the same dequantized weights (gguf-py's dequantizer)."""
+    from strata_py.convert import gguf_to_hf
+    from transformers import Qwen3NextForCausalLM
+    make_tiny_hf(tmp_path / "hf", seed=3)
+    src = convert(tmp_path / "hf", tmp_path / "f32.gguf", "f32")
+    out = _llama_quantize(src, tmp_path / f"llamacpp-{ftype}.gguf", ftype)
     ref_model = Qwen3NextForCausalLM.from_pretrained(gguf_to_hf(out, tmp_path / "hf-back"), dtype=torch.float32).eval()
     model = Model.load(out, threads=2)
     ids = np.random.default_rng(1).integers(0, model.n_vocab, 48).tolist()
@@ -71,6 +84,7 @@ def test_llamacpp_quantizer_output(tmp_path, ftype):
     assert rel <= (1e-4 if "_K" not in ftype and ftype != "IQ4_XS" else 5e-2), rel
 
 
+@needs_llama_cpp
 @pytest.mark.parametrize("ftype", ["IQ3_S", "IQ3_M"])
 def test_llamacpp_lowbit_quantizer_output(tmp_path, ftype):
     """The trained default model (rows of 256: llama.cpp's grid quants apply) quantized by llama.cpp's own
@@ -79,21 +93,15 @@ def test_llamacpp_lowbit_quantizer_output(tmp_path, ftype):
     of tests/test_kquant_model.py (median 5e-2, max 0.25 per position). The IQ1/IQ2 types need an importance
     matrix, which llama-cpp-python cannot pass; they are checked against gguf-py's dequantizer instead."""
     import collections
-    import ctypes
 
     import gguf
 
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (kept out of CI)")
     from strata_py.convert import gguf_to_hf
     from transformers import Qwen3NextForCausalLM
     from strata_py.model import default_model_path
     hf = gguf_to_hf(default_model_path(), tmp_path / "hf-default")  # the shipped weights, as float32
     src = convert(hf, tmp_path / "f32.gguf", "f32", mtp=False)
-    out = tmp_path / f"llamacpp-{ftype}.gguf"
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
-    params.nthread = 2
-    assert llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params)) == 0
+    out = _llama_quantize(src, tmp_path / f"llamacpp-{ftype}.gguf", ftype)
     types = collections.Counter(t.tensor_type.name for t in gguf.GGUFReader(str(out)).tensors)
     assert types["IQ3_S"] > 50, types
     ref_model = Qwen3NextForCausalLM.from_pretrained(gguf_to_hf(out, tmp_path / "hf-back"), dtype=torch.float32).eval()
