@@ -21,7 +21,9 @@ using namespace strata;
 using U8 = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
 using F2 = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 
+// "" = the active path (best_isa() unless forced)
 static Isa parse_isa(const std::string& s) {
+  if (s.empty()) return active_isa();
   if (s == "scalar" || s == "ref") return Isa::Scalar;
   if (s == "avx2") return Isa::AVX2;
   if (s == "avx512") return Isa::AVX512;
@@ -34,6 +36,8 @@ void init_kernels(nb::module_& m) {
   m.def("allow_vbmi", [](bool on) { allow_vbmi(on); }, nb::arg("on"),
         "Tests: whether the AVX-512 path may use the VBMI kernels (IQ2_XXS, IQ3_XXS); results are the same either way.");
   m.def("active_isa", [] { return std::string(isa_name(active_isa())); });
+  m.def("limit_isa", [](const std::string& s) { limit_isa(parse_isa(s)); }, nb::arg("cap"),
+        "Tests: behave as a CPU whose best path is min(this CPU's, cap) (best_isa, the active path, VNNI/VBMI follow).");
   m.def("force_isa", [](const std::string& s) { force_isa(parse_isa(s)); }, nb::arg("isa"),
         "Select the kernel path (tests and benches). Raises if this CPU lacks it.");
   m.def("type_info", [](const std::string& name) {
@@ -120,7 +124,7 @@ void init_kernels(nb::module_& m) {
         }
         return a;
       },
-      nb::arg("name"), nb::arg("x"), nb::arg("y"), nb::arg("isa") = "avx512", "One rowops.h function (tests).");
+      nb::arg("name"), nb::arg("x"), nb::arg("y"), nb::arg("isa") = "", "One rowops.h function (tests).");
   m.def(
       "attend",
       [](F2 q, int nh, F2 k, F2 v, int64_t n0, float scale, const std::string& isa) {
@@ -141,7 +145,7 @@ void init_kernels(nb::module_& m) {
         return o;
       },
       nb::arg("q"), nb::arg("nh"), nb::arg("k"), nb::arg("v"), nb::arg("n0"), nb::arg("scale"),
-      nb::arg("isa") = "avx512", "Causal attention of T rows x nh heads over shared cells (tests).");
+      nb::arg("isa") = "", "Causal attention of T rows x nh heads over shared cells (tests).");
   m.def(
       "dn_rows",
       [](F2 S, F2 k, F2 v, F2 q, F2 gates, int n_src, bool read, bool ref) {
@@ -189,7 +193,7 @@ void init_kernels(nb::module_& m) {
         nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
         return nb::ndarray<nb::numpy, float, nb::ndim<2>>(out, {(size_t)T, (size_t)rows}, owner);
       },
-      nb::arg("w"), nb::arg("type"), nb::arg("rows"), nb::arg("cols"), nb::arg("x"), nb::arg("isa") = "avx512",
+      nb::arg("w"), nb::arg("type"), nb::arg("rows"), nb::arg("cols"), nb::arg("x"), nb::arg("isa") = "",
       nb::arg("threads") = 1, "y[T, rows] = x[T, cols] @ W^T on the chosen kernel path.");
   m.def(
       "bench_matmul",
@@ -225,5 +229,5 @@ void init_kernels(nb::module_& m) {
         return sec;
       },
       nb::arg("w"), nb::arg("type"), nb::arg("rows"), nb::arg("cols"), nb::arg("nmat"), nb::arg("x"),
-      nb::arg("isa") = "avx512", nb::arg("threads") = 1, nb::arg("reps") = 3);
+      nb::arg("isa") = "", nb::arg("threads") = 1, nb::arg("reps") = 3);
 }

@@ -10,27 +10,39 @@ namespace strata {
 namespace {
 Isa detect() {
   __builtin_cpu_init();
+  // The AVX-512 files are compiled with F, BW, VL, DQ and VNNI (the compiler may emit any of them, VNNI
+  // included, wherever it vectorises): a CPU without all five (Skylake-SP) runs the AVX2 path.
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c"))
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2"))
     return Isa::AVX512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+      __builtin_cpu_supports("bmi2"))
     return Isa::AVX2;
   return Isa::Scalar;
 }
-Isa g_best = detect();
-bool g_vnni = [] {
+const Isa g_detected = detect();
+const bool g_vnni_detected = [] {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512vnni") != 0;
 }();
-bool g_vbmi = [] {
+const bool g_vbmi_detected = [] {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512vbmi") != 0 && __builtin_cpu_supports("avx512vnni") != 0;
 }();
+Isa g_best = g_detected;
+bool g_vnni = g_vnni_detected, g_vbmi = g_vbmi_detected;
 bool g_vbmi_on = true;
 Isa g_active = g_best;
 }  // namespace
 
+void limit_isa(Isa cap) {
+  g_best = (int)cap < (int)g_detected ? cap : g_detected;
+  g_vnni = g_vnni_detected && g_best == Isa::AVX512;
+  g_vbmi = g_vbmi_detected && g_best == Isa::AVX512;
+  if ((int)g_active > (int)g_best) g_active = g_best;
+}
 Isa best_isa() { return g_best; }
 Isa active_isa() { return g_active; }
 const char* isa_name(Isa isa) {

@@ -41,9 +41,12 @@ struct MatView {
 };
 
 enum class Isa : int { Scalar = 0, AVX2 = 1, AVX512 = 2 };
-Isa best_isa();             // what this CPU supports
+Isa best_isa();             // what this CPU supports (at most the cap set by limit_isa)
 Isa active_isa();           // what the kernels use now (best_isa() unless forced)
 void force_isa(Isa isa);    // for tests and benches: pick a path; throws if the CPU lacks it
+// Tests: behave as a CPU whose best path is min(detected, cap): best_isa(), the active path and the
+// AVX-512 extensions (VNNI, VBMI) follow, so a whole suite runs as it would on an AVX2-only or scalar CPU.
+void limit_isa(Isa cap);
 const char* isa_name(Isa isa);
 
 constexpr int kMaxRowsPerPass = 8;
