@@ -24,6 +24,8 @@
 #include "sampling/sampler.h"
 #include "state/deltanet_state.h"
 #include "state/kv_cache.h"
+#include "state/ple_state.h"
+#include "state/qsa_state.h"
 #include "util/common.h"
 #include "util/threads.h"
 
@@ -33,7 +35,11 @@ struct ModelOptions {
   int threads = 0;       // 0 = physical cores
   std::string mtp_path;  // a separate MTP-only GGUF (llama.cpp --mtp output); overrides a built-in block
   ExpertOptions experts; // cache_mib = -1: every expert resident (mapped); else streamed (experts/expert_stream.h)
+  int64_t ple_map_mib = 4096;    // a PLE table larger than this is read by pread instead of through the mapping
+  bool dense_attention = false;  // benches only: qwen4exp QSA layers run dense (this changes the model)
 };
+
+class PleTable;
 
 class Model {
  public:
@@ -48,6 +54,9 @@ class Model {
   // The expert cache and its readers; null when every expert is resident. Internally synchronised: the
   // Model stays logically immutable (the cache changes speed, never output, unless routing is approximate).
   ExpertStream* experts() const { return experts_.get(); }
+  // The qwen4exp PLE table reader; null without a PLE layer.
+  const PleTable* ple_table() const { return ple_.get(); }
+  ~Model();
 
  private:
   std::shared_ptr<GgufFile> file_;
@@ -57,6 +66,7 @@ class Model {
   std::unique_ptr<ThreadPool> pool_;
   uint64_t fingerprint_ = 0;
   std::unique_ptr<ExpertStream> experts_;
+  std::unique_ptr<PleTable> ple_;
 };
 
 enum class FoldMode { Lazy = 0, Eager = 1, Partial = 2 };
@@ -76,6 +86,8 @@ struct Checkpoint {
   std::vector<int32_t> tokens;
   std::vector<std::vector<float>> k, v;      // per attention layer: cells [0, position)
   std::vector<std::vector<float>> S, conv;   // per DeltaNet layer
+  std::vector<std::vector<float>> idx_raw, idx_pooled;  // per attention layer (QSA: cells / blocks below position)
+  std::vector<float> ple_conv;               // the PLE conv history
   // MTP drafting state (in-memory checkpoints only; it affects speed, never output)
   int64_t mtp_pos = 0;
   std::vector<float> mtp_k, mtp_v, mtp_backlog_h;
@@ -128,6 +140,10 @@ class Session {
 
   // Debug export of committed state (flushes a pending fold first).
   std::map<std::string, std::vector<float>> export_state();
+  // Tests: record each QSA layer's selected blocks per row of every later run; qsa_selected()[layer][row]
+  // is the last run's sorted block list of that row (empty: the row attended densely). Keys: main layer index.
+  void record_qsa(bool on);
+  std::map<int64_t, std::vector<std::vector<int32_t>>> qsa_selected() const;
 
   // Per-phase timing of the last run (seconds), for benches.
   double last_fold_seconds() const { return fold_s_; }
@@ -142,7 +158,9 @@ class Session {
   int64_t pos_ = 0;
   std::vector<int32_t> tokens_;
   std::vector<KvCache> kv_;            // per attention layer
+  std::vector<QsaState> qsa_;          // per attention layer (inactive unless the layer is QSA)
   std::vector<DeltaNetState> dn_;      // per DeltaNet layer
+  PleState ple_;                       // the PLE layer's conv history (inactive without one)
   std::vector<int> layer_slot_;        // layer -> index into kv_ or dn_
   // last window
   int last_T_ = 0;

@@ -10,27 +10,9 @@ from strata_py import GenerationConfig
 
 W = GenerationConfig().max_window  # the largest window the decode loop runs by default
 from strata_py.speculative import LoopStats, decode
+from window_util import Oracle as _Oracle, assert_same_state as _same_state, serial_reference as _serial
 
 FOLDS = ("lazy", "eager", "partial")
-
-
-def _serial(model, prompt, seq):
-    """Serial reference: logits after each token of seq and the state after each prefix."""
-    s = model.session(n_ctx=128)
-    s.run(prompt)
-    s.commit(len(prompt))
-    logits, states = [], [s.export_state()]
-    for t in seq:
-        logits.append(s.run([t])[0].copy())
-        s.commit(1)
-        states.append(s.export_state())
-    return logits, states
-
-
-def _same_state(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
 @pytest.mark.parametrize("which", ["tiny_model", "tiny_q8_model"])
@@ -105,24 +87,6 @@ def test_long_random_windows(tiny_q8_model, fold):
     np.testing.assert_array_equal(last, r.run([probe])[0])
     r.commit(1)
     _same_state(s.export_state(), r.export_state())
-
-
-class _Oracle:
-    """Drafts the serial output exactly for `right` tokens, then a wrong token (every T and keep occurs)."""
-
-    def __init__(self, serial, prompt_len, right, V):
-        self.serial, self.n0, self.right, self.V = serial, prompt_len, right, V
-
-    def propose(self, context, max_drafts):
-        done = len(context) - self.n0  # tokens emitted so far (context = prompt + emitted)
-        future = self.serial[done:done + max_drafts]
-        drafts = list(future[: self.right])
-        if len(drafts) < max_drafts and len(future) > len(drafts):
-            drafts.append((future[len(drafts)] + 1) % self.V)
-        return drafts
-
-    def observe(self, drafts, accepted):
-        pass
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])

@@ -22,3 +22,41 @@ def assert_windows_equal_serial(model, windows=(1, 3, 8, 9), seed=11, label=""):
     for T in windows:
         s.restore(base)
         np.testing.assert_array_equal(s.run(seq[:T]), np.asarray(ref[:T]), err_msg=f"{label} T={T}")
+
+
+def serial_reference(model, prompt, seq, n_ctx=128):
+    """Serial decoding after a prompt window: the logits after each token of seq and the state after each prefix."""
+    s = model.session(n_ctx=n_ctx)
+    s.run(prompt)
+    s.commit(len(prompt))
+    logits, states = [], [s.export_state()]
+    for t in seq:
+        logits.append(s.run([t])[0].copy())
+        s.commit(1)
+        states.append(s.export_state())
+    return logits, states
+
+
+def assert_same_state(a, b, label=""):
+    """Two export_state() dicts hold the same keys and bit-identical arrays."""
+    assert a.keys() == b.keys(), label
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=f"{label} {k}")
+
+
+class Oracle:
+    """Drafts the serial output exactly for `right` tokens, then a wrong token (every T and keep occurs)."""
+
+    def __init__(self, serial, prompt_len, right, V):
+        self.serial, self.n0, self.right, self.V = serial, prompt_len, right, V
+
+    def propose(self, context, max_drafts):
+        done = len(context) - self.n0  # tokens emitted so far (context = prompt + emitted)
+        future = self.serial[done:done + max_drafts]
+        drafts = list(future[: self.right])
+        if len(drafts) < max_drafts and len(future) > len(drafts):
+            drafts.append((future[len(drafts)] + 1) % self.V)
+        return drafts
+
+    def observe(self, drafts, accepted):
+        pass

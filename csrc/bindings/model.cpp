@@ -13,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "model/ple_table.h"
 #include "strata.h"
 
 namespace nb = nanobind;
@@ -63,6 +64,20 @@ static nb::dict config_dict(const HParams& h) {
   d["ssm_d_inner"] = h.ssm_d_inner;
   d["full_attention_interval"] = h.full_attn_interval;
   d["n_nextn"] = h.n_nextn;
+  d["arch"] = std::string(arch_name(h.arch));
+  if (h.arch == Arch::Qwen4Exp) {
+    d["hc"] = h.hc;
+    d["hc_rank"] = h.hc_rank;
+    d["qsa_heads"] = h.qsa.n_head;
+    d["qsa_head_dim"] = h.qsa.head_dim;
+    d["qsa_budget"] = h.qsa.budget;
+    d["qsa_ratio"] = h.qsa.ratio;
+    nb::list ratios;
+    for (int64_t r : h.qsa_ratio) ratios.append(r);
+    d["qsa_ratios"] = ratios;
+    d["ple_layer"] = h.ple.layer;
+    d["dn_gate"] = std::string(h.dn_gate_sigmoid ? "sigmoid" : "silu");
+  }
   nb::list rec;
   for (bool r : h.recurrent) rec.append(r);
   d["recurrent"] = rec;
@@ -256,10 +271,12 @@ void init_model(nb::module_& m) {
           "load",
           [](const std::string& path, int threads, const std::string& mtp_path, int64_t cache_mib, bool o_direct,
              int io_threads, bool prefetch, bool prefetch_root_only, bool approximate, int protect, float bonus,
-             int draft_protect, float draft_bonus) {
+             int draft_protect, float draft_bonus, int64_t ple_map_mib, bool dense_attention) {
             ModelOptions o;
             o.threads = threads;
             o.mtp_path = mtp_path;
+            o.ple_map_mib = ple_map_mib;
+            o.dense_attention = dense_attention;
             ExpertOptions& e = o.experts;
             e.cache_mib = cache_mib;
             e.o_direct = o_direct;
@@ -278,7 +295,8 @@ void init_model(nb::module_& m) {
           nb::arg("o_direct") = false, nb::arg("io_threads") = 4, nb::arg("prefetch") = true,
           nb::arg("prefetch_root_only") = false, nb::arg("approximate") = false, nb::arg("protect") = -1,
           nb::arg("bonus") = 0.85f, nb::arg("draft_protect") = -1, nb::arg("draft_bonus") = -1.f,
-          "Open, validate and map a qwen3next GGUF (and optionally a separate MTP-only GGUF). cache_mib >= 0\n"
+          nb::arg("ple_map_mib") = 4096, nb::arg("dense_attention") = false,
+          "Open, validate and map a qwen3next / qwen35moe / qwen4exp GGUF (and optionally a separate MTP-only GGUF). cache_mib >= 0\n"
           "streams experts through a cache of that size (-1: all resident); see csrc/experts/expert_stream.h.")
       .def_prop_ro("config", [](const Model& mo) { return config_dict(mo.hp()); })
       .def_prop_ro("threads", &Model::threads)
@@ -287,10 +305,13 @@ void init_model(nb::module_& m) {
       .def_prop_ro("has_mtp", [](const Model& mo) { return mo.weights().mtp.present; })
       .def_prop_ro("dn_layout", [](const Model& mo) {
         for (const auto& l : mo.weights().layers)
-          if (l.recurrent) return std::string(l.dn.legacy ? "legacy" : "current");
+          if (l.recurrent)
+            return std::string(l.dn.layout == DnLayout::Legacy ? "legacy" : l.dn.layout == DnLayout::Split ? "split" : "current");
         return std::string("none");
       })
       .def("summary", [](const Model& mo) { return mo.hp().summary(); })
+      .def_prop_ro("ple_pread", [](const Model& mo) { return mo.ple_table() && mo.ple_table()->uses_pread(); },
+                   "True when the PLE table is read by pread (larger than ple_map_mib) rather than the mapping.")
       .def("expert_stats", &expert_stats_dict, "Expert streaming counters since load or the last reset.")
       .def("reset_expert_stats", [](const Model& mo) {
         if (mo.experts()) mo.experts()->reset_stats();
@@ -399,6 +420,10 @@ void init_model(nb::module_& m) {
       .def("restore", &Session::restore, nb::arg("checkpoint"))
       .def("save", &Session::save, nb::arg("path"))
       .def("load", &Session::load, nb::arg("path"))
+      .def("record_qsa", &Session::record_qsa, nb::arg("on"),
+           "Tests: record the selected QSA blocks of every later run (qsa_selected()).")
+      .def("qsa_selected", &Session::qsa_selected,
+           "{layer: [row: sorted selected block ids, empty for a dense row]} of the last run (after record_qsa).")
       .def("export_state", [](Session& s) {
         nb::dict d;
         for (auto& [k, v] : s.export_state()) d[nb::str(k.data(), k.size())] = to_numpy<float>(v.data(), {v.size()});

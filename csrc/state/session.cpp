@@ -1,5 +1,6 @@
 // The window transaction (engine spec 2) and checkpoints. State types and their rollback contracts:
 //   KvCache (kv_cache.h): by counter.   DeltaNetState (deltanet_state.h): replay inputs + fold.
+//   QsaState (qsa_state.h): by counter.  PleState (ple_state.h): saved rows shifted in at commit.
 //   Sampler state: none kept; sample() derives penalties from committed tokens + this window's inputs.
 //
 // run / commit as a state machine:
@@ -37,8 +38,11 @@ Session::Session(std::shared_ptr<const Model> model, const SessionOptions& opt) 
       layer_slot_[il] = (int)kv_.size();
       kv_.emplace_back();
       kv_.back().init(opt_.n_ctx, hp.n_head_kv * hp.head_dim);
+      qsa_.emplace_back();
+      if (hp.is_qsa(il)) qsa_.back().init(opt_.n_ctx, hp.qsa.head_dim, hp.qsa.ratio);
     }
   }
+  if (hp.ple.layer >= 0) ple_.init(hp.hc * hp.n_embd, hp.ple.history(), opt_.max_window);
 }
 
 const float* Session::run(const int32_t* tokens, int T, bool last_only) {
@@ -121,6 +125,7 @@ void Session::commit(int keep) {
       pend_n_ = n;
     }
   }
+  if (!last_in_place_ && ple_.active()) ple_.commit_rows(keep);
   if (opt_.mtp) {  // the MTP block consumes (hidden of row i, token i+1) for every committed row
     const int64_t H = model_->hp().n_embd;
     mtp_backlog_h_.insert(mtp_backlog_h_.end(), hidden_.begin(), hidden_.begin() + (size_t)keep * H);
@@ -218,6 +223,7 @@ void Session::reset() {
   last_T_ = 0;
   pend_n_ = 0;
   for (auto& st : dn_) st.reset();
+  ple_.reset();
 }
 
 Checkpoint Session::checkpoint() {
@@ -236,6 +242,12 @@ Checkpoint Session::checkpoint() {
     cp.S.push_back(st.S);
     cp.conv.push_back(st.conv);
   }
+  for (auto& q : qsa_) {
+    cp.idx_raw.emplace_back(q.raw.begin(), q.raw.begin() + (q.active() ? (size_t)pos_ * q.dim : 0));
+    cp.idx_pooled.emplace_back(q.pooled.begin(),
+                               q.pooled.begin() + (q.active() ? (size_t)q.blocks_below(pos_) * q.dim : 0));
+  }
+  cp.ple_conv = ple_.conv;
   if (opt_.mtp) {
     cp.mtp_pos = mtp_pos_;
     cp.mtp_k.assign(mtp_kv_.k.begin(), mtp_kv_.k.begin() + (size_t)mtp_pos_ * mtp_kv_.width);
@@ -260,6 +272,16 @@ void Session::restore(const Checkpoint& cp) {
   for (size_t i = 0; i < dn_.size(); i++)
     STRATA_CHECK(cp.S[i].size() == dn_[i].S.size() && cp.conv[i].size() == dn_[i].conv.size(),
                  "restore(): checkpoint DeltaNet size mismatch in layer ", i);
+  STRATA_CHECK(cp.idx_raw.size() == qsa_.size() && cp.idx_pooled.size() == qsa_.size(),
+               "restore(): checkpoint QSA layout does not match this model");
+  for (size_t i = 0; i < qsa_.size(); i++) {
+    const QsaState& q = qsa_[i];
+    STRATA_CHECK(cp.idx_raw[i].size() == (q.active() ? (size_t)cp.position * q.dim : 0) &&
+                     cp.idx_pooled[i].size() == (q.active() ? (size_t)q.blocks_below(cp.position) * q.dim : 0),
+                 "restore(): checkpoint QSA index-key size mismatch in attention layer ", i);
+  }
+  STRATA_CHECK(cp.ple_conv.size() == ple_.conv.size(), "restore(): checkpoint PLE history size ", cp.ple_conv.size(),
+               " does not match this model's ", ple_.conv.size());
   for (size_t i = 0; i < kv_.size(); i++) {
     std::copy(cp.k[i].begin(), cp.k[i].end(), kv_[i].k.begin());
     std::copy(cp.v[i].begin(), cp.v[i].end(), kv_[i].v.begin());
@@ -269,6 +291,12 @@ void Session::restore(const Checkpoint& cp) {
     dn_[i].conv = cp.conv[i];
     dn_[i].work_rows = 0;
   }
+  for (size_t i = 0; i < qsa_.size(); i++) {
+    std::copy(cp.idx_raw[i].begin(), cp.idx_raw[i].end(), qsa_[i].raw.begin());
+    std::copy(cp.idx_pooled[i].begin(), cp.idx_pooled[i].end(), qsa_[i].pooled.begin());
+  }
+  ple_.conv = cp.ple_conv;
+  ple_.n_rows = 0;
   pos_ = cp.position;
   tokens_ = cp.tokens;
   last_T_ = 0;
@@ -296,7 +324,7 @@ void Session::restore(const Checkpoint& cp) {
 
 namespace {
 constexpr char kCpMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'C', 'P'};
-constexpr uint32_t kCpVersion = 1;
+constexpr uint32_t kCpVersion = 2;  // 2: QSA index keys and the PLE history
 uint64_t fnv(uint64_t h, const void* p, size_t n) {
   const uint8_t* b = static_cast<const uint8_t*>(p);
   for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
@@ -359,6 +387,12 @@ void Session::save(const std::string& path) {
     w.vec(cp.S[i]);
     w.vec(cp.conv[i]);
   }
+  w.pod<uint64_t>(cp.idx_raw.size());
+  for (size_t i = 0; i < cp.idx_raw.size(); i++) {
+    w.vec(cp.idx_raw[i]);
+    w.vec(cp.idx_pooled[i]);
+  }
+  w.vec(cp.ple_conv);
   const uint64_t sum = fnv(1469598103934665603ull, w.buf.data(), w.buf.size());
   w.pod(sum);
   const std::string tmp = path + ".tmp";
@@ -383,7 +417,8 @@ void Session::load(const std::string& path) {
   if (want != got) fail<std::invalid_argument>(path, ": damaged checkpoint (checksum mismatch)");
   Reader r{buf, path, 8};
   const uint32_t ver = r.pod<uint32_t>();
-  if (ver != kCpVersion) fail<std::invalid_argument>(path, ": checkpoint version ", ver, " (expected ", kCpVersion, ")");
+  if (ver != 1 && ver != kCpVersion)
+    fail<std::invalid_argument>(path, ": checkpoint version ", ver, " (expected 1 or ", kCpVersion, ")");
   Checkpoint cp;
   cp.fingerprint = r.pod<uint64_t>();
   if (cp.fingerprint != model_->fingerprint())
@@ -400,6 +435,18 @@ void Session::load(const std::string& path) {
   for (uint64_t i = 0; i < ns && i < 4096; i++) {
     cp.S.push_back(r.vec<float>());
     cp.conv.push_back(r.vec<float>());
+  }
+  if (ver >= 2) {
+    const uint64_t nq = r.pod<uint64_t>();
+    for (uint64_t i = 0; i < nq && i < 4096; i++) {
+      cp.idx_raw.push_back(r.vec<float>());
+      cp.idx_pooled.push_back(r.vec<float>());
+    }
+    cp.ple_conv = r.vec<float>();
+  } else {  // version 1 (qwen3next only): no QSA or PLE state
+    cp.idx_raw.assign(kv_.size(), {});
+    cp.idx_pooled.assign(kv_.size(), {});
+    cp.ple_conv = ple_.conv;
   }
   restore(cp);
 }
@@ -419,8 +466,29 @@ std::map<std::string, std::vector<float>> Session::export_state() {
       const KvCache& kv = kv_[layer_slot_[il]];
       out[p + "k"].assign(kv.k.begin(), kv.k.begin() + (size_t)pos_ * kv.width);
       out[p + "v"].assign(kv.v.begin(), kv.v.begin() + (size_t)pos_ * kv.width);
+      const QsaState& q = qsa_[layer_slot_[il]];
+      if (q.active()) {
+        out[p + "idx_raw"].assign(q.raw.begin(), q.raw.begin() + (size_t)pos_ * q.dim);
+        out[p + "idx_pooled"].assign(q.pooled.begin(), q.pooled.begin() + (size_t)q.blocks_below(pos_) * q.dim);
+      }
     }
+    if (il == hp.ple.layer) out[p + "ple_conv"] = ple_.conv;
   }
+  return out;
+}
+
+void Session::record_qsa(bool on) {
+  for (auto& q : qsa_) {
+    q.record = on;
+    q.selected.clear();
+  }
+}
+
+std::map<int64_t, std::vector<std::vector<int32_t>>> Session::qsa_selected() const {
+  std::map<int64_t, std::vector<std::vector<int32_t>>> out;
+  const HParams& hp = model_->hp();
+  for (int64_t il = 0; il < hp.n_layer; il++)
+    if (!hp.recurrent[il] && qsa_[layer_slot_[il]].active()) out[il] = qsa_[layer_slot_[il]].selected;
   return out;
 }
 
