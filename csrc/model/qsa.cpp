@@ -120,13 +120,13 @@ void qsa_layer(const Model& m, const AttnWeights& w, KvCache& kv, QsaState& qs, 
     for (int64_t q = n_c * r; q <= p; q++) c.push_back((int32_t)q);
   }
 
-  // attention: per (KV head, row); a sparse row attends to its cells gathered in order
+  // attention: per (KV head, row); a sparse row attends to its cell list (ascending)
   const float scale = 1.f / std::sqrt((float)hd);
   const float* qgp = qg.data();
   float* attp = att.data();
   ThreadPool& pool = m.pool();
   pool.parallel_for(nkv * T, [&](int64_t jb, int64_t je, int) {
-    std::vector<float> scratch, gk, gv;
+    std::vector<float> scratch;
     for (int64_t job = jb; job < je; job++) {
       const int64_t g = job / T, t = job % T, p = pos0 + t;
       const float* q = qgp + ((size_t)t * nh + g * group) * hd * 2;
@@ -135,15 +135,7 @@ void qsa_layer(const Model& m, const AttnWeights& w, KvCache& kv, QsaState& qs, 
       AttendArgs a{q, nh * hd * 2, 2 * hd, 1, (int)group, kv.k_at(0) + g * hd, kv.v_at(0) + g * hd, kv.width, p + 1,
                    hd, scale, o, nh * hd, hd};
       if (!c.empty()) {
-        gk.resize(c.size() * hd);
-        gv.resize(c.size() * hd);
-        for (size_t i = 0; i < c.size(); i++) {
-          std::copy(kv.k_at(c[i]) + g * hd, kv.k_at(c[i]) + (g + 1) * hd, gk.data() + i * hd);
-          std::copy(kv.v_at(c[i]) + g * hd, kv.v_at(c[i]) + (g + 1) * hd, gv.data() + i * hd);
-        }
-        a.k = gk.data();
-        a.v = gv.data();
-        a.ldkv = hd;
+        a.cells = c.data();
         a.n = (int64_t)c.size();
       }
       scratch.resize((size_t)attend_scratch(a));
