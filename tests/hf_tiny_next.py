@@ -135,3 +135,95 @@ def make_tiny_qwen35moe(out_dir, *, seed: int = 0, with_mtp: bool = False, fused
     _rewrite(out_dir, config, gen, with_mtp=with_mtp, mtp_layer_cls=Qwen3_5MoeDecoderLayer,
              fused_experts=fused_experts, shards=shards, dtype=dtype)
     return model
+
+
+def make_tiny_qwen4exp(out_dir, *, seed: int = 0, budget: int = 8, compress_ratio: int = 4, indexer_heads: int = 8,
+                       ple: bool = True, n_layers: int = 4, eos_token_id=None, output_gate_type: str | None = "sigmoid",
+                       layer_types_spelling: str = "indexed_attention", fused_experts: bool = False,
+                       shards: int = 1, dtype: str = "float32", **overrides):
+    """Write a tiny random Qwen4-Exp checkpoint to `out_dir`; return the transformers model (eval, fp32).
+
+    Layers: linear_attention except every 4th (i+1 % 4 == 0), which runs QSA; hc_count 4 streams, hc_lowrank 16.
+    budget / compress_ratio / indexer_heads: the QSA indexer (budget in tokens, a multiple of the ratio).
+    ple: one PLE layer, index 1 (`ple_layer_ids` = [2]); its table is saved as 3 shards (`split_ngram_parts`).
+    eos_token_id: default `<|im_end|>` (an int). A list makes HF's PLE use its first entry while llama.cpp's
+    converter writes the last (spec 3.3).
+    output_gate_type: the GDN output gate; "sigmoid" by default because llama.cpp's qwen4exp graph hard-codes it
+    (spec §6); None gives transformers' default (hidden_act, silu).
+    layer_types_spelling: "indexed_attention" (what save_pretrained writes) or "full_attention" (what the real
+    checkpoint's config.json says; transformers renames it on load).
+    fused_experts / shards / dtype: as make_tiny_qwen35moe. `overrides` replace config fields."""
+    from transformers import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n_tok, eot, im_end = _tokenizer(out_dir)
+    kw = {**TINY_NEXT, **TINY_HC, **TINY_QSA, "num_hidden_layers": n_layers, "vocab_size": n_tok,
+          "rope_parameters": dict(ROPE), "indexer_budget": budget, "indexer_compress_ratio": compress_ratio,
+          "indexer_n_heads": indexer_heads, "output_gate_type": output_gate_type, "bos_token_id": eot,
+          "eos_token_id": im_end if eos_token_id is None else eos_token_id, "pad_token_id": eot}
+    if ple:
+        kw.update(TINY_PLE)
+    kw.update(overrides)
+    config = Qwen4ExpTextConfig(**kw)
+    torch.manual_seed(seed)
+    model = Qwen4ExpForCausalLM(config).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    _perturb(model, gen)
+    model.save_pretrained(out_dir)
+
+    def spell(cfg):
+        if layer_types_spelling != "indexed_attention":
+            cfg["layer_types"] = [layer_types_spelling if t == "indexed_attention" else t for t in cfg["layer_types"]]
+
+    _rewrite(out_dir, config, gen, fused_experts=fused_experts, shards=shards, dtype=dtype, edit_config=spell)
+    return model
+
+
+class QSASelections(dict):
+    """{layer index: {query position p: tuple of the complete blocks selected, ascending}} as transformers'
+    QSA indexers chose them. A block b covers positions [b*r, b*r + r); the tail (positions past the query's
+    last complete block) is always attended and not listed. Filled by `capture_qsa`."""
+
+    def blocks(self, layer: int, p: int) -> tuple[int, ...]:
+        return self[layer][p]
+
+
+@contextmanager
+def capture_qsa(model):
+    """Record transformers' QSA selections while the block runs (batch of one unpadded sequence):
+
+        with capture_qsa(model) as sel:
+            model(ids)
+        sel[3][47]  # blocks layer 3 selected for the query at position 47
+
+    A forward hook on every `Qwen4ExpTextQSAIndexer` reads the boolean selection mask it returns
+    ([batch, 1, queries, keys]); the queries of one call are the last `queries` positions of the keys, so
+    incremental (cached) calls record their own positions. Each recorded set is checked to be whole blocks plus
+    the whole tail, so a mask of any other shape fails loudly here."""
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpTextQSAIndexer
+
+    sel = QSASelections()
+
+    def hook(module, args, output):
+        mask = output[0, 0]  # [queries, keys]
+        q, kv = mask.shape
+        r = module.compress_ratio
+        layer = sel.setdefault(module.layer_idx, {})
+        for i in range(q):
+            p = kv - q + i
+            row = mask[i, :p + 1]
+            n_c = (p + 1) // r
+            blocks = tuple(b for b in range(n_c) if bool(row[b * r]))
+            for b in range(n_c):
+                assert bool(row[b * r:(b + 1) * r].all()) == (b in blocks) and \
+                    bool(row[b * r:(b + 1) * r].any()) == (b in blocks), (module.layer_idx, p, b)
+            assert bool(row[n_c * r:].all()) and not bool(mask[i, p + 1:].any()), (module.layer_idx, p)
+            layer[p] = blocks
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, Qwen4ExpTextQSAIndexer)]
+    try:
+        yield sel
+    finally:
+        for h in handles:
+            h.remove()
