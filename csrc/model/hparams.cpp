@@ -138,8 +138,8 @@ HParams HParams::from_gguf(const GgufFile& f) {
     check(h.hc_rank >= 1, cat("hyper_connection.low_rank = ", h.hc_rank));
     // the gated norm's gate: transformers uses output_gate_type or hidden_act, which GGUF does not store;
     // strata's converter writes it as qwen4exp.ssm.output_gate, llama.cpp always computes sigmoid
-    const std::string gate = f.get_string(key("ssm.output_gate"), "sigmoid");
-    check(gate == "sigmoid" || gate == "silu", cat("ssm.output_gate = '", gate, "' (expected 'sigmoid' or 'silu')"));
+    const std::string gate = f.get_string(key("ssm.output_gate_type"), "sigmoid");
+    check(gate == "sigmoid" || gate == "silu", cat("ssm.output_gate_type = '", gate, "' (expected 'sigmoid' or 'silu')"));
     h.dn_gate_sigmoid = gate == "sigmoid";
 
     // QSA

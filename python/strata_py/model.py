@@ -288,3 +288,11 @@ class Session:
 
     def reset(self) -> None:
         self._core.reset()
+
+    def record_qsa(self, on: bool = True) -> None:
+        """Tests: record the blocks each QSA layer selects in every later run (qsa_selected())."""
+        self._core.record_qsa(bool(on))
+
+    def qsa_selected(self) -> dict[int, list[list[int]]]:
+        """After record_qsa: {layer: [per row of the last run: its selected block ids, ascending; [] = dense]}."""
+        return self._core.qsa_selected()
