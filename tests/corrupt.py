@@ -18,8 +18,10 @@ def copy_field(w: gguf.GGUFWriter, name: str, f) -> None:
 
 
 def rewrite(src: Path, dst: Path, *, drop: str | None = None, reshape: tuple[str, tuple] | None = None,
-            set_kv: tuple[str, str] | None = None, drop_kv: str | None = None) -> Path:
-    """Copy src to dst through gguf's reader/writer, dropping or reshaping one tensor or changing one key."""
+            set_kv: tuple[str, str] | None = None, drop_kv: str | None = None,
+            set_value: tuple | None = None) -> Path:
+    """Copy src to dst through gguf's reader/writer, dropping or reshaping one tensor or changing one key
+    (set_kv: a string; set_value: (key, value, GGUFValueType[, array element type]), added if absent)."""
     r = gguf.GGUFReader(str(src))
     arch = str(r.fields["general.architecture"].contents())
     if set_kv and set_kv[0] == "general.architecture":
@@ -31,7 +33,11 @@ def rewrite(src: Path, dst: Path, *, drop: str | None = None, reshape: tuple[str
         if set_kv and name == set_kv[0]:
             w.add_string(name, set_kv[1])
             continue
+        if set_value and name == set_value[0]:
+            continue
         copy_field(w, name, f)
+    if set_value:
+        w.add_key_value(set_value[0], set_value[1], set_value[2], sub_type=set_value[3] if len(set_value) > 3 else None)
     for t in r.tensors:
         if t.name == drop:
             continue

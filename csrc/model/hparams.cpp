@@ -215,9 +215,10 @@ std::string HParams::summary() const {
     s += cat(", hyper-connections ", hc, " x rank ", hc_rank);
     int64_t n_qsa = 0;
     for (int64_t il = 0; il < n_layer; il++) n_qsa += is_qsa(il) ? 1 : 0;
+    s += cat(", QSA on ", n_qsa, " layers");
     if (qsa.ratio > 0)
-      s += cat(", QSA on ", n_qsa, " layers (indexer ", qsa.n_head, " x ", qsa.head_dim, ", budget ", qsa.budget,
-               " tokens in blocks of ", qsa.ratio, ")");
+      s += cat(" (indexer ", qsa.n_head, " x ", qsa.head_dim, ", budget ", qsa.budget, " tokens in blocks of ",
+               qsa.ratio, ")");
     if (ple.layer >= 0)
       s += cat(", PLE layer ", ple.layer, " (", ple.n_heads(), " heads x ", ple.row_dim, ", ", ple.ngram, "-grams)");
     s += dn_gate_sigmoid ? ", gate sigmoid" : ", gate silu";
