@@ -39,7 +39,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from .tokenizer import CONTROL, NORMAL, UNUSED, USER_DEFINED, GPT2_REGEX, QWEN2_REGEX, QWEN2_REGEX_EXPANDED
+from .tokenizer import (CONTROL, NORMAL, UNUSED, USER_DEFINED, GPT2_REGEX, QWEN2_REGEX, QWEN2_REGEX_EXPANDED,
+                        QWEN35_REGEX, QWEN35_REGEX_EXPANDED)
 
 log = logging.getLogger("strata.convert")
 
@@ -275,8 +276,9 @@ def _looks_special(t: str) -> bool:
 
 
 def detect_pre_tokenizer(pt: dict | None) -> str:
-    """Map a tokenizer.json `pre_tokenizer` to llama.cpp's `tokenizer.ggml.pre`: 'qwen2' for Split(Qwen2 regex) +
-    ByteLevel(no regex), 'gpt-2' for ByteLevel with GPT-2's regex (built in or as a Split). Anything else raises."""
+    """Map a tokenizer.json `pre_tokenizer` to llama.cpp's `tokenizer.ggml.pre`: 'qwen2' / 'qwen35' for
+    Split(Qwen2 / Qwen3.5 regex) + ByteLevel(no regex), 'gpt-2' for ByteLevel with GPT-2's regex (built in or as a
+    Split). Anything else raises."""
     if pt is None:
         raise ValueError("tokenizer.json: no pre_tokenizer (expected Qwen2's Split+ByteLevel or GPT-2's ByteLevel)")
     items = pt.get("pretokenizers", []) if pt.get("type") == "Sequence" else [pt]
@@ -299,9 +301,12 @@ def detect_pre_tokenizer(pt: dict | None) -> str:
         raise ValueError(f"tokenizer.json: unsupported Split/ByteLevel combination for pattern {rx!r}")
     if rx in (QWEN2_REGEX, QWEN2_REGEX_EXPANDED):
         return "qwen2"
+    if rx in (QWEN35_REGEX, QWEN35_REGEX_EXPANDED):
+        return "qwen35"
     if rx == GPT2_REGEX:
         return "gpt-2"
-    raise ValueError(f"tokenizer.json: unsupported pre-tokenizer regex {rx!r} (known: Qwen2's, GPT-2's)")
+    raise ValueError(f"tokenizer.json: unsupported pre-tokenizer regex {rx!r} (known: Qwen2's, Qwen3.5's, "
+                     f"GPT-2's)")
 
 
 def read_vocab(hf_dir: Path, hp: Hparams) -> dict:
