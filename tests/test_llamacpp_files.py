@@ -184,3 +184,43 @@ def test_llamacpp_lowbit_quantizer_output(tmp_path, ftype):
     ours = model.session(n_ctx=128).run(ids)
     rel = np.linalg.norm(ours - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
     assert np.median(rel) <= 5e-2 and rel.max() <= 0.25, (np.median(rel), rel.max())
+
+
+@needs_llama_tree
+def test_llamacpp_qwen4exp_file_is_refused_with_the_reason(tmp_path):
+    """strata refuses llama.cpp's qwen4exp file (all compress ratios 0, so its QSA layers would run dense: not the
+    model) with an error naming the file, the layer and the key, and how to get a right file."""
+    from hf_tiny_next import make_tiny_qwen4exp
+    make_tiny_qwen4exp(tmp_path / "hf", seed=6)
+    theirs = _llamacpp_convert(tmp_path / "hf", tmp_path / "llamacpp.gguf", "--outtype", "f32")
+    with pytest.raises(ValueError, match=r"llamacpp.gguf: layer 3 has QSA indexer tensors .*strata_py.convert"):
+        Model.load(theirs)
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("arch", ["qwen35moe", "qwen4exp"])
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
+def test_llamacpp_quantizer_output_next_archs(tmp_path, arch, ftype):
+    """Our qwen35moe / qwen4exp files quantized by llama.cpp's own quantizer load, match transformers on the
+    dequantized weights (float activations <= 1e-4; int8-activation K types within their noise) and keep windows
+    equal to serial decoding."""
+    from hf_tiny_next import make_tiny_qwen35moe, make_tiny_qwen4exp
+    from strata_py.convert import gguf_to_hf
+    from window_util import assert_windows_equal_serial
+    make = make_tiny_qwen35moe if arch == "qwen35moe" else make_tiny_qwen4exp
+    make(tmp_path / "hf", seed=7)
+    src = convert(tmp_path / "hf", tmp_path / "f32.gguf", "f32")
+    out = _llama_quantize(src, tmp_path / f"llamacpp-{ftype}.gguf", ftype)
+    from transformers import AutoModelForCausalLM
+    ref_model = AutoModelForCausalLM.from_pretrained(gguf_to_hf(out, tmp_path / "hf-back"), dtype=torch.float32).eval()
+    model = Model.load(out, threads=2)
+    ids = np.random.default_rng(1).integers(0, model.n_vocab, 48).tolist()
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([ids])).logits[0].float().numpy()
+    ours = model.session(n_ctx=64).run(ids)
+    rel = np.linalg.norm(ours - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
+    if ftype == "Q8_0":
+        assert rel.max() <= 1e-4, rel.max()
+    else:  # int8 activations (the 256-wide HC / PLE rows are K-quants): the tolerances of test_kquant_model.py
+        assert np.median(rel) <= 5e-2 and rel.max() <= 0.25, (np.median(rel), rel.max())
+    assert_windows_equal_serial(model, windows=(3, 9), label=f"{arch} {ftype}")
