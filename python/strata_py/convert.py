@@ -403,6 +403,7 @@ class _Out:
     source: str                     # HF tensor(s) it comes from, for messages
     # optional: float32 pieces of `shape` along axis 0, in order (tables too large to hold whole; `make` unused)
     chunks: Callable[[], Iterable[np.ndarray]] | None = None
+    raw: bool = False  # chunks are already encoded as qtype (synthetic blocks): their bytes are written as they are
 
 
 _NEVER_QUANTIZE = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight")
@@ -773,15 +774,18 @@ def _write_chunked(w: gguf.GGUFWriter, o: _Out) -> None:
         raise RuntimeError(f"{o.name}: written out of order")
     ti = w.tensors[0].pop(o.name)
     w.write_padding(fout, fout.tell())
-    rows = 0
+    rows = nbytes = 0
     for a in o.chunks():
-        if a.shape[1:] != o.shape[1:] or rows + a.shape[0] > o.shape[0]:
+        if not o.raw and (a.shape[1:] != o.shape[1:] or rows + a.shape[0] > o.shape[0]):
             raise ValueError(f"{o.name} (from {o.source}): piece of shape {a.shape} after {rows} rows "
                              f"does not fit the planned {o.shape}")
-        _encode(a, o.qtype).tofile(fout)
+        data = np.ascontiguousarray(a) if o.raw else _encode(a, o.qtype)
+        data.tofile(fout)
         rows += a.shape[0]
-    if rows != o.shape[0]:
-        raise ValueError(f"{o.name} (from {o.source}): pieces give {rows} rows, planned {o.shape[0]}")
+        nbytes += data.nbytes
+    if nbytes != ti.nbytes:
+        raise ValueError(f"{o.name} (from {o.source}): pieces give {nbytes} bytes ({rows} rows), planned "
+                         f"{ti.nbytes} for {o.shape} {o.qtype.name}")
     w.write_padding(fout, ti.nbytes)
     w.state = gguf.gguf_writer.WriterState.WEIGHTS
 
