@@ -116,3 +116,20 @@ def test_ple_table_too_short_is_refused(q4_path, tmp_path):
     bad = rewrite(q4_path, tmp_path / "short.gguf", reshape=("per_layer_token_embd.weight", (rows // 2, int(t.shape[0]))))
     with pytest.raises(ValueError, match=r"short.gguf: tensor 'per_layer_token_embd.weight' has \d+ rows, but"):
         Model.load(bad)
+
+
+def test_qsa_selection_rule():
+    """The fixed tie rule at a selection boundary (transformers' topk has none): the lower block index wins;
+    exact-zero scores (every head's dot negative) are the common tie; NaN ranks last; the result is ascending."""
+    from strata_py import _core
+    assert _core.qsa_select([0.0] * 8, 2) == [0, 1]
+    assert _core.qsa_select([1.0, 0.0, 2.0, 0.0, 0.0, 2.0], 3) == [0, 2, 5]
+    assert _core.qsa_select([0.5, 3.0, 0.5, 3.0, 0.5], 3) == [0, 1, 3]
+    assert _core.qsa_select([float("nan"), 0.0, 1.0], 2) == [1, 2]
+    rng = np.random.default_rng()
+    for _ in range(200):  # against a sort by (score desc, index asc)
+        n = int(rng.integers(1, 60))
+        s = rng.integers(0, 4, n).astype(np.float32).tolist()  # many ties
+        kb = int(rng.integers(1, n + 1))
+        want = sorted(sorted(range(n), key=lambda b: (-s[b], b))[:kb])
+        assert _core.qsa_select(s, kb) == want

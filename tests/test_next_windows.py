@@ -15,7 +15,7 @@ from strata_py import GenerationConfig
 from strata_py.convert import convert
 from strata_py.model import Model
 from strata_py.speculative import LoopStats, decode
-from window_util import Oracle, assert_same_state, serial_reference
+from window_util import Oracle, assert_same_state, check_every_window_and_keep, check_random_windows, serial_reference
 
 W = GenerationConfig().max_window  # 16
 FOLDS = ("lazy", "eager", "partial")
@@ -35,34 +35,11 @@ def q35(tmp_path_factory):
     return Model.load(convert(d / "hf", d / "q35.gguf", "q8_0"), threads=2)
 
 
-def _every_window_and_keep(model, fold, prompts, rng, n_ctx=128):
-    V = model.n_vocab
-    for p0 in prompts:
-        prompt = rng.integers(0, V, p0).tolist()
-        seq = rng.integers(0, V, W + 2).tolist()
-        ref_logits, ref_states = serial_reference(model, prompt, seq, n_ctx)
-        s = model.session(n_ctx=n_ctx, max_window=W, fold=fold)
-        s.run(prompt)
-        s.commit(p0)
-        base = s.checkpoint()
-        for T in range(1, W + 1):
-            for keep in range(1, T + 1):
-                s.restore(base)
-                out = s.run(seq[:T])
-                for i in range(T):
-                    np.testing.assert_array_equal(out[i], ref_logits[i], err_msg=f"p0={p0} T={T} row {i}")
-                s.commit(keep)
-                nxt = s.run([seq[keep]])[0]
-                np.testing.assert_array_equal(nxt, ref_logits[keep], err_msg=f"p0={p0} T={T} keep={keep} next")
-                s.commit(1)
-                assert_same_state(s.export_state(), ref_states[keep + 1], f"p0={p0} T={T} keep={keep}")
-
-
 @pytest.mark.parametrize("fold", FOLDS)
 def test_qwen4exp_every_window_and_keep(q4, fold):
     # prompts > W (prompt windows commit all); 17..20 covers pos0 mod 4 with QSA already sparse (budget 8),
     # and the windows start at every offset of a block and cross up to four block boundaries
-    _every_window_and_keep(q4, fold, (W + 1, W + 2, W + 3, W + 4), np.random.default_rng(7))
+    check_every_window_and_keep(q4, fold, (W + 1, W + 2, W + 3, W + 4), np.random.default_rng(7), W)
 
 
 def test_qwen4exp_windows_below_the_budget(q4):
@@ -88,7 +65,7 @@ def test_qwen4exp_windows_below_the_budget(q4):
 
 @pytest.mark.parametrize("fold", ("lazy", "partial"))
 def test_qwen35moe_every_window_and_keep(q35, fold):
-    _every_window_and_keep(q35, fold, (W + 1, W + 2, W + 3, W + 4), np.random.default_rng(9))
+    check_every_window_and_keep(q35, fold, (W + 1, W + 2, W + 3, W + 4), np.random.default_rng(9), W)
 
 
 def test_qsa_tail_case_list(q4):
@@ -133,33 +110,7 @@ def test_qsa_tail_case_list(q4):
 @pytest.mark.parametrize("which", ["q4", "q35"])
 @pytest.mark.parametrize("fold", FOLDS)
 def test_long_random_windows(request, which, fold):
-    model = request.getfixturevalue(which)
-    rng = np.random.default_rng(11)
-    V = model.n_vocab
-    s = model.session(n_ctx=512, max_window=W, fold=fold)
-    prompt = rng.integers(0, V, 13).tolist()
-    s.run(prompt)
-    s.commit(len(prompt))
-    kept = []
-    for _ in range(30):
-        T = int(rng.integers(1, W + 1))
-        keep = int(rng.integers(1, T + 1))
-        inputs = rng.integers(0, V, T).tolist()
-        s.run(inputs)
-        s.commit(keep)
-        kept += inputs[:keep]
-    probe = int(rng.integers(0, V))
-    last = s.run([probe])[0]
-    s.commit(1)
-    r = model.session(n_ctx=512)
-    r.run(prompt)
-    r.commit(len(prompt))
-    for t in kept:
-        r.run([t])
-        r.commit(1)
-    np.testing.assert_array_equal(last, r.run([probe])[0])
-    r.commit(1)
-    assert_same_state(s.export_state(), r.export_state())
+    check_random_windows(request.getfixturevalue(which), fold, np.random.default_rng(11), W, n_windows=30)
 
 
 @pytest.mark.parametrize("which", ["q4", "q35"])

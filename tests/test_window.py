@@ -10,7 +10,8 @@ from strata_py import GenerationConfig
 
 W = GenerationConfig().max_window  # the largest window the decode loop runs by default
 from strata_py.speculative import LoopStats, decode
-from window_util import Oracle as _Oracle, assert_same_state as _same_state, serial_reference as _serial
+from window_util import (Oracle as _Oracle, assert_same_state as _same_state, check_every_window_and_keep,
+                         check_random_windows, serial_reference as _serial)
 
 FOLDS = ("lazy", "eager", "partial")
 
@@ -18,30 +19,9 @@ FOLDS = ("lazy", "eager", "partial")
 @pytest.mark.parametrize("which", ["tiny_model", "tiny_q8_model"])
 @pytest.mark.parametrize("fold", FOLDS)
 def test_every_window_and_keep(request, which, fold):
-    model = request.getfixturevalue(which)
-    rng = np.random.default_rng(7)
-    V = model.n_vocab
-    for p0 in (W + 1, W + 2, W + 3, W + 4):  # pos0 covers every value mod 4 (prompt windows > W commit all)
-        prompt = rng.integers(0, V, p0).tolist()
-        seq = rng.integers(0, V, W + 2).tolist()
-        ref_logits, ref_states = _serial(model, prompt, seq)
-        s = model.session(n_ctx=128, max_window=W, fold=fold)
-        s.run(prompt)
-        s.commit(p0)
-        base = s.checkpoint()
-        for T in range(1, W + 1):
-            for keep in range(1, T + 1):
-                s.restore(base)
-                out = s.run(seq[:T])
-                for i in range(T):
-                    np.testing.assert_array_equal(out[i], ref_logits[i], err_msg=f"p0={p0} T={T} row {i}")
-                s.commit(keep)
-                assert s.position == p0 + keep
-                # the next run applies a pending lazy fold first, then must see exactly the serial state
-                nxt = s.run([seq[keep]])[0]
-                np.testing.assert_array_equal(nxt, ref_logits[keep], err_msg=f"p0={p0} T={T} keep={keep} next")
-                s.commit(1)
-                _same_state(s.export_state(), ref_states[keep + 1])
+    # pos0 covers every value mod 4 (prompt windows > W commit all)
+    check_every_window_and_keep(request.getfixturevalue(which), fold, (W + 1, W + 2, W + 3, W + 4),
+                                np.random.default_rng(7), W)
 
 
 @pytest.mark.parametrize("fold", FOLDS)
@@ -60,33 +40,7 @@ def test_export_after_commit_flushes_fold(tiny_model, fold):
 @pytest.mark.parametrize("fold", FOLDS)
 def test_long_random_windows(tiny_q8_model, fold):
     """Long random sequences of windows and keeps end in the serial state with serial logits."""
-    model = tiny_q8_model
-    rng = np.random.default_rng(11)
-    V = model.n_vocab
-    s = model.session(n_ctx=512, max_window=W, fold=fold)
-    prompt = rng.integers(0, V, 13).tolist()
-    s.run(prompt)
-    s.commit(len(prompt))
-    kept = []
-    for _ in range(40):
-        T = int(rng.integers(1, W + 1))
-        keep = int(rng.integers(1, T + 1))
-        inputs = rng.integers(0, V, T).tolist()
-        s.run(inputs)
-        s.commit(keep)
-        kept += inputs[:keep]
-    probe = int(rng.integers(0, V))
-    last = s.run([probe])[0]
-    s.commit(1)
-    r = model.session(n_ctx=512)
-    r.run(prompt)
-    r.commit(len(prompt))
-    for t in kept:
-        r.run([t])
-        r.commit(1)
-    np.testing.assert_array_equal(last, r.run([probe])[0])
-    r.commit(1)
-    _same_state(s.export_state(), r.export_state())
+    check_random_windows(tiny_q8_model, fold, np.random.default_rng(11), W)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])

@@ -11,6 +11,7 @@
 #include "kernels/matmul.h"
 #include "kernels/quants.h"
 #include "kernels/rowops.h"
+#include "model/layers.h"
 #include "state/deltanet_state.h"
 #include "util/common.h"
 #include "util/threads.h"
@@ -125,6 +126,14 @@ void init_kernels(nb::module_& m) {
         return a;
       },
       nb::arg("name"), nb::arg("x"), nb::arg("y"), nb::arg("isa") = "", "One rowops.h function (tests).");
+  m.def(
+      "qsa_select",
+      [](std::vector<float> scores, int64_t kb) {
+        std::vector<int32_t> out;
+        qsa_select_blocks(scores.data(), (int64_t)scores.size(), kb, out);
+        return out;
+      },
+      nb::arg("scores"), nb::arg("kb"), "QSA's block selection rule (tests): kb best, ties to the lower index.");
   m.def(
       "attend",
       [](F2 q, int nh, F2 k, F2 v, int64_t n0, float scale, const std::string& isa, std::vector<int32_t> cells) {

@@ -24,6 +24,10 @@ void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const fl
 void qsa_layer(const Model& m, const AttnWeights& w, KvCache& kv, QsaState& qs, const float* x, int T, int64_t pos0,
                float* out);
 
+// QSA's selection rule (exposed for tests): the kb of n_c block scores s that a sparse query keeps, ties to
+// the lower block index, NaN ranked last; out ascending.
+void qsa_select_blocks(const float* s, int64_t n_c, int64_t kb, std::vector<int32_t>& out);
+
 // How a DeltaNet window treats committed state (see deltanet_state.h).
 enum class DnMode { InPlace, Window, Partial };
 // Gated DeltaNet: x [T][H] (normed) -> out [T][H].

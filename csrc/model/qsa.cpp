@@ -24,10 +24,9 @@
 
 namespace strata {
 
-namespace {
-
-// The blocks kept for a sparse query: the kb best scores, ties to the lower index; returned ascending.
-void select_blocks(const float* s, int64_t n_c, int64_t kb, std::vector<int32_t>& out) {
+// The blocks kept for a sparse query: the kb best scores, ties to the lower index (NaN ranks last); ascending.
+void qsa_select_blocks(const float* s, int64_t n_c, int64_t kb, std::vector<int32_t>& out) {
+  STRATA_CHECK(kb >= 1 && kb <= n_c, "qsa: selecting ", kb, " of ", n_c, " blocks");
   out.resize((size_t)n_c);
   std::iota(out.begin(), out.end(), 0);
   auto score = [&](int32_t b) { return std::isnan(s[b]) ? -INFINITY : s[b]; };
@@ -36,8 +35,6 @@ void select_blocks(const float* s, int64_t n_c, int64_t kb, std::vector<int32_t>
   out.resize((size_t)kb);
   std::sort(out.begin(), out.end());
 }
-
-}  // namespace
 
 void qsa_layer(const Model& m, const AttnWeights& w, KvCache& kv, QsaState& qs, const float* x, int T, int64_t pos0,
                float* out) {
@@ -112,7 +109,7 @@ void qsa_layer(const Model& m, const AttnWeights& w, KvCache& kv, QsaState& qs, 
       for (int64_t b = 0; b < n_c; b++) s[b] = s[b] + std::max(0.f, row[b]);
     }
     for (int64_t b = 0; b < n_c; b++) s[b] = s[b] * inv_sqrt_di;
-    select_blocks(s.data(), n_c, kb, sel);
+    qsa_select_blocks(s.data(), n_c, kb, sel);
     if (qs.record) qs.selected[t] = sel;
     std::vector<int32_t>& c = cells[t];
     c.reserve((size_t)(kb * r + r));
