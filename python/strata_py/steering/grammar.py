@@ -24,7 +24,10 @@ from typing import Sequence
 
 import numpy as np
 
-_PROTOTYPES = 8  # compiled matchers kept per model (keyed by the grammar text)
+_PROTOTYPES = 8
+# JSON layout: json.dumps's separators and no free whitespace (free whitespace lets a model pad forever; a
+# schema's "x-guidance" object overrides these, e.g. {"whitespace_flexible": true}).
+JSON_DEFAULTS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}  # compiled matchers kept per model (keyed by the grammar text)
 
 
 def _lltokenizer(model):
@@ -59,7 +62,8 @@ def grammar_text(cfg) -> tuple[str, str] | None:
 
     if cfg.json_schema is not None:
         try:
-            return "json_schema", llguidance.LLMatcher.grammar_from_json_schema(json.dumps(cfg.json_schema))
+            return "json_schema", llguidance.LLMatcher.grammar_from_json_schema(json.dumps(cfg.json_schema),
+                                                                                defaults=JSON_DEFAULTS)
         except ValueError as e:
             raise ValueError(f"bad option json_schema: {e}") from None
     if cfg.regex is not None:
