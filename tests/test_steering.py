@@ -247,7 +247,19 @@ def test_row_finish_matches_numpy(model):
     rng = np.random.default_rng(5)
     tok = model.tokenizer
     V, W = model.n_vocab, (model.n_vocab + 31) // 32
-    a = automaton(model, [("import sys", INF), ("from typing import", 3.0), ("os.path", 5.0)])
+    sparse = automaton(model, [("import sys", INF), ("from typing import", 3.0), ("os.path", 5.0)])
+    # many single-token phrases: the static part of the penalties is applied densely
+    words = [w for w in (tok.decode([i]).strip() for i in range(V)) if w.isalpha() and len(w) > 3][:400]
+    dense = automaton(model, [("import sys", INF), ("from typing import", 3.0)] +
+                      [(w, INF if i % 7 == 0 else 1.0 + i % 5) for i, w in enumerate(words)])
+    assert dense.dense and not sparse.dense
+    for a in (sparse, dense):
+        _check_row_finish(model, a, rng)
+
+
+def _check_row_finish(model, a, rng):
+    tok = model.tokenizer
+    V, W = model.n_vocab, (model.n_vocab + 31) // 32
     bias_ids = sorted({_tok(model, "import"), _tok(model, " sys"), int(rng.integers(0, V))})
     bias_vals = [-2.0, -INF, 1.25][:len(bias_ids)]
     steer = _core.Steering(V, bias_ids, bias_vals, a)
@@ -306,6 +318,9 @@ def test_mask_kernels_match_twins():
                 mask = np.zeros(W, dtype=np.uint32)
             np.testing.assert_array_equal(_core.apply_token_mask(row, mask), _core.apply_token_mask(row, mask, ref=True))
             assert _core.masked_argmax(row, mask) == _core.masked_argmax(row, mask, ref=True)
+            sub = np.where(rng.random(V) < 0.3, rng.random(V) * 3, 0).astype(np.float32)
+            sub[rng.random(V) < 0.05] = np.inf
+            assert _core.masked_argmax_sub(row, sub, mask) == _core.masked_argmax_sub(row, sub, mask, ref=True)
     with pytest.raises(ValueError, match="mask for 100 tokens has 4 words, got 3"):
         _core.masked_argmax(np.zeros(100, np.float32), np.zeros(3, np.uint32))
 
@@ -504,3 +519,35 @@ def test_text_stream_holds_and_flushes(model):
     text = "".join(ts.push(t) for t in ids)
     assert text == "import sys\n" and not ts.stopped  # "import os\n" could still become the stop string
     assert ts.flush() == "import os\n"
+
+
+# --- the command line, as a user runs it ----------------------------------------------------------------
+
+def test_cli_steering_options(model, tmp_path):
+    import subprocess
+    import sys
+
+    cli = [sys.executable, "-m", "strata_py.generate", "--threads", "2", "--json"]
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMAS["array_enum"]))
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text("# mine\n\"tags\": [\"os\"\tinf\nsys\"]\t2.5\n")
+    r = subprocess.run(cli + ["--json-schema", str(schema), "--ban-phrases", str(phrases), "--ban-phrases", "default",
+                              "--stop", "json", "--logit-bias", f"{_tok(model, ' [')}=-1.5", "-n", "80", "config = "],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    text = json.loads(r.stdout)["text"]
+    assert '"tags": ["os"' not in text and "json" not in text
+    if json.loads(r.stdout)["stats"]["stop"] == "eog":
+        jsonschema.validate(json.loads(text), SCHEMAS["array_enum"])
+    bad = tmp_path / "bad.txt"
+    bad.write_text("fine phrase\nbad one\tstrong\n")
+    r = subprocess.run(cli + ["--ban-phrases", str(bad), "x"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "bad.txt:2: bad strength 'strong'" in r.stderr, r.stderr
+    notjson = tmp_path / "s.json"
+    notjson.write_text("{type: object}")
+    r = subprocess.run(cli + ["--json-schema", str(notjson), "--logit-bias", "5", "x"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "--logit-bias '5'" in r.stderr, r.stderr
+    r = subprocess.run(cli + ["--json-schema", str(notjson), "x"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "s.json: not JSON" in r.stderr, r.stderr

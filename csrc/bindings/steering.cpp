@@ -71,6 +71,8 @@ void init_steering(nb::module_& m) {
       .def_prop_ro("n_nodes", &PhraseAutomaton::n_nodes)
       .def_prop_ro("n_patterns", &PhraseAutomaton::n_patterns)
       .def_prop_ro("n_vocab", &PhraseAutomaton::n_vocab)
+      .def_prop_ro("dense", [](const PhraseAutomaton& a) { return a.static_penalties(0) != nullptr; },
+                   "Whether the static part of the penalties is applied densely (many single-token phrases).")
       .def_ro_static("BAN_RAMP", &PhraseAutomaton::kBanRamp);
 
   nb::class_<Steering>(m, "Steering", "One generation's C++ logit processors (csrc/sampling/processor.h).")
@@ -106,4 +108,13 @@ void init_steering(nb::module_& m) {
         return (ref ? masked_argmax_ref : masked_argmax)(logits.data(), (int64_t)V, mask.data());
       },
       "logits"_a, "mask"_a, "ref"_a = false, "Lowest id among the largest allowed non-NaN logits (-1: none); ref: twin.");
+  m.def(
+      "masked_argmax_sub",
+      [](In<float, nb::ndim<1>> logits, In<float, nb::ndim<1>> sub, In<uint32_t, nb::ndim<1>> mask, bool ref) {
+        const size_t V = logits.shape(0);
+        check_mask(V, mask.shape(0), "masked_argmax_sub");
+        STRATA_CHECK(sub.shape(0) == V, "masked_argmax_sub: ", sub.shape(0), " penalties for ", V, " logits");
+        return (ref ? masked_argmax_sub_ref : masked_argmax_sub)(logits.data(), sub.data(), (int64_t)V, mask.data());
+      },
+      "logits"_a, "sub"_a, "mask"_a, "ref"_a = false, "masked_argmax of logits - sub (not written); ref: twin.");
 }

@@ -101,6 +101,22 @@ PhraseAutomaton::PhraseAutomaton(const std::vector<std::vector<int32_t>>& patter
     const int32_t n = order[qi], f = fail_[n];
     nz_link_[n] = nz_begin_[f + 1] > nz_begin_[f] ? f : nz_link_[f];
   }
+  // 4. the static part of a row's penalties (root, and BND node after a boundary): dense once it is large,
+  //    because then one pass over the row beats thousands of scattered edits
+  bnd_node_ = child(0, bnd_);
+  const int64_t n_static = (nz_begin_[1] - nz_begin_[0]) +
+                           (bnd_node_ >= 0 ? nz_begin_[bnd_node_ + 1] - nz_begin_[bnd_node_] : 0);
+  dense_ = n_static > kDenseMin;
+  if (dense_) {
+    for (int b = 0; b < 2; b++) {
+      static_[b].assign(V, 0.f);
+      for (int32_t m : {0, b ? bnd_node_ : -1}) {
+        if (m < 0) continue;
+        for (int32_t e = nz_begin_[m]; e < nz_begin_[m + 1]; e++)
+          static_[b][nz_tok_[e]] = std::max(static_[b][nz_tok_[e]], nz_pen_[e]);
+      }
+    }
+  }
 }
 
 int32_t PhraseAutomaton::child(int32_t node, int32_t sym) const {
@@ -128,7 +144,8 @@ PhraseState PhraseAutomaton::step(PhraseState s, int32_t token) const {
   return PhraseState{n, (uint8_t)((f & kEndsBoundary) ? 1 : 0)};
 }
 
-void PhraseAutomaton::penalties(PhraseState s, std::vector<int32_t>& ids, std::vector<float>& pen) const {
+void PhraseAutomaton::penalties(PhraseState s, std::vector<int32_t>& ids, std::vector<float>& pen,
+                                bool skip_static) const {
   ids.clear();
   pen.clear();
   // stamp[t] == gen marks t as already listed at slot[t] (no clearing of vocabulary-sized arrays per row)
@@ -146,6 +163,7 @@ void PhraseAutomaton::penalties(PhraseState s, std::vector<int32_t>& ids, std::v
   }
   const int32_t n0 = s.boundary ? go(s.node, bnd_) : s.node;
   for (int32_t m = nz_begin_[n0 + 1] > nz_begin_[n0] ? n0 : nz_link_[n0]; m >= 0; m = nz_link_[m]) {
+    if (skip_static && (m == 0 || m == bnd_node_)) continue;  // (both are on every chain that reaches them)
     for (int32_t e = nz_begin_[m]; e < nz_begin_[m + 1]; e++) {
       const int32_t t = nz_tok_[e];
       if (stamp[t] != gen) {

@@ -42,6 +42,7 @@ struct PhraseState {
 class PhraseAutomaton {
  public:
   static constexpr float kBanRamp = 4.f;  // partial-match ramp of a banned phrase (its completion is -inf)
+  static constexpr int64_t kDenseMin = 256;  // static penalties above this many tokens are kept dense
 
   // patterns[i]: token ids (none a newline or end-of-generation token); strengths[i] > 0 or +inf;
   // flags: [n_vocab] PhraseTokenFlag bits. Throws std::invalid_argument naming the bad pattern or token.
@@ -50,8 +51,12 @@ class PhraseAutomaton {
 
   PhraseState step(PhraseState s, int32_t token) const;
   // Sparse penalties of the row whose state is s: distinct ids, each with its penalty (+inf = ban).
-  // ids/pen are cleared first.
-  void penalties(PhraseState s, std::vector<int32_t>& ids, std::vector<float>& pen) const;
+  // ids/pen are cleared first. skip_static: leave out the static part (see static_penalties).
+  void penalties(PhraseState s, std::vector<int32_t>& ids, std::vector<float>& pen, bool skip_static = false) const;
+  // The part of every row's penalties that depends only on the line state: the root's children (single-token
+  // phrases) and, after a boundary, the BND node's. With many single-token phrases it is dense: [n_vocab]
+  // penalties (0 = none; the row's penalty of t is max(static[t], the sparse one)); null when sparse.
+  const float* static_penalties(uint8_t boundary) const { return dense_ ? static_[boundary ? 1 : 0].data() : nullptr; }
 
   int64_t n_vocab() const { return (int64_t)flags_.size(); }
   int64_t n_nodes() const { return (int64_t)fail_.size(); }
@@ -70,6 +75,9 @@ class PhraseAutomaton {
   std::vector<int32_t> nz_begin_, nz_tok_;
   std::vector<float> nz_pen_;
   std::vector<int32_t> nz_link_;
+  int32_t bnd_node_ = -1;  // the root's BND child (-1: none)
+  bool dense_ = false;
+  std::vector<float> static_[2];
 };
 
 }  // namespace strata

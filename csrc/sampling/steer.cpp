@@ -1,6 +1,7 @@
 // The steered window finish (see steer.h, processor.h). One row, as numbered steps:
 //   1. Edits: the row's sparse changes, each token's final value v = (logit + bias) - phrase penalty
-//      (a phrase ban or a -inf bias gives -inf). They are deduplicated per token.
+//      (a phrase ban or a -inf bias gives -inf). They are deduplicated per token. A large static part of the
+//      phrase penalties (many single-token phrases) is applied densely instead: v = logit - static[t].
 //   2. Greedy without repetition penalties reads the row in place: the best allowed token among the
 //      unedited ones (masked_argmax with the edited tokens' bits cleared) against the best edited one,
 //      ties to the lower id: exactly argmax of the edited, masked row, without copying it.
@@ -27,7 +28,9 @@ struct Edit {
 };
 
 // The row's edits, deduplicated: phrase penalties of `st`, then biases of tokens not already listed.
-void row_edits(const Steering* steer, const PhraseState* st, std::vector<Edit>& edits) {
+// With a dense static part (`stat`, phrase_automaton.h) the edits leave it out, but an edited token's
+// penalty includes its static one (edited tokens are finished from their edit alone).
+void row_edits(const Steering* steer, const PhraseState* st, const float* stat, std::vector<Edit>& edits) {
   edits.clear();
   if (!steer) return;
   thread_local std::vector<int32_t> ids;
@@ -35,9 +38,9 @@ void row_edits(const Steering* steer, const PhraseState* st, std::vector<Edit>& 
   thread_local std::vector<int32_t> slot;  // token -> index in edits + 1 (0: none), cleared after use
   if ((int64_t)slot.size() < steer->n_vocab) slot.assign(steer->n_vocab, 0);
   if (steer->phrases && st) {
-    steer->phrases->penalties(*st, ids, pens);
+    steer->phrases->penalties(*st, ids, pens, stat != nullptr);
     for (size_t j = 0; j < ids.size(); j++) {
-      edits.push_back({ids[j], 0.f, pens[j]});
+      edits.push_back({ids[j], 0.f, stat ? std::max(stat[ids[j]], pens[j]) : pens[j]});
       slot[ids[j]] = (int32_t)edits.size();
     }
   }
@@ -45,7 +48,7 @@ void row_edits(const Steering* steer, const PhraseState* st, std::vector<Edit>& 
   for (size_t j = 0; j < b.ids.size(); j++) {
     const int32_t t = b.ids[j];
     if (slot[t]) edits[slot[t] - 1].bias = b.values[j];
-    else edits.push_back({t, b.values[j], 0.f});
+    else edits.push_back({t, b.values[j], stat ? stat[t] : 0.f});
   }
   for (const Edit& e : edits) slot[e.id] = 0;
 }
@@ -62,14 +65,26 @@ inline float edited(float x, const Edit& e, bool lift) {
 
 inline bool allowed(const uint32_t* mask, int32_t t) { return !mask || ((mask[t >> 5] >> (t & 31)) & 1u); }
 
-int32_t greedy_in_place(const float* row, int64_t V, const uint32_t* mask, const std::vector<Edit>& edits, bool lift) {
+// `stat` with its bans lifted (the fallback); null stays null.
+const float* lifted(const float* stat, int64_t V) {
+  if (!stat) return nullptr;
+  thread_local std::vector<float> l;
+  l.assign(stat, stat + V);
+  for (float& x : l)
+    if (std::isinf(x)) x = 0.f;
+  return l.data();
+}
+
+int32_t greedy_in_place(const float* row, int64_t V, const uint32_t* mask, const float* stat,
+                        const std::vector<Edit>& edits, bool lift) {
   thread_local std::vector<uint32_t> m2;
   const int64_t W = mask_words(V);
   if (mask) m2.assign(mask, mask + W);
   else m2.assign(W, 0xffffffffu);
   for (const Edit& e : edits) m2[e.id >> 5] &= ~(1u << (e.id & 31));
-  int32_t bi = masked_argmax(row, V, m2.data());
-  float bv = bi >= 0 ? row[bi] : -INFINITY;
+  const float* sub = stat && lift ? lifted(stat, V) : stat;
+  int32_t bi = sub ? masked_argmax_sub(row, sub, V, m2.data()) : masked_argmax(row, V, m2.data());
+  float bv = bi < 0 ? -INFINITY : sub ? row[bi] - sub[bi] : row[bi];
   for (const Edit& e : edits) {
     if (!allowed(mask, e.id)) continue;
     const float v = edited(row[e.id], e, lift);
@@ -81,12 +96,20 @@ int32_t greedy_in_place(const float* row, int64_t V, const uint32_t* mask, const
   return bi;
 }
 
-void edit_copy(const float* src, float* row, int64_t V, const SamplingParams& p, const std::vector<Edit>& edits,
-               const uint32_t* mask, const std::vector<int32_t>& hist, bool lift) {
+void edit_copy(const float* src, float* row, int64_t V, const SamplingParams& p, const float* stat,
+               const std::vector<Edit>& edits, const uint32_t* mask, const std::vector<int32_t>& hist, bool lift) {
   std::copy(src, src + V, row);
   for (const Edit& e : edits)
     if (e.bias != 0.f && !(lift && e.bias == -INFINITY)) row[e.id] = row[e.id] + e.bias;
   if (p.penalties_active()) apply_penalties(row, V, p, hist.data(), (int64_t)hist.size());
+  if (stat) {  // the dense static part; edited tokens are then set from their value before it
+    thread_local std::vector<float> before;
+    before.resize(edits.size());
+    for (size_t j = 0; j < edits.size(); j++) before[j] = row[edits[j].id];
+    const float* sub = lift ? lifted(stat, V) : stat;
+    for (int64_t t = 0; t < V; t++) row[t] = row[t] - sub[t];
+    for (size_t j = 0; j < edits.size(); j++) row[edits[j].id] = before[j];
+  }
   for (const Edit& e : edits) {
     if (e.pen == 0.f) continue;
     if (std::isinf(e.pen)) row[e.id] = lift ? row[e.id] : -INFINITY;
@@ -121,19 +144,21 @@ void steer_rows(const float* logits, int T, int64_t n_vocab, const SamplingParam
     const float* src = logits + (int64_t)i * n_vocab;
     const uint32_t* mask = sr.masks ? sr.masks + (int64_t)i * W : nullptr;
     const int64_t pos = pos0 + i + 1;
-    row_edits(sr.steer, sr.states ? sr.states + i : nullptr, edits);
+    const PhraseState* st = sr.states ? sr.states + i : nullptr;
+    const float* stat = st && sr.steer && sr.steer->phrases ? sr.steer->phrases->static_penalties(st->boundary) : nullptr;
+    row_edits(sr.steer, st, stat, edits);
     if (!pen && p.temperature == 0.f) {
-      int32_t t = greedy_in_place(src, n_vocab, mask, edits, false);
-      if (t < 0) t = greedy_in_place(src, n_vocab, mask, edits, true);
+      int32_t t = greedy_in_place(src, n_vocab, mask, stat, edits, false);
+      if (t < 0) t = greedy_in_place(src, n_vocab, mask, stat, edits, true);
       if (t < 0) nothing_allowed(pos, n_vocab, mask != nullptr);
       out[i] = t;
       continue;
     }
     row.resize((size_t)n_vocab);
     if (pen) row_history(committed, n_committed, inputs, i, p.penalty_last_n, hist);
-    edit_copy(src, row.data(), n_vocab, p, edits, mask, hist, false);
+    edit_copy(src, row.data(), n_vocab, p, stat, edits, mask, hist, false);
     if (argmax(row.data(), n_vocab) < 0) {
-      edit_copy(src, row.data(), n_vocab, p, edits, mask, hist, true);
+      edit_copy(src, row.data(), n_vocab, p, stat, edits, mask, hist, true);
       if (argmax(row.data(), n_vocab) < 0) nothing_allowed(pos, n_vocab, mask != nullptr);
     }
     out[i] = pick_token(row.data(), n_vocab, p, pos);

@@ -72,4 +72,55 @@ int32_t masked_argmax_ref(const float* logits, int64_t n_vocab, const uint32_t* 
   return (int32_t)bi;
 }
 
+int32_t masked_argmax_sub(const float* x, const float* sub, int64_t n_vocab, const uint32_t* mask) {
+  const int64_t W = mask_words(n_vocab);
+  float bv = -INFINITY;
+  int64_t bi = -1;
+  for (int64_t w = 0; w < W; w++) {
+    const uint32_t m = mask[w];
+    if (m == 0) continue;
+    const int64_t base = w * 32, n = n_vocab - base < 32 ? n_vocab - base : 32;
+    if (m == 0xffffffffu && n == 32) {
+      float d[32];
+      float mx = -INFINITY;
+      for (int j = 0; j < 32; j++) {
+        d[j] = x[base + j] - sub[base + j];
+        mx = d[j] > mx ? d[j] : mx;
+      }
+      if (mx > bv) {
+        for (int j = 0; j < 32; j++)
+          if (d[j] == mx) {
+            bv = mx;
+            bi = base + j;
+            break;
+          }
+      }
+      continue;
+    }
+    for (uint32_t r = m; r; r &= r - 1) {
+      const int j = __builtin_ctz(r);
+      if (j >= n) break;
+      const float d = x[base + j] - sub[base + j];
+      if (d > bv) {
+        bv = d;
+        bi = base + j;
+      }
+    }
+  }
+  return (int32_t)bi;
+}
+
+int32_t masked_argmax_sub_ref(const float* x, const float* sub, int64_t n_vocab, const uint32_t* mask) {
+  float bv = -INFINITY;
+  int64_t bi = -1;
+  for (int64_t t = 0; t < n_vocab; t++) {
+    const float d = x[t] - sub[t];
+    if (((mask[t / 32] >> (t % 32)) & 1u) && d > bv) {
+      bv = d;
+      bi = t;
+    }
+  }
+  return (int32_t)bi;
+}
+
 }  // namespace strata

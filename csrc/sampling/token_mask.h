@@ -17,4 +17,8 @@ void apply_token_mask_ref(float* logits, int64_t n_vocab, const uint32_t* mask);
 int32_t masked_argmax(const float* logits, int64_t n_vocab, const uint32_t* mask);
 int32_t masked_argmax_ref(const float* logits, int64_t n_vocab, const uint32_t* mask);
 
+// The same over x[t] - sub[t] (sub: dense penalties, +inf = banned), without writing the difference.
+int32_t masked_argmax_sub(const float* x, const float* sub, int64_t n_vocab, const uint32_t* mask);
+int32_t masked_argmax_sub_ref(const float* x, const float* sub, int64_t n_vocab, const uint32_t* mask);
+
 }  // namespace strata
