@@ -551,3 +551,14 @@ def test_cli_steering_options(model, tmp_path):
     assert r.returncode == 2 and "--logit-bias '5'" in r.stderr, r.stderr
     r = subprocess.run(cli + ["--json-schema", str(notjson), "x"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "s.json: not JSON" in r.stderr, r.stderr
+
+
+def test_complete_grammar_allows_only_end_of_generation(model, sessions):
+    """After the grammar is complete and ended, only end-of-generation tokens follow (stop_at_eos=False)."""
+    prompt = model.tokenizer.encode("x = ")
+    cfg = GenerationConfig(max_tokens=10, regex="ab", stop_at_eos=False, draft="none")
+    plain = _gen(model, sessions, prompt, cfg)
+    assert len(plain) == 10 and model.tokenizer.decode(plain, skip_special=True) == "ab"
+    assert all(t in model.tokenizer.eog_ids for t in plain[-5:])
+    orc = _Oracle(plain, len(prompt), 1, model.n_vocab)
+    assert _gen(model, sessions, prompt, cfg, proposer=orc) == plain

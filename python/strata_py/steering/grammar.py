@@ -95,7 +95,15 @@ class GrammarMatcher:
         self._buf = np.empty((max(1, max_window), self.words), dtype=np.uint32)
         self._consumed: list[int] = []   # committed tokens the matcher has consumed (positions origin..)
         self._window = 0                 # tokens consumed by the pending window
+        self._took: list[bool] = []      # per row of the pending window: its input went into the matcher
         self.origin = 0
+        # once the grammar is complete and an end-of-generation token was consumed, the matcher is stopped:
+        # from then on only end-of-generation tokens are allowed, and they change nothing
+        self._eog = frozenset(model.tokenizer.eog_ids)
+        self._eog_mask = np.zeros(self.words, dtype=np.uint32)
+        for t in self._eog:
+            if t < self.n_vocab:
+                self._eog_mask[t >> 5] |= np.uint32(1 << (t & 31))
 
     def sync(self, tokens: Sequence[int], origin: int) -> None:
         """Make the committed state that of the committed tokens [origin, len(tokens))."""
@@ -106,9 +114,12 @@ class GrammarMatcher:
             return
         m = self.matcher
         m.reset()
-        if want and not m.consume_tokens(want):
-            raise ValueError(f"{self.field}: the session's committed output does not satisfy the grammar "
-                             f"({m.get_error()})")
+        for t in want:
+            if m.is_stopped() and t in self._eog:
+                continue
+            if m.validate_tokens([t]) != 1 or not m.consume_token(t):
+                raise ValueError(f"{self.field}: the session's committed output does not satisfy the grammar "
+                                 f"(token {t})")
         self._consumed = want
 
     def window_masks(self, inputs: Sequence[int], pos0: int) -> np.ndarray:
@@ -120,21 +131,30 @@ class GrammarMatcher:
         m = self.matcher
         base, stride = buf.ctypes.data, self.words * 4
         n = 0
+        took = [False] * T
         for i in range(T):
             t = int(inputs[i])
             if pos0 + i >= self.origin:
                 if i > 0:
                     ok = (int(buf[i - 1, t >> 5]) >> (t & 31)) & 1
                 else:
-                    ok = m.validate_tokens([t]) == 1
-                if not ok or not m.consume_token(t):
+                    ok = (m.is_stopped() and t in self._eog) or m.validate_tokens([t]) == 1
+                if not ok:
                     if i == 0:
                         raise ValueError(f"{self.field}: the window's first token {t} does not satisfy the grammar")
                     buf[i:] = 0xFFFFFFFF
                     break
-                n += 1
-            m.unsafe_compute_mask_ptr(base + i * stride, stride)
+                if not (m.is_stopped() and t in self._eog):
+                    if not m.consume_token(t):
+                        raise RuntimeError(f"{self.field}: the grammar matcher refused token {t}: {m.get_error()}")
+                    took[i] = True
+                    n += 1
+            if m.is_stopped():
+                buf[i] = self._eog_mask
+            else:
+                m.unsafe_compute_mask_ptr(base + i * stride, stride)
         self._window = n
+        self._took = took
         self._pending_inputs = [int(x) for x in inputs[:T]]
         self._pending_pos0 = pos0
         return buf
@@ -143,7 +163,8 @@ class GrammarMatcher:
         """Keep the state after the first `keep` rows of the last window."""
         pos0 = self._pending_pos0
         kept = sum(1 for i in range(keep) if pos0 + i >= self.origin)
-        if self._window > kept:
-            self.matcher.rollback(self._window - kept)
+        took_kept = sum(self._took[:keep])
+        if self._window > took_kept:
+            self.matcher.rollback(self._window - took_kept)
         self._consumed.extend(self._pending_inputs[keep - kept:keep])
         self._window = 0
