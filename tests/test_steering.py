@@ -21,6 +21,7 @@ from strata_py.model import Model, sampling_params
 from strata_py.speculative import LoopStats, decode, prefill
 from strata_py.steering import Steering, TextStream
 from strata_py.steering.phrases import ENDS_BOUNDARY, EOG, NEWLINE, STARTS_WORD, automaton, token_flags
+from test_speculative import _Oracle  # drafts plain decoding's future, right for `right` tokens, then wrong
 
 INF = math.inf
 PROMPT = "import os\n"
@@ -49,26 +50,6 @@ def _gen(model, sessions, prompt_ids, cfg, proposer=None, stats=None):
     s = sessions[bool(getattr(proposer, "needs_mtp", False))]
     s.reset()
     return list(generate_ids(model, prompt_ids, cfg, session=s, proposer=proposer, stats=stats))
-
-
-class _Oracle:
-    """Drafts plain decoding's future exactly for `right` tokens, then one wrong token (None: always right)."""
-
-    def __init__(self, plain, prompt_len, right, V):
-        self.plain, self.n0, self.right, self.V = plain, prompt_len, right, V
-
-    def propose(self, context, max_drafts):
-        done = len(context) - self.n0
-        future = self.plain[done:done + max_drafts]
-        if self.right is None:
-            return list(future)
-        drafts = list(future[:self.right])
-        if len(drafts) < max_drafts and len(future) > len(drafts):
-            drafts.append((future[len(drafts)] + 1) % self.V)
-        return drafts
-
-    def observe(self, drafts, accepted):
-        pass
 
 
 def _configs(model):

@@ -27,7 +27,11 @@ void apply_token_mask_ref(float* logits, int64_t n_vocab, const uint32_t* mask) 
     if (!((mask[t / 32] >> (t % 32)) & 1u)) logits[t] = -INFINITY;
 }
 
-int32_t masked_argmax(const float* logits, int64_t n_vocab, const uint32_t* mask) {
+namespace {
+
+// argmax over the allowed t of value(t) (lowest id among the largest non-NaN; -1 if none): the two kernels below.
+template <class Value>
+int32_t masked_argmax_of(const Value& value, int64_t n_vocab, const uint32_t* mask) {
   const int64_t W = mask_words(n_vocab);
   float bv = -INFINITY;
   int64_t bi = -1;
@@ -37,54 +41,10 @@ int32_t masked_argmax(const float* logits, int64_t n_vocab, const uint32_t* mask
     const int64_t base = w * 32, n = n_vocab - base < 32 ? n_vocab - base : 32;
     if (m == 0xffffffffu && n == 32) {
       // the word's max first (NaN never wins a comparison), then its first index if it beats bv
-      float mx = -INFINITY;
-      for (int j = 0; j < 32; j++) mx = logits[base + j] > mx ? logits[base + j] : mx;
-      if (mx > bv) {
-        for (int j = 0; j < 32; j++)
-          if (logits[base + j] == mx) {
-            bv = mx;
-            bi = base + j;
-            break;
-          }
-      }
-      continue;
-    }
-    for (uint32_t r = m; r; r &= r - 1) {
-      const int j = __builtin_ctz(r);
-      if (j >= n) break;
-      if (logits[base + j] > bv) {
-        bv = logits[base + j];
-        bi = base + j;
-      }
-    }
-  }
-  return (int32_t)bi;
-}
-
-int32_t masked_argmax_ref(const float* logits, int64_t n_vocab, const uint32_t* mask) {
-  float bv = -INFINITY;
-  int64_t bi = -1;
-  for (int64_t t = 0; t < n_vocab; t++)
-    if (((mask[t / 32] >> (t % 32)) & 1u) && logits[t] > bv) {
-      bv = logits[t];
-      bi = t;
-    }
-  return (int32_t)bi;
-}
-
-int32_t masked_argmax_sub(const float* x, const float* sub, int64_t n_vocab, const uint32_t* mask) {
-  const int64_t W = mask_words(n_vocab);
-  float bv = -INFINITY;
-  int64_t bi = -1;
-  for (int64_t w = 0; w < W; w++) {
-    const uint32_t m = mask[w];
-    if (m == 0) continue;
-    const int64_t base = w * 32, n = n_vocab - base < 32 ? n_vocab - base : 32;
-    if (m == 0xffffffffu && n == 32) {
       float d[32];
       float mx = -INFINITY;
       for (int j = 0; j < 32; j++) {
-        d[j] = x[base + j] - sub[base + j];
+        d[j] = value(base + j);
         mx = d[j] > mx ? d[j] : mx;
       }
       if (mx > bv) {
@@ -100,14 +60,35 @@ int32_t masked_argmax_sub(const float* x, const float* sub, int64_t n_vocab, con
     for (uint32_t r = m; r; r &= r - 1) {
       const int j = __builtin_ctz(r);
       if (j >= n) break;
-      const float d = x[base + j] - sub[base + j];
-      if (d > bv) {
-        bv = d;
+      const float v = value(base + j);
+      if (v > bv) {
+        bv = v;
         bi = base + j;
       }
     }
   }
   return (int32_t)bi;
+}
+
+}  // namespace
+
+int32_t masked_argmax(const float* logits, int64_t n_vocab, const uint32_t* mask) {
+  return masked_argmax_of([logits](int64_t t) { return logits[t]; }, n_vocab, mask);
+}
+
+int32_t masked_argmax_ref(const float* logits, int64_t n_vocab, const uint32_t* mask) {
+  float bv = -INFINITY;
+  int64_t bi = -1;
+  for (int64_t t = 0; t < n_vocab; t++)
+    if (((mask[t / 32] >> (t % 32)) & 1u) && logits[t] > bv) {
+      bv = logits[t];
+      bi = t;
+    }
+  return (int32_t)bi;
+}
+
+int32_t masked_argmax_sub(const float* x, const float* sub, int64_t n_vocab, const uint32_t* mask) {
+  return masked_argmax_of([x, sub](int64_t t) { return x[t] - sub[t]; }, n_vocab, mask);
 }
 
 int32_t masked_argmax_sub_ref(const float* x, const float* sub, int64_t n_vocab, const uint32_t* mask) {
