@@ -105,8 +105,10 @@ def components(model, configs, rounds, reps):
                 s._core.commit(1)
             step.append((time.perf_counter() - t0) / (reps // 4))
         step_s = _median(step)
-        fin = {name: [] for name in ["plain", *configs]}
-        py = {name: [] for name in configs}
+        names = [*configs, "json_lazy"]
+        steers["json_lazy"] = steers["json"]
+        fin = {name: [] for name in ["plain", *names]}
+        py = {name: [] for name in names}
         for _ in range(rounds):
             for name in fin:  # alternate within the round
                 st = steers.get(name)
@@ -116,7 +118,8 @@ def components(model, configs, rounds, reps):
                 if g:
                     g.sync(s.tokens, len(prompt))
                 s.run(inputs)
-                masks = g.window_masks(inputs, pos0) if g else None
+                lazy = name == "json_lazy"  # greedy: unconstrained finish, then fix_greedy checks the rows
+                masks = g.window_masks(inputs, pos0) if g and not lazy else None
                 if g:  # back to the committed state, as commit(keep) would after the window
                     g.matcher.rollback(g._window)
                     g._window = 0
@@ -125,15 +128,20 @@ def components(model, configs, rounds, reps):
                     s._core.sample(params, masks)
                 fin[name].append((time.perf_counter() - t0) / reps)
                 if st is not None:  # the Python side of one window: the grammar's masks and rollback
+                    free = s._core.sample(params, None).tolist() if lazy else None
+                    core = s._core
                     t0 = time.perf_counter()
                     for _ in range(reps // 4):
                         if g:
-                            g.window_masks(inputs, pos0)
+                            if lazy:
+                                g.fix_greedy(inputs, pos0, list(free), lambda i, mk: core.sample_row(params, i, mk))
+                            else:
+                                g.window_masks(inputs, pos0)
                             g.matcher.rollback(g._window)
                             g._window = 0
                     py[name].append((time.perf_counter() - t0) / (reps // 4))
                 plain_fin = _median(fin["plain"])
-        for name in configs:
+        for name in names:
             extra = (_median(fin[name]) - plain_fin) + _median(py[name])
             res[f"{name}/T={T}"] = {"processor": name, "T": T, "finish_us": _median(fin[name]) * 1e6,
                                     "plain_finish_us": plain_fin * 1e6, "python_us": _median(py[name]) * 1e6,
@@ -161,22 +169,24 @@ def suffix_under_schema(model, rounds, n):
     ids = model.tokenizer.encode(JSON_PROMPT)
     res = {}
     outs = {}
-    for overlap in (False, True):
+    for overlap, lazy in ((False, False), (True, False), (False, True)):
         speculative.overlap_masks = (lambda m, o=overlap: o)
+        speculative.LAZY_GREEDY_MASKS = lazy
         runs = {"none": [], "suffix": []}
         for _ in range(rounds):
             for draft in runs:
                 cfg = GenerationConfig(max_tokens=n, json_schema=SCHEMA, draft=draft)
                 st = LoopStats()
                 prop = make_proposer(model, cfg)
-                outs[(overlap, draft)] = list(generate_ids(model, ids, cfg, stats=st, proposer=prop))
+                outs[(overlap, lazy, draft)] = list(generate_ids(model, ids, cfg, stats=st, proposer=prop))
                 runs[draft].append(st.as_dict())
         for draft, v in runs.items():
-            res[f"{draft}/overlap={overlap}"] = {
-                "draft": draft, "overlap": overlap, "tok_s": _median([d["decode_tok_s"] for d in v]),
+            res[f"{draft}/overlap={overlap}/lazy={lazy}"] = {
+                "draft": draft, "overlap": overlap, "lazy": lazy, "tok_s": _median([d["decode_tok_s"] for d in v]),
                 "tok_s_runs": [d["decode_tok_s"] for d in v], "tokens": v[-1]["generated_tokens"],
                 "acceptance": v[-1]["acceptance"], "e_keep": v[-1]["e_keep"], "stop": v[-1]["stop"]}
-    plain = outs[(False, "none")]
+    speculative.LAZY_GREEDY_MASKS = True
+    plain = outs[(False, False, "none")]
     identical = all(o == plain for o in outs.values())
     return res, identical, model.tokenizer.decode(plain, skip_special=True)
 
@@ -224,11 +234,15 @@ def main(argv=None) -> int:
         t.add_row(name, f"{r['tok_s']:.0f}", f"{r['tok_s'] / e2e['plain']['tok_s']:.3f}")
     con.print(t)
     t = Table(title="suffix drafting under the JSON schema (repetitive records)")
-    for c in ("draft", "masks during forward", "tok/s", "speedup", "accept", "E[keep]", "stop"):
+    for c in ("draft", "masks", "tok/s", "speedup", "accept", "E[keep]", "stop"):
         t.add_column(c)
+    def base_key(r):
+        return f"none/overlap={r['overlap']}/lazy={r['lazy']}"
+
     for r in spec.values():
-        t.add_row(r["draft"], str(r["overlap"]), f"{r['tok_s']:.0f}",
-                  f"{r['tok_s'] / spec['none/overlap=' + str(r['overlap'])]['tok_s']:.2f}x",
+        how = "lazy (greedy checks)" if r["lazy"] else "full, during forward" if r["overlap"] else "full, before forward"
+        t.add_row(r["draft"], how, f"{r['tok_s']:.0f}",
+                  f"{r['tok_s'] / spec[base_key(r)]['tok_s']:.2f}x",
                   f"{r['acceptance']:.2f}", f"{r['e_keep']:.2f}", r["stop"])
     con.print(t)
     print(f"outputs identical: {identical}; 10k-phrase automaton: {auto10k.n_patterns} patterns, "

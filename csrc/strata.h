@@ -123,6 +123,8 @@ class Session {
   // Steering (sampling/processor.h): with masks ([logits_rows()][mask_words] or null), each output row also
   // gets the row's token mask; the session's steering processors apply to every row.
   std::vector<int32_t> sample(const SamplingParams& p, const uint32_t* masks, int64_t mask_words) const;
+  // One row of the last run finished again with this token mask (lazy grammar checks for greedy decoding).
+  int32_t sample_row(const SamplingParams& p, int row, const uint32_t* mask, int64_t mask_words) const;
   // The processors of the generation whose first output token is at position `origin` (null: none);
   // their committed state is rebuilt from the committed tokens [origin, position).
   void set_steering(std::shared_ptr<const Steering> steer, int64_t origin);

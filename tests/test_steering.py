@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata_py import _core
+from strata_py import _core, speculative
 from strata_py.config import GenerationConfig
 from strata_py.generate import generate_ids, make_proposer
 from strata_py.model import Model, sampling_params
@@ -83,6 +83,13 @@ def test_speculative_equals_serial(model, sessions, which):
         cfg = GenerationConfig(max_tokens=32, stop_at_eos=True, **opts, **steer)
         plain = _gen(model, sessions, prompt, cfg.replace(draft="none"))
         assert plain, which
+        if mode == "greedy" and which in ("regex", "json", "all"):  # lazy greedy checks == full masks
+            speculative.LAZY_GREEDY_MASKS = False
+            try:
+                assert _gen(model, sessions, prompt, cfg.replace(draft="none")) == plain
+                assert _gen(model, sessions, prompt, cfg.replace(draft="suffix")) == plain
+            finally:
+                speculative.LAZY_GREEDY_MASKS = True
         for draft in ("suffix", "mtp"):
             st_ = LoopStats()
             assert _gen(model, sessions, prompt, cfg.replace(draft=draft), stats=st_) == plain, (which, mode, seed, draft)

@@ -452,6 +452,17 @@ void init_model(nb::module_& m) {
           "run(tokens) then sample(params, masks); returns the chosen token per row. masks: None, uint32\n"
           "[T, ceil(n_vocab / 32)], or a callable returning them (computed while the forward runs).")
       .def(
+          "sample_row",
+          [](const Session& s, const SamplingParams& p, int row, nb::object mask) {
+            using M = nb::ndarray<const uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+            M a;
+            if (!nb::try_cast<M>(mask, a)) fail<std::invalid_argument>("sample_row: the mask must be a uint32 array");
+            nb::gil_scoped_release rel;
+            return s.sample_row(p, row, a.data(), (int64_t)a.shape(0));
+          },
+          nb::arg("params"), nb::arg("row"), nb::arg("mask"),
+          "Row `row` of the last run finished again with this token mask (uint32 [ceil(n_vocab / 32)]).")
+      .def(
           "set_steering",
           [](Session& s, std::shared_ptr<Steering> steer, int64_t origin) { s.set_steering(steer, origin); },
           nb::arg("steering").none(), nb::arg("origin"),

@@ -134,6 +134,24 @@ std::vector<int32_t> Session::sample(const SamplingParams& p, const uint32_t* ma
   return out;
 }
 
+int32_t Session::sample_row(const SamplingParams& p, int row, const uint32_t* mask, int64_t words) const {
+  if (last_T_ == 0) fail<std::logic_error>("sample_row(): no window to finish (call run first)");
+  if (last_last_only_) fail<std::logic_error>("sample_row(): the last run kept only the last row's logits");
+  STRATA_CHECK(row >= 0 && row < last_T_, "sample_row(): row ", row, " outside 0..", last_T_ - 1);
+  const int64_t V = model_->hp().n_vocab;
+  STRATA_CHECK(mask && words == mask_words(V), "sample_row(): a token mask of ", mask_words(V), " words is needed");
+  PhraseState cur = steer_state_;
+  for (int i = 0; i <= row; i++)
+    if (steer_ && pos_ + i >= steer_origin_) cur = steer_->step(cur, last_tokens_[i]);
+  std::vector<int32_t> hist(tokens_);
+  hist.insert(hist.end(), last_tokens_.begin(), last_tokens_.begin() + row);
+  SteerRows sr{steer_.get(), steer_ ? &cur : nullptr, mask};
+  int32_t out = -1;
+  steer_rows(logits_.data() + (size_t)row * V, 1, V, p, sr, hist.data(), (int64_t)hist.size(),
+             last_tokens_.data() + row, pos_ + row, &out);
+  return out;
+}
+
 void Session::commit(int keep) {
   if (last_T_ == 0) fail<std::logic_error>("commit(", keep, ") with no window to commit (call run first)");
   STRATA_CHECK(keep >= 1 && keep <= last_T_, "commit(", keep, "): keep must be in 1..", last_T_, " (rows of the last run)");

@@ -98,6 +98,12 @@ def prefill(session, ids: Sequence[int], chunk: int = 512) -> None:
         session.commit(len(part))
 
 
+# Greedy decoding under a grammar checks each row's unconstrained choice and computes a full mask only where
+# the grammar refuses it (same tokens as always masking: GrammarMatcher.fix_greedy). A module constant, not an
+# option: the benches and tests turn it off to compare the two.
+LAZY_GREEDY_MASKS = True
+
+
 def overlap_masks(model) -> bool:
     """Whether a window's grammar masks are computed while its forward runs: only when a core is free for
     them (on a machine whose cores all run the forward, the two would only slow each other)."""
@@ -137,6 +143,7 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
             stats.stop = "stop"
             return
     overlap = steer.grammar is not None and overlap_masks(session.model)
+    lazy = cfg.temperature == 0 and LAZY_GREEDY_MASKS  # greedy: full masks only for rows the grammar refuses
     # ---
     context = list(session.tokens) + [root]
     while stats.generated < cfg.max_tokens:
@@ -152,10 +159,15 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
                 drafts = list(proposer.propose(context, want))[:want]
         inputs = [root] + drafts
         t0 = time.perf_counter()
-        masks = None
-        if steer.grammar is not None:  # computed during the forward (a callable) or before it
-            masks = (steer.mask_fn if overlap else steer.masks)(inputs, session.position)
-        out = core.run_sample(np.asarray(inputs, dtype=np.int32), params, masks).tolist()
+        if steer.grammar is not None and lazy:  # greedy: check each row's choice, mask only where refused
+            out = core.run_sample(np.asarray(inputs, dtype=np.int32), params, None).tolist()
+            out = steer.grammar.fix_greedy(inputs, session.position, out,
+                                           lambda i, mask: core.sample_row(params, i, mask))
+        else:
+            masks = None
+            if steer.grammar is not None:  # computed during the forward (a callable) or before it
+                masks = (steer.mask_fn if overlap else steer.masks)(inputs, session.position)
+            out = core.run_sample(np.asarray(inputs, dtype=np.int32), params, masks).tolist()
         keep = accept(inputs, out, eog)
         stopped = False
         if stops is not None:  # a stop string cuts the prefix right after the token completing it

@@ -159,6 +159,42 @@ class GrammarMatcher:
         self._pending_pos0 = pos0
         return buf
 
+    def fix_greedy(self, inputs: Sequence[int], pos0: int, out: list[int], refinish) -> list[int]:
+        """Greedy decoding without full masks: out[i] (the row's choice over every token) stands when the
+        grammar allows it, since the argmax over all tokens is then the argmax over the allowed ones (ties
+        and bans included); otherwise refinish(i, mask) finishes row i again under its mask. Walks the rows
+        the acceptance walk can reach (until a row's choice differs from the next input), consuming inputs
+        as window_masks does; commit(keep) is the same."""
+        T = len(inputs)
+        m = self.matcher
+        n = 0
+        took = [False] * T
+        row = np.empty(self.words, dtype=np.uint32)
+        for i in range(T):
+            t = int(inputs[i])
+            if pos0 + i >= self.origin:
+                if not ((m.is_stopped() and t in self._eog) or m.validate_tokens([t]) == 1):
+                    raise ValueError(f"{self.field}: the window's input {t} at row {i} does not satisfy the grammar")
+                if not (m.is_stopped() and t in self._eog):
+                    if not m.consume_token(t):
+                        raise RuntimeError(f"{self.field}: the grammar matcher refused token {t}: {m.get_error()}")
+                    took[i] = True
+                    n += 1
+            c = out[i]
+            if m.is_stopped():
+                if c not in self._eog:
+                    out[i] = refinish(i, self._eog_mask)
+            elif m.validate_tokens([c]) != 1:
+                m.unsafe_compute_mask_ptr(row.ctypes.data, self.words * 4)
+                out[i] = refinish(i, row)
+            if i + 1 >= T or out[i] != int(inputs[i + 1]):
+                break
+        self._window = n
+        self._took = took
+        self._pending_inputs = [int(x) for x in inputs[:T]]
+        self._pending_pos0 = pos0
+        return out
+
     def commit(self, keep: int) -> None:
         """Keep the state after the first `keep` rows of the last window."""
         pos0 = self._pending_pos0
