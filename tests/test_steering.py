@@ -434,9 +434,9 @@ def test_checkpoint_resume_equals_uninterrupted(model, tmp_path, kind):
         s = model.load_session(tmp_path / "cp.bin", n_ctx=256, max_window=16)
     else:
         s.restore(cp)
-    assert s._core.steer_origin == len(ids)
+    assert s.steer_origin == len(ids)
     rest = list(decode(s, first[-1], cfg.replace(max_tokens=len(full) - N), eog, LoopStats(),
-                       make_proposer(model, cfg), origin=s._core.steer_origin))
+                       make_proposer(model, cfg), origin=s.steer_origin))
     assert first + rest == full
 
 

@@ -40,16 +40,20 @@ int32_t masked_argmax_of(const Value& value, int64_t n_vocab, const uint32_t* ma
     if (m == 0) continue;
     const int64_t base = w * 32, n = n_vocab - base < 32 ? n_vocab - base : 32;
     if (m == 0xffffffffu && n == 32) {
-      // the word's max first (NaN never wins a comparison), then its first index if it beats bv
-      float d[32];
-      float mx = -INFINITY;
-      for (int j = 0; j < 32; j++) {
-        d[j] = value(base + j);
-        mx = d[j] > mx ? d[j] : mx;
+      // lane-wise maxima first (16 independent lanes the compiler vectorises; NaN never wins a comparison),
+      // then the word's first index holding the maximum, if it beats bv
+      float l[16];
+      for (int j = 0; j < 16; j++) {
+        const float a = value(base + j), b = value(base + 16 + j);
+        l[j] = -INFINITY;
+        l[j] = a > l[j] ? a : l[j];
+        l[j] = b > l[j] ? b : l[j];
       }
+      float mx = -INFINITY;
+      for (int j = 0; j < 16; j++) mx = l[j] > mx ? l[j] : mx;
       if (mx > bv) {
         for (int j = 0; j < 32; j++)
-          if (d[j] == mx) {
+          if (value(base + j) == mx) {
             bv = mx;
             bi = base + j;
             break;
