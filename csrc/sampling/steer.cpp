@@ -77,13 +77,21 @@ const float* lifted(const float* stat, int64_t V) {
 
 int32_t greedy_in_place(const float* row, int64_t V, const uint32_t* mask, const float* stat,
                         const std::vector<Edit>& edits, bool lift) {
-  thread_local std::vector<uint32_t> m2;
-  const int64_t W = mask_words(V);
-  if (mask) m2.assign(mask, mask + W);
-  else m2.assign(W, 0xffffffffu);
-  for (const Edit& e : edits) m2[e.id >> 5] &= ~(1u << (e.id & 31));
   const float* sub = stat && lift ? lifted(stat, V) : stat;
-  int32_t bi = sub ? masked_argmax_sub(row, sub, V, m2.data()) : masked_argmax(row, V, m2.data());
+  int32_t bi = -1;
+  if (!mask && !sub) {  // the plain argmax, when no edited token wins it, is the best unedited token
+    bi = argmax(row, V);
+    for (const Edit& e : edits)
+      if (e.id == bi) bi = -2;
+  }
+  if (bi == -2 || mask || sub) {  // the best allowed unedited token: the edited ones' bits cleared
+    thread_local std::vector<uint32_t> m2;
+    const int64_t W = mask_words(V);
+    if (mask) m2.assign(mask, mask + W);
+    else m2.assign(W, 0xffffffffu);
+    for (const Edit& e : edits) m2[e.id >> 5] &= ~(1u << (e.id & 31));
+    bi = sub ? masked_argmax_sub(row, sub, V, m2.data()) : masked_argmax(row, V, m2.data());
+  }
   float bv = bi < 0 ? -INFINITY : sub ? row[bi] - sub[bi] : row[bi];
   for (const Edit& e : edits) {
     if (!allowed(mask, e.id)) continue;
