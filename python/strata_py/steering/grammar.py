@@ -97,6 +97,7 @@ class GrammarMatcher:
         self._window = 0                 # tokens consumed by the pending window
         self._took: list[bool] = []      # per row of the pending window: its input went into the matcher
         self.origin = 0
+        self.checked = self.refused = 0  # fix_greedy: rows checked, rows whose free choice the grammar refused
         # once the grammar is complete and an end-of-generation token was consumed, the matcher is stopped:
         # from then on only end-of-generation tokens are allowed, and they change nothing
         self._eog = frozenset(model.tokenizer.eog_ids)
@@ -181,10 +182,12 @@ class GrammarMatcher:
                     took[i] = True
                     n += 1
             c = out[i]
+            self.checked += 1
             if m.is_stopped():
                 if c not in self._eog:
                     out[i] = refinish(i, self._eog_mask)
             elif m.validate_tokens([c]) != 1:
+                self.refused += 1
                 m.unsafe_compute_mask_ptr(row.ctypes.data, self.words * 4)
                 out[i] = refinish(i, row)
             if i + 1 >= T or out[i] != int(inputs[i + 1]):
