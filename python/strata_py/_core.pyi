@@ -258,6 +258,11 @@ class Session:
         [T, ceil(n_vocab / 32)], or a callable returning them (computed while the forward runs).
         """
 
+    def sample_row(self, params: SamplingParams, row: int, mask: object) -> int:
+        """
+        Row `row` of the last run finished again with this token mask (uint32 [ceil(n_vocab / 32)]).
+        """
+
     def set_steering(self, steering: Steering | None, origin: int) -> None:
         """
         The processors of the generation whose first output token is at `origin` (None: none); the state is
