@@ -15,13 +15,14 @@
 //      matcher, python/strata_py/steering/grammar.py, which keeps the same contract on its own side) trivially
 //      keep it.
 //
-// Rollback contract of SteerState: a value type; the committed one is advanced only by commit() and rebuilt
-// by restore()/set_steering() from the committed tokens, never by sample().
+// Rollback contract of the session's steering state (a PhraseState value): the committed one is advanced only
+// by commit() and rebuilt by restore() / load() / set_steering() from the committed tokens, never by sample().
 //
 // Per row, in this order (csrc/sampling/steer.cpp): logit bias -> repetition penalties (sampler.h) ->
 // phrase penalties (phrase_automaton.h) -> the row's token mask (token_mask.h) -> choice. If the bans
 // (phrase bans, -inf biases) leave no allowed token, the row falls back to the best token the mask allows
-// with the phrase bans lifted (their finite ramp kept), never a hang; a mask that allows nothing is an error.
+// with the bans lifted (finite penalties and biases kept), never a hang; a mask that allows nothing is an
+// error naming the position.
 #pragma once
 #include <cstdint>
 #include <memory>
