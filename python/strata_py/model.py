@@ -231,6 +231,11 @@ class Session:
         """The committed token ids."""
         return self._core.tokens
 
+    @property
+    def steer_origin(self) -> int:
+        """Where the current generation's output began (steering, issue 15): decode(..., origin=this) continues it."""
+        return self._core.steer_origin
+
     def run(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
         """Process `tokens` as rows at the current position; float32 logits [T, n_vocab] (raw, before any
         logit processor), or [1, n_vocab] for the last row with last_only. T <= max_window is a verify
