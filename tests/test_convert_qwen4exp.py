@@ -264,6 +264,10 @@ CONFIG_ERRORS = [
     (lambda c: c.update(indexer_budget=10), r"indexer_budget=10: must be a multiple of indexer_compress_ratio=4"),
     (lambda c: c.update(indexer_head_dim=4), r"indexer_head_dim=4: must be >= the rotary dims 8"),
     (lambda c: c.update(indexer_compress_ratio=0), r"indexer_compress_ratio=0: must be > 0"),
+    # without partial_rotary_factor, Qwen4ExpTextConfig rotates the whole head (its class, unlike Qwen3.5's, sets no
+    # 0.25 default; llama.cpp's converter would assume 0.25): 32 rotary dims no longer fit the 16-dim indexer head
+    (lambda c: (c["rope_parameters"].pop("partial_rotary_factor"), c["rope_parameters"].update(mrope_section=[8, 4, 4])),
+     r"indexer_head_dim=16: must be >= the rotary dims 32"),
     (lambda c: c.update(ple_layer_ids=[1, 2]), r"ple_layer_ids=\[1, 2\]: llama.cpp supports exactly one"),
     (lambda c: c.update(ple_layer_ids=[4]), r"ple_layer_ids=\[4\]: must name a linear_attention layer"),
     (lambda c: c.update(ple_embed_dim=128), r"ple_embed_dim=128: must equal hidden_size=64"),
