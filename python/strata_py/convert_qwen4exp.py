@@ -25,6 +25,7 @@ indexer_kv_heads != 1, norm_topk_prob false.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from dataclasses import dataclass
@@ -145,13 +146,8 @@ def read_hparams(cfg: dict) -> Hparams:
         eos = eos[0] if isinstance(eos, list) and eos else eos  # transformers' PLE: the first entry
         if eos is None or isinstance(eos, list):
             c.bad("eos_token_id", "must be set when PLE is on (the n-gram context resets on it)")
-        hp = _replace(hp, ple_eos=int(eos))
+        hp = dataclasses.replace(hp, ple_eos=int(eos))
     return hp
-
-
-def _replace(hp: Hparams, **kw) -> Hparams:
-    import dataclasses
-    return dataclasses.replace(hp, **kw)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -427,7 +423,7 @@ def gguf_to_hf(gguf_path, out_dir) -> Path:
     if len(got) != 1:
         raise ValueError(f"{g.path}: {ARCH}.attention.compress_ratios={ratios}: transformers has one ratio for all "
                          f"QSA layers")
-    hp = _replace(hp, ratio=got.pop())
+    hp = dataclasses.replace(hp, ratio=got.pop())
     get = g.get
     sd: dict[str, np.ndarray] = {"model.embed_tokens.weight": get("token_embd.weight")}
     ple_cfg = {}
