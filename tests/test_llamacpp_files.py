@@ -224,3 +224,19 @@ def test_llamacpp_quantizer_output_next_archs(tmp_path, arch, ftype):
     else:  # int8 activations (the 256-wide HC / PLE rows are K-quants): the tolerances of test_kquant_model.py
         assert np.median(rel) <= 5e-2 and rel.max() <= 0.25, (np.median(rel), rel.max())
     assert_windows_equal_serial(model, windows=(3, 9), label=f"{arch} {ftype}")
+
+
+@needs_llama_tree
+def test_llamacpp_qwen35moe_file_matches_transformers(tmp_path):
+    """llama.cpp's own qwen35moe file (its converter, f32) gives transformers' logits and equal windows."""
+    from hf_tiny_next import make_tiny_qwen35moe
+    from window_util import assert_windows_equal_serial
+    ref_model = make_tiny_qwen35moe(tmp_path / "hf", seed=8, with_mtp=True)  # its converter asserts an MTP block
+    theirs = _llamacpp_convert(tmp_path / "hf", tmp_path / "llamacpp.gguf", "--outtype", "f32")
+    model = Model.load(theirs, threads=2)
+    ids = np.random.default_rng(2).integers(0, model.n_vocab, 48).tolist()
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([ids])).logits[0].float().numpy()
+    ours = model.session(n_ctx=64).run(ids)
+    assert np.max(np.linalg.norm(ours - ref, axis=-1) / np.linalg.norm(ref, axis=-1)) <= 1e-4
+    assert_windows_equal_serial(model, windows=(4, 9), label="llama.cpp qwen35moe")

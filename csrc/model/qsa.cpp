@@ -105,12 +105,13 @@ void qsa_layer(const Model& m, const AttnWeights& w, KvCache& kv, QsaState& qs, 
   for (int t = 0; t < T; t++) {
     const int64_t p = pos0 + t, n_c = (p + 1) / r;
     if (n_c <= kb) continue;  // dense
+    // s_b = (relu(score_0b) + relu(score_1b) + ...) / sqrt(di), heads in order (blocks vectorise)
     s.assign((size_t)n_c, 0.f);
-    for (int64_t b = 0; b < n_c; b++) {
-      float acc = 0.f;
-      for (int64_t h = 0; h < ni; h++) acc = acc + std::max(0.f, sc[((size_t)t * ni + h) * nc_last + b]);
-      s[b] = acc * inv_sqrt_di;
+    for (int64_t h = 0; h < ni; h++) {
+      const float* row = sc.data() + ((size_t)t * ni + h) * nc_last;
+      for (int64_t b = 0; b < n_c; b++) s[b] = s[b] + std::max(0.f, row[b]);
     }
+    for (int64_t b = 0; b < n_c; b++) s[b] = s[b] * inv_sqrt_di;
     select_blocks(s.data(), n_c, kb, sel);
     if (qs.record) qs.selected[t] = sel;
     std::vector<int32_t>& c = cells[t];
