@@ -124,13 +124,13 @@ void ple_layer(const Model& m, const PleWeights& w, PleState& st, const float* X
   matmul_many(pool, kv, 2, E.data(), P, T);
 
   // 3. gates per stream, V', its grouped norm
-  const float inv_sqrt_h = 1.f / std::sqrt((float)H);
+  const float sqrt_h = std::sqrt((float)H);  // divided by, as transformers does
   for (int t = 0; t < T; t++) {
     float* kt = key.data() + (size_t)t * W;
     grouped_rmsnorm(kt, w.norm_key.data(), hc, H, hp.rms_eps, kt);
     grouped_rmsnorm(X + (size_t)t * W, w.norm_query.data(), hc, H, hp.rms_eps, q.data());
     for (int64_t j = 0; j < hc; j++) {
-      const float gate = dot16(kt + j * H, q.data() + j * H, H) * inv_sqrt_h;
+      const float gate = dot16(kt + j * H, q.data() + j * H, H) / sqrt_h;
       const float mag = std::sqrt(std::max(std::fabs(gate), 1e-6f));
       const float g = gate > 0 ? mag : gate < 0 ? -mag : 0.f;
       const float s = sigmoid(g);

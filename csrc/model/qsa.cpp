@@ -85,7 +85,7 @@ void qsa_layer(const Model& m, const AttnWeights& w, KvCache& kv, QsaState& qs, 
   if (qs.record) qs.selected.assign((size_t)T, {});
   std::vector<float> s;
   std::vector<int32_t> sel;
-  const float inv_sqrt_di = 1.f / std::sqrt((float)di);
+  const float sqrt_di = std::sqrt((float)di);  // divided by, as transformers does
   for (int t0 = 0; t0 < T; t0 += kScoreRows) {
     const int t1 = std::min(T, t0 + kScoreRows);
     const int64_t nc = (pos0 + t1) / r;  // complete blocks of the run's last row
@@ -107,7 +107,7 @@ void qsa_layer(const Model& m, const AttnWeights& w, KvCache& kv, QsaState& qs, 
         const float* row = sc.data() + ((size_t)(t - t0) * ni + h) * nc;
         for (int64_t b = 0; b < n_c; b++) s[b] = s[b] + std::max(0.f, row[b]);
       }
-      for (int64_t b = 0; b < n_c; b++) s[b] = s[b] * inv_sqrt_di;
+      for (int64_t b = 0; b < n_c; b++) s[b] = s[b] / sqrt_di;
       qsa_select_blocks(s.data(), n_c, kb, sel);
       if (qs.record) qs.selected[t] = sel;
       std::vector<int32_t>& c = cells[t];
