@@ -80,6 +80,13 @@ struct Checkpoint {
   int64_t mtp_pos = 0;
   std::vector<float> mtp_k, mtp_v, mtp_backlog_h;
   std::vector<int32_t> mtp_backlog_tok;
+  // Bytes held (a prefix cache's budget counts these): every array above. A new field goes in here too.
+  size_t nbytes() const {
+    size_t n = tokens.size() * sizeof(int32_t) + mtp_backlog_tok.size() * sizeof(int32_t);
+    for (const auto* vs : {&k, &v, &S, &conv})
+      for (const auto& a : *vs) n += a.size() * sizeof(float);
+    return n + (mtp_k.size() + mtp_v.size() + mtp_backlog_h.size()) * sizeof(float);
+  }
 };
 
 class Session {

@@ -33,8 +33,11 @@ def make_proposer(model, cfg: GenerationConfig):
 
 
 def generate_ids(model, prompt_ids: list[int], config: GenerationConfig | None = None, *, stats: LoopStats | None = None,
-                 session=None, proposer=None, n_ctx: int | None = None, **options) -> Iterator[int]:
-    """Yield generated token ids for a tokenized prompt (plain or speculative decoding, same output)."""
+                 session=None, proposer=None, n_ctx: int | None = None, on_commit=None, **options) -> Iterator[int]:
+    """Yield generated token ids for a tokenized prompt (plain or speculative decoding, same output).
+
+    A given session may already hold a prefix of the prompt (all but its last token at most: the server's
+    prefix reuse restores a checkpoint); only the rest is prefilled. on_commit: see speculative.decode."""
     import time
 
     cfg = _resolve(config, options)
@@ -56,12 +59,16 @@ def generate_ids(model, prompt_ids: list[int], config: GenerationConfig | None =
     if len(ids) > session.n_ctx:
         raise ValueError(f"prompt of {len(ids)} tokens exceeds the context of {session.n_ctx} tokens")
     stats.prompt_tokens = len(ids)
+    held = session.position
+    if held and (held >= len(ids) or session.tokens != ids[:held]):
+        raise ValueError(f"the session holds {held} tokens that are not a prefix of the prompt's first {len(ids) - 1}")
+    stats.cached_tokens = held
     streaming = getattr(model, "streaming", False)
     if streaming:  # expert counters of this request: stats.experts (prefill + decode), stats.experts_decode
         from . import experts as _experts
         e0 = _experts.snapshot(model)
     t0 = time.perf_counter()
-    prefill(session, ids[:-1])
+    prefill(session, ids[held:-1])
     if getattr(proposer, "needs_mtp", False) and session.position > 0:
         session.mtp_prefill()  # the MTP block reads the prompt too: prefill work, not drafting
     stats.prefill_s = time.perf_counter() - t0
@@ -72,7 +79,7 @@ def generate_ids(model, prompt_ids: list[int], config: GenerationConfig | None =
     eog = set(tok.eog_ids) if cfg.stop_at_eos else set()
     choose = getattr(proposer, "choose_drafts", None)
     try:
-        yield from decode(session, ids[-1], cfg, eog, stats, proposer, choose)
+        yield from decode(session, ids[-1], cfg, eog, stats, proposer, choose, on_commit)
     finally:
         finish = getattr(proposer, "finish", None)  # e.g. add the output to a global suffix index
         if finish is not None:
