@@ -1,0 +1,73 @@
+"""Command-line options shared by generate, serve, chat and the benches: one spelling per option.
+
+    add_model_args(ap)        --model --mtp --threads --cache-mib (routed experts) --o-direct --io-threads ...
+    load_model(a)             Model.load(...) from those
+    add_generation_args(ap)   GenerationConfig's fields as flags, with its defaults (or the given ones)
+    generation_config(a)      the GenerationConfig they spell
+"""
+from __future__ import annotations
+
+import argparse
+
+from .config import GenerationConfig
+
+
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", "-m", help="GGUF file (default: the model shipped in the package)")
+    ap.add_argument("--mtp", metavar="FILE", help="a separate MTP-only GGUF for --draft mtp / mtp+suffix")
+    ap.add_argument("--threads", "-t", type=int, default=None, help="default: physical cores")
+    ap.add_argument("--cache-mib", default=None, metavar="N|full",
+                    help="stream routed experts from the file through a cache of N MiB (default: full = all resident)")
+    ap.add_argument("--o-direct", action="store_true", help="expert reads with O_DIRECT (bypass the page cache)")
+    ap.add_argument("--io-threads", type=int, default=4, help="expert reader threads (with --cache-mib)")
+    ap.add_argument("--no-prefetch", action="store_true", help="do not read the next layer's predicted experts ahead")
+    ap.add_argument("--prefetch-root-only", action="store_true", help="only row 0 of a window predicts experts")
+    ap.add_argument("--approximate-routing", action="store_true",
+                    help="APPROXIMATE cache-aware expert routing (MoCE; changes the output, needs --cache-mib)")
+    ap.add_argument("--approx-protect", type=int, default=None, help="natural top-j kept (row 0)")
+    ap.add_argument("--approx-bonus", type=float, default=0.85, help="resident experts' score x exp(bonus) (row 0)")
+    ap.add_argument("--approx-draft-protect", type=int, default=None, help="top-j kept for draft rows")
+    ap.add_argument("--approx-draft-bonus", type=float, default=None, help="bonus for draft rows")
+
+
+def load_model(a: argparse.Namespace):
+    """Model.load with the options of add_model_args (ValueError names a bad one)."""
+    from .model import Model
+
+    cache_mib = None
+    if a.cache_mib is not None and a.cache_mib != "full":
+        try:
+            cache_mib = int(a.cache_mib)
+        except ValueError:
+            raise ValueError(f"bad option --cache-mib {a.cache_mib!r}: expected MiB or 'full'") from None
+    return Model.load(a.model, threads=a.threads, mtp=a.mtp, cache_mib=cache_mib, o_direct=a.o_direct,
+                      io_threads=a.io_threads, prefetch=not a.no_prefetch, prefetch_root_only=a.prefetch_root_only,
+                      routing="approximate" if a.approximate_routing else "natural",
+                      approx_protect=a.approx_protect, approx_bonus=a.approx_bonus,
+                      approx_draft_protect=a.approx_draft_protect, approx_draft_bonus=a.approx_draft_bonus)
+
+
+def add_generation_args(ap: argparse.ArgumentParser, defaults: GenerationConfig | None = None) -> None:
+    d = defaults or GenerationConfig()
+    ap.add_argument("--max-tokens", "-n", type=int, default=d.max_tokens)
+    ap.add_argument("--temperature", "--temp", type=float, default=d.temperature, help="0 = greedy")
+    ap.add_argument("--top-k", type=int, default=d.top_k)
+    ap.add_argument("--top-p", type=float, default=d.top_p)
+    ap.add_argument("--min-p", type=float, default=d.min_p)
+    ap.add_argument("--repetition-penalty", type=float, default=d.repetition_penalty)
+    ap.add_argument("--presence-penalty", type=float, default=d.presence_penalty)
+    ap.add_argument("--frequency-penalty", type=float, default=d.frequency_penalty)
+    ap.add_argument("--penalty-last-n", type=int, default=d.penalty_last_n)
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--draft", default=d.draft, help="speculative drafter: none, suffix, auto, mtp, mtp+suffix")
+    ap.add_argument("--max-draft", type=int, default=d.max_draft,
+                    help="most drafts per verify window (windows of up to 1 + N rows; auto chooses fewer when they do not pay)")
+    ap.add_argument("--min-match", type=int, default=d.min_match)
+
+
+def generation_config(a: argparse.Namespace) -> GenerationConfig:
+    return GenerationConfig(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
+                            min_p=a.min_p, repetition_penalty=a.repetition_penalty,
+                            presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty,
+                            penalty_last_n=a.penalty_last_n, seed=a.seed, draft=a.draft, max_draft=a.max_draft,
+                            min_match=a.min_match).validate()
