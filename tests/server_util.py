@@ -112,3 +112,35 @@ class Response:
 
     def json(self):
         return json.loads(self.content)
+
+
+def cold_answer(model, ids: list[int], stops: list[str] = (), **options) -> str:
+    """What a fresh process answers to prompt ids (a new session, no reuse): the reference for a warm server.
+    A stop string cuts the text before its first occurrence (steered decoding's rule)."""
+    from strata_py.generate import generate_ids
+    from strata_py.tokenizer import StreamDecoder
+
+    dec = StreamDecoder(model.tokenizer, skip_special=True)
+    eog = model.tokenizer.eog_ids
+    out = []
+    for t in generate_ids(model, ids, **options):
+        if t in eog:
+            break
+        out.append(dec.push(t))
+    text = "".join(out) + dec.flush()
+    for s in stops:
+        text = text.split(s)[0]
+    return text
+
+
+def steering_available() -> bool:
+    from strata_py.config import GenerationConfig
+    return all(n in GenerationConfig.__dataclass_fields__ for n in ("stop", "logit_bias", "json_schema"))
+
+
+def chat_ids(model, template_file, messages, tools=None) -> tuple[list[int], list[str]]:
+    """The server's prompt for messages (its template, rendered and tokenized) and the template's stop strings."""
+    from strata_py.server.templates import ChatTemplate
+    t = ChatTemplate.for_model(model, template_file)
+    stops = t.stop_texts(model.tokenizer) if steering_available() else []
+    return model.tokenizer.encode(t.render(messages, tools=tools, add_generation_prompt=True)), stops

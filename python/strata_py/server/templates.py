@@ -11,12 +11,13 @@ Where the template comes from, first found: --chat-template-file; the GGUF's `to
 model shipped in the package (which has none), data/strata-default.jinja, a small ChatML. A model with none of
 these has no chat route (NoTemplate: the server answers 400 naming the fix).
 
-Message boundaries (for the prefix cache's checkpoints inside long prompts): the character offsets where
-message i starts, when the render of messages[:i] is a prefix of the render of the whole conversation.
+Message boundaries (for the prefix cache's checkpoints inside long prompts): where the render of the first i
+messages stops being shared with every continuation of them (ChatTemplate.boundaries).
 """
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime
 from functools import lru_cache
 from importlib import resources
@@ -27,6 +28,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 DEFAULT_TEMPLATE_NAME = "strata-default.jinja"
+_SENTINEL = "\u2063strata-boundary\u2063"  # a user message no conversation contains
 
 
 class NoTemplate(ValueError):
@@ -144,16 +146,28 @@ class ChatTemplate:
                                 f"{type(e).__name__}: {e}") from None
 
     def boundaries(self, messages: list[dict], text: str, *, tools: list[dict] | None = None, **extra) -> list[int]:
-        """Character offsets in `text` (the full render) where message i >= 1 starts, where the template renders
-        the conversation prefix-stably there."""
+        """Character offsets in `text` (the full render) up to which the conversation's first i messages render
+        the same as in any continuation of them, for i >= 1: the longer of (a) the render of messages[:i] when
+        `text` starts with it, and (b) the common prefix of `text` and the render of messages[:i] followed by a
+        sentinel user message. (b) handles templates that render a conversation's last turn differently (Qwen3
+        marks the last assistant turn with <think> tags): a checkpoint there serves any edit of message i."""
         out = []
         for i in range(1, len(messages)):
+            best = 0
             try:
                 part = self.render(messages[:i], tools=tools, add_generation_prompt=False, **extra)
+                if part and text.startswith(part):
+                    best = len(part)
             except TemplateError:
-                continue  # e.g. a template that insists on a user message last
-            if part and text.startswith(part):
-                out.append(len(part))
+                pass  # e.g. a template that insists on a user message last
+            try:
+                probe = self.render(messages[:i] + [{"role": "user", "content": _SENTINEL}], tools=tools,
+                                    add_generation_prompt=False, **extra)
+                best = max(best, len(os.path.commonprefix([text, probe])))
+            except TemplateError:
+                pass  # e.g. a template that refuses two user messages in a row
+            if best:
+                out.append(best)
         return out
 
     def stop_texts(self, tokenizer) -> list[str]:
