@@ -137,6 +137,37 @@ def _completion_logprobs(tok, toks: list[Token], offset0: int) -> dict:
     return out
 
 
+class _AuthAndCount:
+    """Plain ASGI middleware (a BaseHTTPMiddleware would hide the client's disconnect from the routes): the API key
+    on every route but /health and CORS preflights, and strata_requests_total by route and status."""
+
+    def __init__(self, app, *, api_key: str | None, state: dict):
+        self.app, self.api_key, self.state = app, api_key, state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        if self.api_key and path != "/health" and scope["method"] != "OPTIONS":
+            headers = dict(scope["headers"])
+            if headers.get(b"authorization", b"").decode("latin-1") != f"Bearer {self.api_key}":
+                err = ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
+                               code="invalid_api_key")
+                return await JSONResponse(err.body(), status_code=401)(scope, receive, send)
+        status = []
+
+        async def send_status(message):
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            tl = self.state["timeline"]
+            if path.startswith("/v1/") and tl is not None and status:
+                tl.metrics.inc("strata_requests_total", route=path, status=status[0])
+
+
 def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: Timeline | None = None) -> FastAPI:
     """The API for `model` with request defaults `cfg` (its drafter, sampling defaults, window size)."""
     from ..drafting import names as drafter_names
@@ -173,17 +204,7 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
     def metrics():
         return tl().metrics
 
-    @app.middleware("http")
-    async def auth_and_count(request: HttpRequest, call_next):
-        if opts.api_key and request.url.path != "/health" and request.method != "OPTIONS":
-            if request.headers.get("authorization", "") != f"Bearer {opts.api_key}":
-                err = ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
-                               code="invalid_api_key")
-                return JSONResponse(err.body(), status_code=401)
-        response = await call_next(request)
-        if request.url.path.startswith("/v1/") and state["timeline"] is not None:
-            metrics().inc("strata_requests_total", route=request.url.path, status=response.status_code)
-        return response
+    app.add_middleware(_AuthAndCount, api_key=opts.api_key, state=state)
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
