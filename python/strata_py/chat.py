@@ -47,19 +47,23 @@ class Chat:
         from .server.timeline import Done, Failed, Request, Started, Token
 
         self.messages.append({"role": "user", "content": text})
-        prompt = self.template.render(self.messages, add_generation_prompt=True)
-        ids, bounds = encode_at_boundaries(self.model.tokenizer, prompt, self.template.boundaries(self.messages, prompt))
-        room = self.timeline.n_ctx - len(ids) + 1
-        if room < 1:
+        try:  # nothing runs yet: an error or Ctrl-C here leaves the conversation as it was
+            prompt = self.template.render(self.messages, add_generation_prompt=True)
+            ids, bounds = encode_at_boundaries(self.model.tokenizer, prompt,
+                                               self.template.boundaries(self.messages, prompt))
+            room = self.timeline.n_ctx - len(ids) + 1
+            if room < 1:
+                raise ValueError(f"the conversation has {len(ids)} tokens, more than the context of "
+                                 f"{self.timeline.n_ctx}: /reset, or start with a larger --ctx")
+            cfg = self.cfg.replace(max_tokens=min(self.cfg.max_tokens, room))
+            if self.stops and "stop" in type(cfg).__dataclass_fields__:
+                cfg = cfg.replace(stop=list(dict.fromkeys(list(cfg.stop) + self.stops)))
+            events: queue.Queue = queue.Queue()
+            req = Request(ids, cfg, events.put, boundaries=bounds)
+            self.timeline.submit(req)
+        except BaseException:
             self.messages.pop()
-            raise ValueError(f"the conversation has {len(ids)} tokens, more than the context of "
-                             f"{self.timeline.n_ctx}: /reset, or start with a larger --ctx")
-        cfg = self.cfg.replace(max_tokens=min(self.cfg.max_tokens, room))
-        if self.stops and "stop" in type(cfg).__dataclass_fields__:
-            cfg = cfg.replace(stop=list(dict.fromkeys(list(cfg.stop) + self.stops)))
-        events: queue.Queue = queue.Queue()
-        req = Request(ids, cfg, events.put, boundaries=bounds)
-        self.timeline.submit(req)
+            raise
         pieces, started, done, failed = [], None, None, None
         while done is None and failed is None:
             try:  # Ctrl-C anywhere in here cancels the request; its Done still arrives, within one window
@@ -152,6 +156,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     a = _parser().parse_args(argv)
     console = Console(highlight=False)
@@ -202,19 +207,23 @@ def main(argv=None) -> int:
                     elif cmd in ("/save", "/load"):
                         if not arg:
                             raise ValueError(f"{cmd} needs a file name")
-                        console.print(f"[dim]{chat.save(arg) if cmd == '/save' else chat.load(arg)}[/]", markup=True)
+                        note = chat.save(arg) if cmd == "/save" else chat.load(arg)
+                        console.print(f"[dim]{escape(note)}[/]", soft_wrap=True)
                     else:
                         console.print(f"[red]unknown command {cmd}[/] (/help)")
                 except (ValueError, RuntimeError, OSError) as e:
-                    console.print(f"[red]error:[/] {e}", markup=True)
+                    console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
                 continue
             try:
                 chat.reply(line, lambda piece: console.print(piece, end="", markup=False, soft_wrap=True))
             except (ValueError, RuntimeError) as e:
-                console.print(f"\n[red]error:[/] {e}")
+                console.print(f"\n[red]error:[/] {escape(str(e))}", soft_wrap=True)
+                continue
+            except KeyboardInterrupt:  # before the reply started: nothing was sent
+                console.print("\n[dim]\\[interrupted][/]")
                 continue
             if chat.last.get("finish") == "cancelled":
-                console.print("\n[dim][interrupted][/]")
+                console.print("\n[dim]\\[interrupted][/]")
             else:
                 console.print()
     finally:
