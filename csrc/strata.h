@@ -21,6 +21,7 @@
 #include "gguf/gguf.h"
 #include "model/hparams.h"
 #include "model/weights.h"
+#include "sampling/processor.h"
 #include "sampling/sampler.h"
 #include "state/deltanet_state.h"
 #include "state/kv_cache.h"
@@ -80,6 +81,8 @@ struct Checkpoint {
   int64_t mtp_pos = 0;
   std::vector<float> mtp_k, mtp_v, mtp_backlog_h;
   std::vector<int32_t> mtp_backlog_tok;
+  // steering (sampling/processor.h): restore() rescans the committed tokens [steer_origin, position)
+  int64_t steer_origin = 0;
   // Bytes held (a prefix cache's budget counts these): every array above. A new field goes in here too.
   size_t nbytes() const {
     size_t n = tokens.size() * sizeof(int32_t) + mtp_backlog_tok.size() * sizeof(int32_t);
@@ -124,6 +127,15 @@ class Session {
   const std::vector<float>& mtp_logits() const { return mtp_logits_; }  // [k][V] of the last mtp_draft
   // Finish: processors + choice for every row of the last run (needs all-row logits).
   std::vector<int32_t> sample(const SamplingParams& p) const;
+  // Steering (sampling/processor.h): with masks ([logits_rows()][mask_words] or null), each output row also
+  // gets the row's token mask; the session's steering processors apply to every row.
+  std::vector<int32_t> sample(const SamplingParams& p, const uint32_t* masks, int64_t mask_words) const;
+  // The processors of the generation whose first output token is at position `origin` (null: none);
+  // their committed state is rebuilt from the committed tokens [origin, position).
+  void set_steering(std::shared_ptr<const Steering> steer, int64_t origin);
+  const Steering* steering() const { return steer_.get(); }
+  int64_t steer_origin() const { return steer_origin_; }
+  PhraseState steer_state() const { return steer_state_; }
   void commit(int keep);
 
   void flush();  // applies a pending lazy fold now
@@ -169,6 +181,11 @@ class Session {
   std::vector<float> mtp_backlog_h_;     // [n][H] hidden states of rows mtp_pos_ .. mtp_pos_+n-1
   std::vector<int32_t> mtp_backlog_tok_; // the token after each backlog row (-1: not known yet)
   std::vector<float> mtp_logits_;
+  // steering: configuration, where the generation began, the processors' state after the committed tokens
+  std::shared_ptr<const Steering> steer_;
+  int64_t steer_origin_ = 0;
+  PhraseState steer_state_;
+  void steer_rescan();
 };
 
 // The MTP block (spec qwen3next.md 1.8) over T rows at positions pos0..: input rows are main hidden states

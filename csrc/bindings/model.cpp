@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -14,7 +15,9 @@
 #include <thread>
 
 #include "sampling/logprobs.h"
+#include "sampling/token_mask.h"
 #include "strata.h"
+#include "util/background.h"
 
 namespace nb = nanobind;
 using namespace strata;
@@ -29,6 +32,27 @@ static nb::ndarray<nb::numpy, T> to_numpy(const T* src, std::vector<size_t> shap
   if (n) std::memcpy(out, src, n * sizeof(T));
   nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<T*>(p); });
   return nb::ndarray<nb::numpy, T>(out, shape.size(), shape.data(), owner);
+}
+
+// Token masks for `rows` rows handed from Python: None, or a C-contiguous uint32 [rows, ceil(V / 32)] array.
+struct MaskRows {
+  nb::object keep;  // holds the array alive
+  const uint32_t* ptr = nullptr;
+  int64_t words = 0;
+};
+static MaskRows mask_rows(nb::handle masks, int64_t rows, int64_t V) {
+  MaskRows r;
+  if (masks.is_none()) return r;
+  using M = nb::ndarray<const uint32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+  M a;
+  if (!nb::try_cast<M>(masks, a))
+    fail<std::invalid_argument>("token masks: expected a C-contiguous uint32 array [", rows, ", ", mask_words(V), "]");
+  STRATA_CHECK((int64_t)a.shape(0) == rows && (int64_t)a.shape(1) == mask_words(V), "token masks: shape [", a.shape(0),
+               ", ", a.shape(1), "], the window needs [", rows, ", ", mask_words(V), "] (1 bit per token of ", V, ")");
+  r.keep = nb::borrow(masks);
+  r.ptr = a.data();
+  r.words = (int64_t)a.shape(1);
+  return r;
 }
 
 static FoldMode parse_fold(const std::string& s) {
@@ -308,6 +332,7 @@ void init_model(nb::module_& m) {
 
   nb::class_<Checkpoint>(m, "Checkpoint")
       .def_prop_ro("position", [](const Checkpoint& c) { return c.position; })
+      .def_prop_ro("steer_origin", [](const Checkpoint& c) { return c.steer_origin; })
       .def_prop_ro("nbytes", &Checkpoint::nbytes, "Bytes of state held (what a prefix cache budgets).");
 
   nb::class_<Session>(m, "Session")
@@ -372,28 +397,73 @@ void init_model(nb::module_& m) {
       .def_prop_ro("mtp", [](const Session& s) { return s.options().mtp; })
       .def(
           "sample",
-          [](const Session& s, const SamplingParams& p) {
+          [](const Session& s, const SamplingParams& p, nb::object masks) {
+            MaskRows mr = mask_rows(masks, s.logits_rows(), s.logits_cols());
             std::vector<int32_t> out;
             {
               nb::gil_scoped_release rel;
-              out = s.sample(p);
+              out = s.sample(p, mr.ptr, mr.words);
             }
             return to_numpy<int32_t>(out.data(), {out.size()});
           },
-          nb::arg("params"))
+          nb::arg("params"), nb::arg("masks").none() = nb::none(),
+          "Finish the last run: int32 [rows]. masks: uint32 [rows, ceil(n_vocab / 32)] token masks (1 = allowed) or None.")
       .def(
           "run_sample",
-          [](Session& s, I32 tokens, const SamplingParams& p) {
-            // one crossing per window: run + finish, logits stay in C++
+          [](Session& s, I32 tokens, const SamplingParams& p, nb::object masks) {
+            // one crossing per window: run + finish, logits stay in C++. masks may be a callable returning the
+            // window's token masks: it runs on a helper thread (holding the GIL) while the forward runs here.
+            const int T = (int)tokens.shape(0);
             std::vector<int32_t> out;
-            {
+            if (!masks.is_none() && PyCallable_Check(masks.ptr())) {
+              thread_local Background helper;  // one per calling thread, reused every window
+              nb::object got;
+              std::string err;
+              {
+                nb::gil_scoped_release rel;
+                helper.start([&] {
+                  nb::gil_scoped_acquire gil;
+                  try {
+                    got = masks();
+                  } catch (const std::exception& e) {
+                    err = e.what();
+                  }
+                });
+                try {
+                  s.run(tokens.data(), T, false);
+                } catch (...) {
+                  helper.wait();
+                  throw;
+                }
+                helper.wait();
+              }
+              if (!err.empty())  // the window stays uncommitted: restore() or commit() it
+                throw std::runtime_error("token mask computation failed: " + err);
+              MaskRows mr = mask_rows(got, T, s.logits_cols());
               nb::gil_scoped_release rel;
-              s.run(tokens.data(), (int)tokens.shape(0), false);
-              out = s.sample(p);
+              out = s.sample(p, mr.ptr, mr.words);
+            } else {
+              MaskRows mr = mask_rows(masks, T, s.logits_cols());
+              nb::gil_scoped_release rel;
+              s.run(tokens.data(), T, false);
+              out = s.sample(p, mr.ptr, mr.words);
             }
             return to_numpy<int32_t>(out.data(), {out.size()});
           },
-          nb::arg("tokens"), nb::arg("params"), "run(tokens) then sample(params); returns the chosen token per row.")
+          nb::arg("tokens"), nb::arg("params"), nb::arg("masks").none() = nb::none(),
+          "run(tokens) then sample(params, masks); returns the chosen token per row. masks: None, uint32\n"
+          "[T, ceil(n_vocab / 32)], or a callable returning them (computed while the forward runs).")
+      .def(
+          "set_steering",
+          [](Session& s, std::shared_ptr<Steering> steer, int64_t origin) { s.set_steering(steer, origin); },
+          nb::arg("steering").none(), nb::arg("origin"),
+          "The processors of the generation whose first output token is at `origin` (None: none); the state is\n"
+          "rebuilt from the committed tokens [origin, position) (csrc/sampling/processor.h).")
+      .def_prop_ro("steer_origin", &Session::steer_origin)
+      .def_prop_ro("steer_state", [](const Session& s) {
+        const PhraseState st = s.steer_state();
+        return std::make_pair(st.node, (int)st.boundary);
+      })
       .def(
           "logprobs",
           [](const Session& s, I32 tokens, int top_n) {

@@ -1,6 +1,8 @@
 // The window transaction (engine spec 2) and checkpoints. State types and their rollback contracts:
 //   KvCache (kv_cache.h): by counter.   DeltaNetState (deltanet_state.h): replay inputs + fold.
 //   Sampler state: none kept; sample() derives penalties from committed tokens + this window's inputs.
+//   Steering (sampling/processor.h): state after the committed tokens; sample() steps a copy over the
+//   window's inputs, commit() steps it over the kept ones, restore() rescans from the origin.
 //
 // run / commit as a state machine:
 //   1. run(T): refuse if a commit is pending. A pending lazy fold is applied per layer inside the
@@ -15,6 +17,8 @@
 #include <fstream>
 
 #include "strata.h"
+#include "sampling/steer.h"
+#include "sampling/token_mask.h"
 
 namespace strata {
 
@@ -84,11 +88,38 @@ const float* Session::run(const int32_t* tokens, int T, bool last_only) {
   return logits_.data();
 }
 
-std::vector<int32_t> Session::sample(const SamplingParams& p) const {
+std::vector<int32_t> Session::sample(const SamplingParams& p) const { return sample(p, nullptr, 0); }
+
+std::vector<int32_t> Session::sample(const SamplingParams& p, const uint32_t* masks, int64_t words) const {
   if (last_T_ == 0) fail<std::logic_error>("sample(): no window to finish (call run first)");
   if (last_last_only_ && last_T_ > 1)
     fail<std::logic_error>("sample(): the last run kept only the last row's logits; run with all rows to sample each");
   p.validate();
+  const int64_t V = model_->hp().n_vocab;
+  if (masks)
+    STRATA_CHECK(words == mask_words(V), "sample(): token masks of ", words, " words per row; the vocabulary of ", V,
+                 " tokens needs ", mask_words(V));
+  if (steer_ || masks) {  // steering: each row's phrase state, stepped over the inputs from the committed one
+    std::vector<PhraseState> st(last_T_);
+    PhraseState cur = steer_state_;
+    for (int i = 0; i < last_T_; i++) {
+      if (steer_ && pos_ + i >= steer_origin_) cur = steer_->step(cur, last_tokens_[i]);
+      st[i] = cur;
+    }
+    SteerRows sr{steer_.get(), steer_ ? st.data() : nullptr, masks};
+    std::vector<int32_t> out(last_rows_);
+    if (last_last_only_) {
+      std::vector<int32_t> hist(tokens_);
+      hist.insert(hist.end(), last_tokens_.begin(), last_tokens_.end() - 1);
+      if (steer_) sr.states = st.data() + last_T_ - 1;
+      steer_rows(logits_.data(), 1, V, p, sr, hist.data(), (int64_t)hist.size(), last_tokens_.data() + last_T_ - 1,
+                 pos_ + last_T_ - 1, out.data());
+      return out;
+    }
+    steer_rows(logits_.data(), last_T_, V, p, sr, tokens_.data(), (int64_t)tokens_.size(), last_tokens_.data(), pos_,
+               out.data());
+    return out;
+  }
   std::vector<int32_t> out(last_T_);
   if (last_last_only_) {  // one row: the last input, at position pos_ + T - 1
     std::vector<int32_t> hist(tokens_);
@@ -127,8 +158,28 @@ void Session::commit(int keep) {
     for (int i = 0; i < keep; i++) mtp_backlog_tok_.push_back(i + 1 < keep ? last_tokens_[i + 1] : -1);
   }
   tokens_.insert(tokens_.end(), last_tokens_.begin(), last_tokens_.begin() + keep);
+  if (steer_ && steer_->stateful())  // the processors' state follows the kept rows only (processor.h)
+    for (int i = 0; i < keep; i++)
+      if (pos_ + i >= steer_origin_) steer_state_ = steer_->step(steer_state_, last_tokens_[i]);
   pos_ += keep;
   last_T_ = 0;
+}
+
+void Session::set_steering(std::shared_ptr<const Steering> steer, int64_t origin) {
+  if (last_T_ > 0) fail<std::logic_error>("set_steering() while a commit is pending");
+  STRATA_CHECK(origin >= 0, "set_steering(): origin ", origin, " must be >= 0");
+  if (steer)
+    STRATA_CHECK(steer->n_vocab == model_->hp().n_vocab, "set_steering(): the steering was built for ", steer->n_vocab,
+                 " tokens, the model has ", model_->hp().n_vocab);
+  steer_ = std::move(steer);
+  steer_origin_ = origin;
+  steer_rescan();
+}
+
+void Session::steer_rescan() {
+  steer_state_ = PhraseState{};
+  if (steer_ && steer_->stateful())
+    for (int64_t q = steer_origin_; q < pos_; q++) steer_state_ = steer_->step(steer_state_, tokens_[q]);
 }
 
 std::vector<int32_t> Session::mtp_draft(int32_t root, int k, int64_t max_backlog) {
@@ -218,6 +269,8 @@ void Session::reset() {
   last_T_ = 0;
   pend_n_ = 0;
   for (auto& st : dn_) st.reset();
+  steer_origin_ = 0;
+  steer_rescan();
 }
 
 Checkpoint Session::checkpoint() {
@@ -228,6 +281,7 @@ Checkpoint Session::checkpoint() {
   cp.n_ctx = opt_.n_ctx;
   cp.position = pos_;
   cp.tokens = tokens_;
+  cp.steer_origin = steer_origin_;
   for (auto& kv : kv_) {
     cp.k.emplace_back(kv.k.begin(), kv.k.begin() + (size_t)pos_ * kv.width);
     cp.v.emplace_back(kv.v.begin(), kv.v.begin() + (size_t)pos_ * kv.width);
@@ -260,6 +314,7 @@ void Session::restore(const Checkpoint& cp) {
   for (size_t i = 0; i < dn_.size(); i++)
     STRATA_CHECK(cp.S[i].size() == dn_[i].S.size() && cp.conv[i].size() == dn_[i].conv.size(),
                  "restore(): checkpoint DeltaNet size mismatch in layer ", i);
+  STRATA_CHECK(cp.steer_origin >= 0, "restore(): checkpoint steering origin ", cp.steer_origin, " is negative");
   for (size_t i = 0; i < kv_.size(); i++) {
     std::copy(cp.k[i].begin(), cp.k[i].end(), kv_[i].k.begin());
     std::copy(cp.v[i].begin(), cp.v[i].end(), kv_[i].v.begin());
@@ -271,6 +326,8 @@ void Session::restore(const Checkpoint& cp) {
   }
   pos_ = cp.position;
   tokens_ = cp.tokens;
+  steer_origin_ = cp.steer_origin;
+  steer_rescan();
   last_T_ = 0;
   pend_n_ = 0;
   broken_.clear();
@@ -296,7 +353,7 @@ void Session::restore(const Checkpoint& cp) {
 
 namespace {
 constexpr char kCpMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'C', 'P'};
-constexpr uint32_t kCpVersion = 1;
+constexpr uint32_t kCpVersion = 2;  // 2: + steering origin (version 1 files load with origin 0)
 uint64_t fnv(uint64_t h, const void* p, size_t n) {
   const uint8_t* b = static_cast<const uint8_t*>(p);
   for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
@@ -359,6 +416,7 @@ void Session::save(const std::string& path) {
     w.vec(cp.S[i]);
     w.vec(cp.conv[i]);
   }
+  w.pod(cp.steer_origin);
   const uint64_t sum = fnv(1469598103934665603ull, w.buf.data(), w.buf.size());
   w.pod(sum);
   const std::string tmp = path + ".tmp";
@@ -383,7 +441,7 @@ void Session::load(const std::string& path) {
   if (want != got) fail<std::invalid_argument>(path, ": damaged checkpoint (checksum mismatch)");
   Reader r{buf, path, 8};
   const uint32_t ver = r.pod<uint32_t>();
-  if (ver != kCpVersion) fail<std::invalid_argument>(path, ": checkpoint version ", ver, " (expected ", kCpVersion, ")");
+  if (ver != kCpVersion && ver != 1) fail<std::invalid_argument>(path, ": checkpoint version ", ver, " (expected ", kCpVersion, ")");
   Checkpoint cp;
   cp.fingerprint = r.pod<uint64_t>();
   if (cp.fingerprint != model_->fingerprint())
@@ -401,6 +459,7 @@ void Session::load(const std::string& path) {
     cp.S.push_back(r.vec<float>());
     cp.conv.push_back(r.vec<float>());
   }
+  if (ver >= 2) cp.steer_origin = r.pod<int64_t>();
   restore(cp);
 }
 
