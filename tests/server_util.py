@@ -133,14 +133,9 @@ def cold_answer(model, ids: list[int], stops: list[str] = (), **options) -> str:
     return text
 
 
-def steering_available() -> bool:
-    from strata_py.config import GenerationConfig
-    return all(n in GenerationConfig.__dataclass_fields__ for n in ("stop", "logit_bias", "json_schema"))
-
-
 def chat_ids(model, template_file, messages, tools=None) -> tuple[list[int], list[str]]:
     """The server's prompt for messages (its template, rendered and tokenized) and the template's stop strings."""
     from strata_py.server.templates import ChatTemplate
     t = ChatTemplate.for_model(model, template_file)
-    stops = t.stop_texts(model.tokenizer) if steering_available() else []
+    stops = t.stop_texts(model.tokenizer)
     return model.tokenizer.encode(t.render(messages, tools=tools, add_generation_prompt=True)), stops

@@ -17,19 +17,29 @@ def default_model():
     return Model.load(threads=2)
 
 
+def no_end_marker(model) -> dict[int, float]:
+    """logit_bias banning the tokens that could start the text "<|im_end|>": the shipped model is a code model
+    and would end a chat reply at once (a stop string); banned, it writes code (and the bias is exercised)."""
+    t = model.tokenizer
+    return {i: -100.0 for i in range(t.n_vocab) if t.token_bytes(i).lstrip() in (b"<", b"</")}
+
+
 def converse(client, model, template, turns, *, temperature, draft, max_tokens=24, seed0=100, model_id=MODEL):
     """Run a conversation on the server; check every turn against a cold answer; return the cached counts."""
     msgs = [{"role": "system", "content": "You are a Python programmer."}]
     cached, prev_len = [], 0
+    bias = no_end_marker(model)
     for k, user in enumerate(turns):
         msgs.append({"role": "user", "content": user})
         r = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=max_tokens,
-                                           temperature=temperature, top_p=0.9, seed=seed0 + k, extra_body={"draft": draft})
+                                           temperature=temperature, top_p=0.9, seed=seed0 + k, extra_body={"draft": draft},
+                                           logit_bias={str(i): b for i, b in bias.items()})
         got = r.choices[0].message.content
         ids, stops = chat_ids(model, template, msgs)
         want = cold_answer(model, ids, stops, max_tokens=max_tokens, temperature=temperature, top_p=0.9,
-                           seed=seed0 + k, draft="none")
+                           seed=seed0 + k, draft="none", logit_bias=bias)
         assert got == want, f"turn {k} with draft={draft}, temperature={temperature}"
+        assert len(got) >= 20, got
         assert r.usage.prompt_tokens == len(ids)
         cached.append(r.usage.prompt_tokens_details.cached_tokens)
         if k:  # at least the previous prompt was reused (the template renders earlier turns unchanged)
@@ -53,11 +63,14 @@ def test_two_conversations_interleaved(default_server, default_model):
     a = [{"role": "user", "content": "import json"}]
     b = [{"role": "user", "content": "class Tree:"}]
     for k in range(3):
+        bias = no_end_marker(default_model)
         for conv in (a, b):
-            r = c.chat.completions.create(model=MODEL, messages=conv, max_tokens=16, temperature=0.6, seed=k)
+            r = c.chat.completions.create(model=MODEL, messages=conv, max_tokens=16, temperature=0.6, seed=k,
+                                          logit_bias={str(i): v for i, v in bias.items()})
             ids, stops = chat_ids(default_model, tmpl, conv)
             assert r.choices[0].message.content == cold_answer(default_model, ids, stops, max_tokens=16,
-                                                               temperature=0.6, seed=k)
+                                                               temperature=0.6, seed=k, logit_bias=bias)
+            assert r.choices[0].message.content
             conv += [{"role": "assistant", "content": r.choices[0].message.content},
                      {"role": "user", "content": f"step {k}"}]
 

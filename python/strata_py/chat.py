@@ -78,8 +78,6 @@ class Chat:
                     on_piece(ev.text)
                 elif isinstance(ev, Done):
                     done = ev
-                    pieces.append(ev.text_tail)
-                    on_piece(ev.text_tail)
                 elif isinstance(ev, Failed):
                     failed = ev.error
             except KeyboardInterrupt:

@@ -26,12 +26,13 @@ from starlette.middleware.cors import CORSMiddleware
 
 from .. import __version__
 from ..config import GenerationConfig
+from ..steering import Steering
 from .options import ServerOptions
 from .schema import (ApiError, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, check_model,
                      from_validation, generation_config, message_dicts, request_seed)
 from .templates import ChatTemplate, NoTemplate, TemplateError, encode_at_boundaries
 from .timeline import Closed, Done, Failed, QueueFull, Request, Started, Timeline, Token
-from .tool_calls import ToolStream, parse as parse_tool_calls
+from .tool_calls import ToolStream, forcing_grammar, parse as parse_tool_calls
 
 FINGERPRINT = f"strata-{__version__}"
 
@@ -77,7 +78,6 @@ class _Answer:
                 text.append(e.text)
             elif isinstance(e, Done):
                 self.done = e
-                text.append(e.text_tail)
             elif isinstance(e, Failed):
                 raise _failure(e.error)
         self.tokens += toks
@@ -280,14 +280,30 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
                                  default_max=opts.default_max_tokens, seed=request_seed(req.seed, opts.seed),
                                  draft_names=drafter_names())
 
+    def _check_steering(c: GenerationConfig, param: str) -> None:
+        """Compile the request's constraint now (a bad schema is a 400 here, not an error mid-stream)."""
+        if c.json_schema is not None or c.grammar is not None or c.regex is not None or c.logit_bias:
+            try:
+                Steering(model, c)
+            except ValueError as e:
+                raise ApiError(400, str(e), param) from None
+
     def _prepare_chat(req: ChatRequest):
         msgs = message_dicts(req.messages)
         choice = req.tool_choice
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-        if tools and choice not in (None, "auto", "none"):
-            what = "required" if choice == "required" else f"the named function {choice.function.name!r}"
-            raise ApiError(400, f"tool_choice {what} needs steered decoding (issue 15), which this build does not "
-                                "have; use 'auto'", "tool_choice")
+        forced = None  # tool_choice "required" or a named function: the output is made a call (a grammar)
+        if choice not in (None, "auto", "none"):
+            if not tools:
+                raise ApiError(400, "tool_choice asks for a tool call but the request has no tools", "tool_choice")
+            if req.response_format is not None and req.response_format.type != "text":
+                raise ApiError(400, "tool_choice forcing a call cannot be combined with response_format",
+                               "tool_choice")
+            try:
+                forced = forcing_grammar(tools, None if choice == "required" else choice.function.name,
+                                         template.tool_format)
+            except ValueError as e:
+                raise ApiError(400, str(e), "tool_choice") from None
         if choice == "none":
             tools = None
         extra = dict(req.chat_template_kwargs or {})
@@ -295,8 +311,11 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
         offsets = template.boundaries(msgs, text, tools=tools, **extra)
         ids, bounds = encode_at_boundaries(tok, text, offsets)
         c = _config(req, len(ids), "messages")
-        if chat_stops and "stop" in GenerationConfig.__dataclass_fields__:
+        if chat_stops:  # the template's end-of-turn marker, where it is plain text in this vocabulary
             c = c.replace(stop=list(dict.fromkeys(list(c.stop) + chat_stops)))
+        if forced is not None:
+            c = c.replace(grammar=forced)
+        _check_steering(c, "tool_choice" if forced is not None else "response_format")
         return ids, bounds, c, tools
 
     def _prompt_ids(req: CompletionRequest) -> list[int]:
@@ -417,6 +436,7 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
         check_model(req.model, name)
         ids = await run_in_threadpool(_prompt_ids, req)
         c = _config(req, len(ids), "prompt")
+        await run_in_threadpool(_check_steering, c, "logit_bias")
         lp = req.logprobs
         job, ev = await _submit(ids, c, [], lp)
         rid, now = "cmpl-" + uuid.uuid4().hex, int(time.time())

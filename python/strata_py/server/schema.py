@@ -242,14 +242,6 @@ def _refuse_unsupported(req: _Sampling) -> None:
             raise ApiError(400, "only best_of=1 is supported", "best_of")
 
 
-_STEER = ("stop", "logit_bias", "json_schema")
-
-
-def _has_steering() -> bool:
-    names = set(GenerationConfig.__dataclass_fields__)
-    return all(n in names for n in _STEER)
-
-
 def generation_config(req: _Sampling, base: GenerationConfig, *, n_vocab: int, available: int,
                       default_max: int | None, seed: int, draft_names: list[str]) -> GenerationConfig:
     """The request's GenerationConfig: `base` (the server's defaults) with the request's fields over it.
@@ -275,7 +267,7 @@ def generation_config(req: _Sampling, base: GenerationConfig, *, n_vocab: int, a
         if req.draft != "none" and req.draft not in draft_names:
             raise ApiError(400, f"unknown drafter {req.draft!r} (known: none, {', '.join(draft_names)})", "draft")
         kw["draft"] = req.draft
-    steer: dict[str, Any] = {}
+    steer: dict[str, Any] = {}  # steered decoding (issue 15): GenerationConfig's stop, logit_bias, json_schema
     if req.stop:
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop)
         for i, s in enumerate(stops):
@@ -303,10 +295,6 @@ def generation_config(req: _Sampling, base: GenerationConfig, *, n_vocab: int, a
             if rf.json_schema is None or rf.json_schema.schema_ is None:
                 raise ApiError(400, "response_format json_schema needs json_schema.schema", "response_format.json_schema")
             steer["json_schema"] = rf.json_schema.schema_
-    if steer and not _has_steering():
-        name = next(iter(steer))
-        param = "response_format" if name == "json_schema" else name
-        raise ApiError(400, f"{param} needs steered decoding (issue 15), which this build does not have", param)
     kw.update(steer)
     try:
         return base.replace(**kw)
@@ -314,10 +302,14 @@ def generation_config(req: _Sampling, base: GenerationConfig, *, n_vocab: int, a
         raise ApiError(400, str(e), _param_of_config_error(str(e))) from None
 
 
+_CONFIG_PARAM = {"json_schema": "response_format"}  # GenerationConfig field -> the request field it came from
+
+
 def _param_of_config_error(msg: str) -> str | None:
     # GenerationConfig.validate: "bad option NAME=VALUE: why"
     if msg.startswith("bad option "):
-        return msg[len("bad option "):].split("=", 1)[0]
+        name = msg[len("bad option "):].split("=", 1)[0].split(":", 1)[0].strip()
+        return _CONFIG_PARAM.get(name, name)
     return None
 
 

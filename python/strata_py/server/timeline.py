@@ -30,9 +30,9 @@ from typing import Callable
 from ..config import GenerationConfig
 from ..generate import generate_ids, make_proposer
 from ..speculative import LoopStats, prefill
-from ..tokenizer import StreamDecoder
 from .metrics import Metrics
 from .prefix_cache import PrefixCache, load_dir, save_dir
+from .token_text import Token, TokenText
 
 PROMPT_WINDOW = 512      # rows per prompt window (speculative.prefill's chunk)
 MAX_BOUNDARY_CHECKPOINTS = 4
@@ -56,18 +56,9 @@ class Started:
 
 
 @dataclass
-class Token:
-    id: int
-    text: str              # the text this token completes ("" while a UTF-8 character is incomplete)
-    logprob: float | None = None
-    top: list | None = None  # [(id, logprob)] most likely first, when top logprobs were asked for
-
-
-@dataclass
 class Done:
-    finish_reason: str     # "stop" (end-of-generation token) | "length" (max_tokens, context) | "cancelled"
+    finish_reason: str     # "stop" (end-of-generation token, stop string) | "length" (max_tokens, context) | "cancelled"
     completion_tokens: int
-    text_tail: str         # held bytes released at the end (as U+FFFD when incomplete)
     stats: dict
 
 
@@ -130,7 +121,8 @@ class Timeline:
         with self._cv:
             if self._closing:
                 raise Closed("the server is shutting down")
-            if len(self._queue) >= self.max_queue:
+            busy = self._running is not None or self._queue
+            if busy and len(self._queue) >= self.max_queue:
                 self.metrics.inc("strata_requests_rejected_total")
                 raise QueueFull(f"{len(self._queue)} requests are waiting already (--max-queue {self.max_queue})")
             self._queue.append(req)
@@ -211,9 +203,10 @@ class Timeline:
         queue_s = t_start - req.arrived
         self.metrics.observe("strata_queue_wait_seconds", queue_s)
         if req.cancelled.is_set():  # 1
-            req.emit(Done("cancelled", 0, "", {}))
+            req.emit(Done("cancelled", 0, {}))
             return
         ids, s = list(req.ids), self.session
+        s._core.set_steering(None, 0)  # the last request's processors: not this one's (decode attaches its own)
         if not ids:
             raise ValueError("empty prompt (give at least one token)")
         if len(ids) > self.n_ctx:
@@ -221,14 +214,14 @@ class Timeline:
         held = self._take_prefix(ids)  # 2
         cached = held
         if not self._prefill(req, ids, held):  # 3
-            req.emit(Done("cancelled", 0, "", {}))
+            req.emit(Done("cancelled", 0, {}))
             return
         prefill_s = time.perf_counter() - t_start
         req.emit(Started(len(ids), cached, queue_s, prefill_s))
         stats = LoopStats()
         proposer = make_proposer(self.model, req.cfg)
         tok = self.model.tokenizer
-        dec = StreamDecoder(tok, skip_special=True)
+        text = TokenText(tok, req.cfg.stop)  # Token events with the text each releases; stop strings never shown
         eog = set(tok.eog_ids) if req.cfg.stop_at_eos else set()
         pending_lp: deque = deque()
 
@@ -249,14 +242,17 @@ class Timeline:
                 if t in eog:
                     finish = "stop"
                     break
-                req.emit(Token(int(t), dec.push(t), lp, top))
+                for ev in text.push(t, lp, top):
+                    req.emit(ev)
                 if req.cancelled.is_set():
                     finish = "cancelled"
                     break
         finally:
             gen.close()
+        for ev in text.flush():
+            req.emit(ev)
         if finish is None:
-            finish = "stop" if stats.stop == "eog" else "length"
+            finish = "stop" if stats.stop in ("eog", "stop") else "length"
         if s.position > len(ids) - 1:  # 5
             self.cache.add(s.tokens, s.checkpoint(), "answer")
         sd = stats.as_dict()
@@ -265,7 +261,7 @@ class Timeline:
         sd["cached_tokens"] = cached
         sd["prefill_s"] = prefill_s
         self._account(stats, len(ids) - cached, prefill_s, finish)
-        req.emit(Done(finish, stats.generated, dec.flush(), sd))
+        req.emit(Done(finish, stats.generated, sd))
 
     # ------------------------------------------------------------------------------------------ steps
     def _take_prefix(self, ids: list) -> int:

@@ -29,6 +29,8 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from ..steering.grammar import JSON_DEFAULTS
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 _FUNC = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|\Z)", re.DOTALL)
@@ -165,3 +167,59 @@ class ToolStream:
             return self._pre + self._held, []
         rest = self._pre + after
         return ("" if not self._sent_any and not rest.strip() else rest), calls
+
+
+# ------------------------------------------------------------------------------------------ forcing a call
+_XML_VALUE = {"integer": r"/-?[0-9]+/", "number": r"/-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?/",
+              "boolean": '"true" | "false"', "string": r"/[^<\n]+/"}
+
+
+def _function(tool: dict) -> dict:
+    return tool.get("function", tool)
+
+
+def _strict(schema):
+    """The schema with additionalProperties false wherever an object leaves it open (OpenAI's strict mode): a
+    forced call's arguments hold the listed properties only (a small model would otherwise pad them forever)."""
+    if isinstance(schema, list):
+        return [_strict(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (_strict(v) if k in ("items", "anyOf", "oneOf", "allOf", "prefixItems") else v) for k, v in schema.items()}
+    if isinstance(schema.get("properties"), dict):
+        out["properties"] = {k: _strict(v) for k, v in schema["properties"].items()}
+    if (schema.get("type") == "object" or "properties" in schema) and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
+def forcing_grammar(tools: list[dict], name: str | None, fmt: str | None) -> str:
+    """A Lark grammar (llguidance's dialect) whose sentences are exactly one call, in the template's form, of the
+    named tool (or of any tool: tool_choice "required"), its arguments valid for the tool's parameters."""
+    funcs = [_function(t) for t in tools]
+    if name is not None:
+        funcs = [f for f in funcs if f.get("name") == name]
+        if not funcs:
+            raise ValueError(f"tool_choice names {name!r}, which is not one of the request's tools")
+    rules = []
+    if fmt == "xml":
+        alts = []
+        for i, f in enumerate(funcs):
+            params = _strict(f.get("parameters") or {})
+            props = params.get("properties") or {}
+            required = [p for p in params.get("required", list(props)) if p in props]
+            body = " ".join(f'"<parameter={p}>\\n" v{i}_{j} "\\n</parameter>\\n"' for j, p in enumerate(required))
+            for j, p in enumerate(required):
+                typ = (props[p] or {}).get("type")
+                value = _XML_VALUE.get(typ) if isinstance(typ, str) else None
+                rules.append(f"v{i}_{j}: {value or '%json ' + json.dumps({**(props[p] or {}), 'x-guidance': JSON_DEFAULTS})}")
+            rules.append(f'call{i}: "<function={f["name"]}>\\n" {body} "</function>"')
+            alts.append(f"call{i}")
+        start = f'start: "<tool_call>\\n" ({" | ".join(alts)}) "\\n</tool_call>"'
+    else:
+        schema = {"anyOf": [{"type": "object", "properties": {"name": {"const": f["name"]},
+                                                              "arguments": _strict(f.get("parameters") or {"type": "object"})},
+                             "required": ["name", "arguments"], "additionalProperties": False} for f in funcs],
+                  "x-guidance": JSON_DEFAULTS}  # Qwen's layout: {"name": "f", "arguments": {...}}, no free whitespace
+        start = f'start: "<tool_call>\\n" %json {json.dumps(schema)} "\\n</tool_call>"'
+    return "\n".join([start, *rules])
