@@ -241,7 +241,8 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
     async def tokenize(body: TokenizeRequest):
         check_model(body.model, name)
         if body.messages is not None:
-            text = _render(message_dicts(body.messages), None, body.add_generation_prompt, {})
+            tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+            text = _render(message_dicts(body.messages), tools, body.add_generation_prompt, {})
         elif body.content is not None or body.prompt is not None:
             text = body.content if body.content is not None else body.prompt
         else:

@@ -139,6 +139,7 @@ class TokenizeRequest(_Body):
     content: str | None = None
     prompt: str | None = None
     messages: list[Message] | None = None
+    tools: list[Tool] | None = None
     add_generation_prompt: bool = True
 
 

@@ -170,8 +170,7 @@ class ToolStream:
 
 
 # ------------------------------------------------------------------------------------------ forcing a call
-_XML_VALUE = {"integer": r"/-?[0-9]+/", "number": r"/-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?/",
-              "boolean": '"true" | "false"', "string": r"/[^<\n]+/"}
+_XML_TEXT = r"/[^<\n]+/"  # a string parameter's value: one line of text
 
 
 def _function(tool: dict) -> dict:
@@ -193,6 +192,18 @@ def _strict(schema):
     return out
 
 
+def _xml_value(schema: dict) -> str:
+    """The Lark rule body for one XML parameter value: a string is one line of text (its enum and maxLength
+    kept); anything else is its JSON text (bare for numbers and booleans, as Qwen3-Coder writes them), with the
+    schema's bounds enforced by llguidance's JSON compiler."""
+    if isinstance(schema.get("enum"), list) and all(isinstance(v, str) and "\n" not in v for v in schema["enum"]):
+        return " | ".join(json.dumps(v) for v in schema["enum"])
+    if schema.get("type") == "string":
+        n = schema.get("maxLength")
+        return f"/[^<\\n]{{1,{int(n)}}}/" if isinstance(n, int) and n >= 1 else _XML_TEXT
+    return "%json " + json.dumps({**schema, "x-guidance": JSON_DEFAULTS})
+
+
 def forcing_grammar(tools: list[dict], name: str | None, fmt: str | None) -> str:
     """A Lark grammar (llguidance's dialect) whose sentences are exactly one call, in the template's form, of the
     named tool (or of any tool: tool_choice "required"), its arguments valid for the tool's parameters."""
@@ -210,9 +221,7 @@ def forcing_grammar(tools: list[dict], name: str | None, fmt: str | None) -> str
             required = [p for p in params.get("required", list(props)) if p in props]
             body = " ".join(f'"<parameter={p}>\\n" v{i}_{j} "\\n</parameter>\\n"' for j, p in enumerate(required))
             for j, p in enumerate(required):
-                typ = (props[p] or {}).get("type")
-                value = _XML_VALUE.get(typ) if isinstance(typ, str) else None
-                rules.append(f"v{i}_{j}: {value or '%json ' + json.dumps({**(props[p] or {}), 'x-guidance': JSON_DEFAULTS})}")
+                rules.append(f"v{i}_{j}: {_xml_value(props[p] or {})}")
             rules.append(f'call{i}: "<function={f["name"]}>\\n" {body} "</function>"')
             alts.append(f"call{i}")
         start = f'start: "<tool_call>\\n" ({" | ".join(alts)}) "\\n</tool_call>"'
