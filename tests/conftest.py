@@ -15,6 +15,8 @@ def pytest_configure(config):
     if isa:
         from strata_py import _core
         _core.limit_isa(isa)
+        import server_util  # the server and chat processes of the tests compute as this one does
+        server_util.ISA = isa
 
 
 def pytest_report_header(config):

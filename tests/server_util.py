@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
+ISA: str | None = None  # pytest --isa: every server process is started with the same kernel limit
 
 
 def free_port() -> int:
@@ -29,7 +30,7 @@ class Server:
     def __init__(self, *args: str, api_key: str | None = None):
         self.port = free_port()
         self.api_key = api_key
-        self.args = [*args] + (["--api-key", api_key] if api_key else [])
+        self.args = [*args] + (["--api-key", api_key] if api_key else []) + (["--isa", ISA] if ISA else [])
         self.log = tempfile.NamedTemporaryFile(prefix="strata-serve-", suffix=".log", delete=False)
         self.proc = subprocess.Popen([sys.executable, "-m", "strata_py.serve", "--port", str(self.port), "--threads",
                                       "2", *self.args], stdout=self.log, stderr=subprocess.STDOUT,

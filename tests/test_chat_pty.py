@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import server_util
 from server_util import TEMPLATES
 
 pexpect = pytest.importorskip("pexpect")
@@ -17,8 +18,10 @@ PROMPT = ">>> "
 
 def test_chat_through_a_pty(tmp_path):
     saved = tmp_path / "conv.json"
+    isa = server_util.ISA
     child = pexpect.spawn(sys.executable, ["-m", "strata_py.chat", "--threads", "2", "-n", "3000", "--temperature",
-                                           "0", "--chat-template-file", str(TEMPLATES / "plain.jinja")],
+                                           "0", "--chat-template-file", str(TEMPLATES / "plain.jinja"),
+                                           *(["--isa", isa] if isa else [])],
                           env={**os.environ, "TERM": "dumb", "COLUMNS": "200", "PYTHONUNBUFFERED": "1"},
                           encoding="utf-8", timeout=120, dimensions=(50, 200))
     try:

@@ -28,11 +28,17 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--approx-bonus", type=float, default=0.85, help="resident experts' score x exp(bonus) (row 0)")
     ap.add_argument("--approx-draft-protect", type=int, default=None, help="top-j kept for draft rows")
     ap.add_argument("--approx-draft-bonus", type=float, default=None, help="bonus for draft rows")
+    ap.add_argument("--isa", default=None, choices=("scalar", "avx2", "avx512"),
+                    help="use kernels of at most this instruction set (the output of a machine that has no more)")
 
 
 def load_model(a: argparse.Namespace):
     """Model.load with the options of add_model_args (ValueError names a bad one)."""
     from .model import Model
+
+    if a.isa is not None:
+        from . import _core
+        _core.limit_isa(a.isa)
 
     cache_mib = None
     if a.cache_mib is not None and a.cache_mib != "full":
