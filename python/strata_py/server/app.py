@@ -402,14 +402,17 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
 
         async def stream():
             ts = ToolStream(tools) if tools else None
+            first = True
             try:
-                yield chunk({"role": "assistant", "content": ""})
                 async for batch in ev.batches():
                     try:
                         piece, toks = ans.add(batch)
                     except ApiError as e:
                         yield {"data": _json(e.body())}
                         return
+                    if first:  # the role goes out with the first token (time to first chunk = time to first token)
+                        first = False
+                        yield chunk({"role": "assistant", "content": ""})
                     if ts is not None:
                         piece = ts.push(piece)
                     if piece or (toks and lp is not None):

@@ -268,8 +268,8 @@ class Timeline:
         """Step 2: put the session at the longest exact prefix of ids[:-1] we hold; returns its length."""
         s, limit = self.session, len(ids) - 1
         live = s.position
-        if live and (live > limit or s.tokens != ids[:live]):
-            live = 0
+        if live and (not self.cache.budget or live > limit or s.tokens != ids[:live]):
+            live = 0  # (a budget of 0 turns reuse off, the live state's too: every prompt is computed whole)
         entry = self.cache.lookup(ids, limit) if self.cache.budget else None
         self.metrics.inc("strata_prefix_cache_lookups_total")
         if entry is not None and len(entry.tokens) > live:
