@@ -3,11 +3,13 @@
     add_model_args(ap)        --model --mtp --threads --cache-mib (routed experts) --o-direct --io-threads ...
     load_model(a)             Model.load(...) from those
     add_generation_args(ap)   GenerationConfig's fields as flags, with its defaults (or the given ones)
+    add_constraint_args(ap)   --json-schema --regex --grammar (one generation's output constraint)
     generation_config(a)      the GenerationConfig they spell
 """
 from __future__ import annotations
 
 import argparse
+import json
 
 from .config import GenerationConfig
 
@@ -69,11 +71,47 @@ def add_generation_args(ap: argparse.ArgumentParser, defaults: GenerationConfig 
     ap.add_argument("--max-draft", type=int, default=d.max_draft,
                     help="most drafts per verify window (windows of up to 1 + N rows; auto chooses fewer when they do not pay)")
     ap.add_argument("--min-match", type=int, default=d.min_match)
+    # steering (issue 15): exact under speculation
+    ap.add_argument("--ban-phrases", action="append", default=[], metavar="FILE|default",
+                    help="anti-slop phrases: one a line, optionally TAB strength (inf = ban); 'default' = the shipped "
+                         "list; repeatable (the lists add up)")
+    ap.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable; not printed)")
+    ap.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
+                    help="add BIAS to token ID's logit (repeatable; -inf bans the token)")
+
+
+def add_constraint_args(ap: argparse.ArgumentParser) -> None:
+    """Output constraints for one generation (the server takes them per request, as response_format)."""
+    ap.add_argument("--json-schema", metavar="FILE", help="constrain the output to JSON valid under this schema")
+    ap.add_argument("--regex", help="constrain the output to match this regular expression")
+    ap.add_argument("--grammar", metavar="FILE", help="constrain the output to this Lark grammar (llguidance dialect)")
+
+
+def steering_options(a: argparse.Namespace) -> dict:
+    """The steering fields of GenerationConfig from the command line (files read here; errors name them)."""
+    from .steering import default_phrases, parse_logit_bias, read_phrase_file
+
+    phrases: list = []
+    for src in a.ban_phrases:
+        phrases += default_phrases() if src == "default" else read_phrase_file(src)
+    out: dict = {"ban_phrases": phrases, "stop": list(a.stop), "logit_bias": parse_logit_bias(a.logit_bias),
+                 "regex": getattr(a, "regex", None)}
+    if getattr(a, "json_schema", None):
+        try:
+            with open(a.json_schema, encoding="utf-8") as f:
+                out["json_schema"] = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{a.json_schema}: not JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    if getattr(a, "grammar", None):
+        with open(a.grammar, encoding="utf-8") as f:
+            out["grammar"] = f.read()
+    return out
 
 
 def generation_config(a: argparse.Namespace) -> GenerationConfig:
+    """The GenerationConfig of add_generation_args' (and add_constraint_args') options."""
     return GenerationConfig(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
                             min_p=a.min_p, repetition_penalty=a.repetition_penalty,
                             presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty,
                             penalty_last_n=a.penalty_last_n, seed=a.seed, draft=a.draft, max_draft=a.max_draft,
-                            min_match=a.min_match).validate()
+                            min_match=a.min_match, **steering_options(a)).validate()
