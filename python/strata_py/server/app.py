@@ -85,6 +85,15 @@ class _Answer:
         self.text.append(piece)
         return piece, toks
 
+    async def pieces(self, ev: "_Events"):
+        """(text, tokens) of each batch as it arrives; (None, ApiError) once if the request failed."""
+        async for batch in ev.batches():
+            try:
+                yield self.add(batch)
+            except ApiError as e:
+                yield None, e
+                return
+
     def usage(self) -> dict:
         p = self.started.prompt_tokens if self.started else 0
         c = self.done.completion_tokens if self.done else 0
@@ -404,11 +413,9 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
             ts = ToolStream(tools) if tools else None
             first = True
             try:
-                async for batch in ev.batches():
-                    try:
-                        piece, toks = ans.add(batch)
-                    except ApiError as e:
-                        yield {"data": _json(e.body())}
+                async for piece, toks in ans.pieces(ev):
+                    if piece is None:  # the request failed: an error event ends the stream
+                        yield {"data": _json(toks.body())}
                         return
                     if first:  # the role goes out with the first token (time to first chunk = time to first token)
                         first = False
@@ -466,11 +473,9 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
         async def stream():
             offset = 0
             try:
-                async for batch in ev.batches():
-                    try:
-                        piece, toks = ans.add(batch)
-                    except ApiError as e:
-                        yield {"data": _json(e.body())}
+                async for piece, toks in ans.pieces(ev):
+                    if piece is None:
+                        yield {"data": _json(toks.body())}
                         return
                     if piece or (toks and lp is not None):
                         yield chunk(piece, toks=toks, offset=offset)

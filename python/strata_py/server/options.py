@@ -7,7 +7,7 @@ Two memory budgets, not to be confused:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -46,12 +46,3 @@ class ServerOptions:
         if self.default_max_tokens is not None and self.default_max_tokens < 0:
             bad("default_max_tokens", "must be >= 0")
         return self
-
-    def replace(self, **kw) -> "ServerOptions":
-        names = {f.name for f in fields(self)}
-        for k in kw:
-            if k not in names:
-                raise ValueError(f"unknown server option {k!r} (known: {', '.join(sorted(names))})")
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d.update(kw)
-        return ServerOptions(**d).validate()
