@@ -6,6 +6,8 @@
     templates.py     chat templates (sandboxed Jinja, as transformers renders them); message boundaries
     schema.py        request bodies, their checks, their GenerationConfig; OpenAI's error shape
     tool_calls.py    <tool_call> blocks (Qwen JSON, Qwen3-Coder XML) -> OpenAI tool_calls
+    token_text.py    an answer's text aligned with its tokens (stop strings held back, logprobs per token)
+    answer.py        a request's events, and the OpenAI shapes of text, usage and logprobs
     metrics.py       counters in Prometheus' text format
     app.py           the FastAPI routes
 """

@@ -27,124 +27,13 @@ from starlette.middleware.cors import CORSMiddleware
 from .. import __version__
 from ..config import GenerationConfig
 from ..steering import Steering
+from .answer import FINGERPRINT, Answer, Events, chat_logprobs, completion_logprobs, dumps
 from .options import ServerOptions
 from .schema import (ApiError, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, check_model,
                      from_validation, generation_config, message_dicts, request_seed)
 from .templates import ChatTemplate, NoTemplate, TemplateError, encode_at_boundaries
-from .timeline import Closed, Done, Failed, QueueFull, Request, Started, Timeline, Token
+from .timeline import Closed, QueueFull, Request, Timeline
 from .tool_calls import ToolStream, forcing_grammar, parse as parse_tool_calls
-
-FINGERPRINT = f"strata-{__version__}"
-
-
-class _Events:
-    """Events from the worker thread, delivered on the event loop; batches() drains what has arrived."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self._loop = loop
-        self._q: asyncio.Queue = asyncio.Queue()
-
-    def emit(self, ev) -> None:  # worker thread
-        self._loop.call_soon_threadsafe(self._q.put_nowait, ev)
-
-    async def batches(self):
-        while True:
-            batch = [await self._q.get()]
-            while not self._q.empty():
-                batch.append(self._q.get_nowait())
-            yield batch
-            if any(isinstance(e, (Done, Failed)) for e in batch):
-                return
-
-
-class _Answer:
-    """What a request's events add up to: text, token count, logprobs, finish, usage."""
-
-    def __init__(self, tokenizer):
-        self.tok = tokenizer
-        self.text = []
-        self.started: Started | None = None
-        self.done: Done | None = None
-        self.tokens: list[Token] = []
-
-    def add(self, batch) -> tuple[str, list[Token]]:
-        """Text and tokens of this batch; raises for a Failed event."""
-        text, toks = [], []
-        for e in batch:
-            if isinstance(e, Started):
-                self.started = e
-            elif isinstance(e, Token):
-                toks.append(e)
-                text.append(e.text)
-            elif isinstance(e, Done):
-                self.done = e
-            elif isinstance(e, Failed):
-                raise _failure(e.error)
-        self.tokens += toks
-        piece = "".join(text)
-        self.text.append(piece)
-        return piece, toks
-
-    async def pieces(self, ev: "_Events"):
-        """(text, tokens) of each batch as it arrives; (None, ApiError) once if the request failed."""
-        async for batch in ev.batches():
-            try:
-                yield self.add(batch)
-            except ApiError as e:
-                yield None, e
-                return
-
-    def usage(self) -> dict:
-        p = self.started.prompt_tokens if self.started else 0
-        c = self.done.completion_tokens if self.done else 0
-        cached = self.started.cached_tokens if self.started else 0
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-                "prompt_tokens_details": {"cached_tokens": cached}}
-
-    def timings(self) -> dict:
-        st = self.done.stats if self.done else {}
-        s = self.started
-        return {"cached_tokens": s.cached_tokens if s else 0, "queue_ms": round(s.queue_s * 1e3, 3) if s else 0.0,
-                "prefill_ms": round(s.prefill_s * 1e3, 3) if s else 0.0,
-                "decode_tok_s": round(st.get("decode_tok_s", 0.0), 2), "windows": st.get("windows", 0),
-                "drafted": st.get("drafted", 0), "accepted": st.get("accepted", 0)}
-
-    def finish_reason(self) -> str:
-        return self.done.finish_reason if self.done else "stop"
-
-
-def _failure(err: BaseException) -> ApiError:
-    if isinstance(err, ApiError):
-        return err
-    if isinstance(err, Closed):
-        return ApiError(503, str(err), type="server_error", code="shutting_down")
-    if isinstance(err, ValueError):
-        return ApiError(400, str(err))
-    return ApiError(500, f"{type(err).__name__}: {err}", type="server_error")
-
-
-def _token_info(tok, tid: int, lp: float) -> dict:
-    b = tok.token_bytes(tid)
-    return {"token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
-
-
-def _chat_logprobs(tok, toks: list[Token]) -> dict:
-    return {"content": [dict(_token_info(tok, t.id, t.logprob),
-                             top_logprobs=[_token_info(tok, i, lp) for i, lp in (t.top or [])]) for t in toks]}
-
-
-def _completion_logprobs(tok, toks: list[Token], offset0: int) -> dict:
-    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    off = offset0
-    for t in toks:
-        s = tok.token_bytes(t.id).decode("utf-8", errors="replace")
-        out["tokens"].append(s)
-        out["token_logprobs"].append(t.logprob)
-        out["top_logprobs"].append({tok.token_bytes(i).decode("utf-8", errors="replace"): lp for i, lp in (t.top or [])})
-        out["text_offset"].append(off)
-        off += len(t.text)
-    return out
-
 
 class _AuthAndCount:
     """Plain ASGI middleware (a BaseHTTPMiddleware would hide the client's disconnect from the routes): the API key
@@ -348,8 +237,8 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
             ids = [start]
         return ids
 
-    async def _submit(ids, c, bounds, logprobs) -> tuple[Request, _Events]:
-        ev = _Events(asyncio.get_running_loop())
+    async def _submit(ids, c, bounds, logprobs) -> tuple[Request, Events]:
+        ev = Events(asyncio.get_running_loop())
         job = Request(ids, c, ev.emit, boundaries=bounds, logprobs=logprobs)
         try:
             tl().submit(job)
@@ -359,7 +248,7 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
             raise ApiError(503, str(e), type="server_error", code="shutting_down") from None
         return job, ev
 
-    async def _collect(request: HttpRequest, job: Request, ev: _Events, ans: _Answer) -> None:
+    async def _collect(request: HttpRequest, job: Request, ev: Events, ans: Answer) -> None:
         async def watch():
             while True:
                 if await request.is_disconnected():
@@ -381,7 +270,7 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
         lp = (req.top_logprobs or 0) if req.logprobs else None
         job, ev = await _submit(ids, c, bounds, lp)
         rid, now = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
-        ans = _Answer(tok)
+        ans = Answer(tok)
         if not req.stream:
             await _collect(request, job, ev, ans)
             text = "".join(ans.text)
@@ -396,18 +285,18 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
             return {"id": rid, "object": "chat.completion", "created": now, "model": name,
                     "system_fingerprint": FINGERPRINT,
                     "choices": [{"index": 0, "message": msg, "finish_reason": finish,
-                                 "logprobs": _chat_logprobs(tok, ans.tokens) if lp is not None else None}],
+                                 "logprobs": chat_logprobs(tok, ans.tokens) if lp is not None else None}],
                     "usage": ans.usage(), "strata": ans.timings()}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         def chunk(delta, finish=None, toks=None):
             ch = {"index": 0, "delta": delta, "finish_reason": finish,
-                  "logprobs": _chat_logprobs(tok, toks) if (lp is not None and toks) else None}
+                  "logprobs": chat_logprobs(tok, toks) if (lp is not None and toks) else None}
             d = {"id": rid, "object": "chat.completion.chunk", "created": now, "model": name,
                  "system_fingerprint": FINGERPRINT, "choices": [ch]}
             if include_usage:
                 d["usage"] = None
-            return {"data": _json(d)}
+            return {"data": dumps(d)}
 
         async def stream():
             ts = ToolStream(tools) if tools else None
@@ -415,7 +304,7 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
             try:
                 async for piece, toks in ans.pieces(ev):
                     if piece is None:  # the request failed: an error event ends the stream
-                        yield {"data": _json(toks.body())}
+                        yield {"data": dumps(toks.body())}
                         return
                     if first:  # the role goes out with the first token (time to first chunk = time to first token)
                         first = False
@@ -434,7 +323,7 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
                         finish = "tool_calls"
                 yield chunk({}, finish if finish != "cancelled" else "stop")
                 if include_usage:
-                    yield {"data": _json({"id": rid, "object": "chat.completion.chunk", "created": now, "model": name,
+                    yield {"data": dumps({"id": rid, "object": "chat.completion.chunk", "created": now, "model": name,
                                           "system_fingerprint": FINGERPRINT, "choices": [], "usage": ans.usage(),
                                           "strata": ans.timings()})}
                 yield {"data": "[DONE]"}
@@ -451,13 +340,13 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
         lp = req.logprobs
         job, ev = await _submit(ids, c, [], lp)
         rid, now = "cmpl-" + uuid.uuid4().hex, int(time.time())
-        ans = _Answer(tok)
+        ans = Answer(tok)
         if not req.stream:
             await _collect(request, job, ev, ans)
             return {"id": rid, "object": "text_completion", "created": now, "model": name,
                     "system_fingerprint": FINGERPRINT,
                     "choices": [{"index": 0, "text": "".join(ans.text), "finish_reason": ans.finish_reason(),
-                                 "logprobs": _completion_logprobs(tok, ans.tokens, 0) if lp is not None else None}],
+                                 "logprobs": completion_logprobs(tok, ans.tokens, 0) if lp is not None else None}],
                     "usage": ans.usage(), "strata": ans.timings()}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -465,17 +354,17 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
             d = {"id": rid, "object": "text_completion", "created": now, "model": name,
                  "system_fingerprint": FINGERPRINT,
                  "choices": [{"index": 0, "text": text, "finish_reason": finish,
-                              "logprobs": _completion_logprobs(tok, toks, offset) if (lp is not None and toks) else None}]}
+                              "logprobs": completion_logprobs(tok, toks, offset) if (lp is not None and toks) else None}]}
             if include_usage:
                 d["usage"] = None
-            return {"data": _json(d)}
+            return {"data": dumps(d)}
 
         async def stream():
             offset = 0
             try:
                 async for piece, toks in ans.pieces(ev):
                     if piece is None:
-                        yield {"data": _json(toks.body())}
+                        yield {"data": dumps(toks.body())}
                         return
                     if piece or (toks and lp is not None):
                         yield chunk(piece, toks=toks, offset=offset)
@@ -483,7 +372,7 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
                 finish = ans.finish_reason()
                 yield chunk("", finish if finish != "cancelled" else "stop")
                 if include_usage:
-                    yield {"data": _json({"id": rid, "object": "text_completion", "created": now, "model": name,
+                    yield {"data": dumps({"id": rid, "object": "text_completion", "created": now, "model": name,
                                           "choices": [], "usage": ans.usage(), "strata": ans.timings()})}
                 yield {"data": "[DONE]"}
             finally:
@@ -493,7 +382,3 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
     app.state.served = state
     return app
 
-
-def _json(d) -> str:
-    import json
-    return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
