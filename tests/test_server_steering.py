@@ -106,11 +106,13 @@ def test_response_format_json_schema_validates(default_server, temperature):
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
-def test_bad_schema_is_a_400(default_server):
+@pytest.mark.parametrize("stream", [False, True])
+def test_bad_schema_is_a_400(default_server, stream):
+    """Compiled before any work: a 400 naming the field, a streamed request's too (not a 200 stream)."""
     r = default_server.post("/v1/chat/completions", json={
-        "messages": [{"role": "user", "content": "x"}],
+        "messages": [{"role": "user", "content": "x"}], "stream": stream,
         "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
     r = default_server.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
                                                           "response_format": {"type": "json_schema"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.json_schema"

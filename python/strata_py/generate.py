@@ -34,11 +34,12 @@ def make_proposer(model, cfg: GenerationConfig):
 
 
 def generate_ids(model, prompt_ids: list[int], config: GenerationConfig | None = None, *, stats: LoopStats | None = None,
-                 session=None, proposer=None, n_ctx: int | None = None, on_commit=None, **options) -> Iterator[int]:
+                 session=None, proposer=None, n_ctx: int | None = None, on_commit=None, steering=None,
+                 **options) -> Iterator[int]:
     """Yield generated token ids for a tokenized prompt (plain or speculative decoding, same output).
 
     A given session may already hold a prefix of the prompt (all but its last token at most: the server's
-    prefix reuse restores a checkpoint); only the rest is prefilled. on_commit: see speculative.decode."""
+    prefix reuse restores a checkpoint); only the rest is prefilled. on_commit, steering: see speculative.decode."""
     import time
 
     cfg = _resolve(config, options)
@@ -80,7 +81,7 @@ def generate_ids(model, prompt_ids: list[int], config: GenerationConfig | None =
     eog = set(tok.eog_ids) if cfg.stop_at_eos else set()
     choose = getattr(proposer, "choose_drafts", None)
     try:
-        yield from decode(session, ids[-1], cfg, eog, stats, proposer, choose, on_commit=on_commit)
+        yield from decode(session, ids[-1], cfg, eog, stats, proposer, choose, on_commit=on_commit, steering=steering)
     finally:
         finish = getattr(proposer, "finish", None)  # e.g. add the output to a global suffix index
         if finish is not None:

@@ -7,7 +7,7 @@ import asyncio
 import json
 
 from .. import __version__
-from .schema import ApiError
+from .schema import ApiError, config_param
 from .timeline import Closed, Done, Failed, Started, Token
 
 FINGERPRINT = f"strata-{__version__}"
@@ -23,14 +23,23 @@ class Events:
     def emit(self, ev) -> None:  # worker thread
         self._loop.call_soon_threadsafe(self._q.put_nowait, ev)
 
-    async def batches(self):
+    async def next_batch(self) -> list:
+        """The events that have arrived (at least one)."""
+        batch = [await self._q.get()]
+        while not self._q.empty():
+            batch.append(self._q.get_nowait())
+        return batch
+
+    async def batches(self, first: list | None = None):
+        """Batches until the request's end (Done or Failed), starting with `first` when given."""
+        batch = first
         while True:
-            batch = [await self._q.get()]
-            while not self._q.empty():
-                batch.append(self._q.get_nowait())
+            if batch is None:
+                batch = await self.next_batch()
             yield batch
             if any(isinstance(e, (Done, Failed)) for e in batch):
                 return
+            batch = None
 
 
 class Answer:
@@ -61,9 +70,9 @@ class Answer:
         self.text.append(piece)
         return piece, toks
 
-    async def pieces(self, ev: "Events"):
+    async def pieces(self, ev: "Events", first: list | None = None):
         """(text, tokens) of each batch as it arrives; (None, ApiError) once if the request failed."""
-        async for batch in ev.batches():
+        async for batch in ev.batches(first):
             try:
                 yield self.add(batch)
             except ApiError as e:
@@ -95,7 +104,7 @@ def failure(err: BaseException) -> ApiError:
     if isinstance(err, Closed):
         return ApiError(503, str(err), type="server_error", code="shutting_down")
     if isinstance(err, ValueError):
-        return ApiError(400, str(err))
+        return ApiError(400, str(err), config_param(str(err)))
     return ApiError(500, f"{type(err).__name__}: {err}", type="server_error")
 
 

@@ -26,13 +26,12 @@ from starlette.middleware.cors import CORSMiddleware
 
 from .. import __version__
 from ..config import GenerationConfig
-from ..steering import Steering
-from .answer import FINGERPRINT, Answer, Events, chat_logprobs, completion_logprobs, dumps
+from .answer import FINGERPRINT, Answer, Events, chat_logprobs, completion_logprobs, dumps, failure
 from .options import ServerOptions
 from .schema import (ApiError, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, check_model,
                      from_validation, generation_config, message_dicts, request_seed)
 from .templates import ChatTemplate, NoTemplate, TemplateError, encode_at_boundaries
-from .timeline import Closed, QueueFull, Request, Timeline
+from .timeline import Closed, Failed, QueueFull, Request, Timeline
 from .tool_calls import ToolStream, forcing_grammar, parse as parse_tool_calls
 
 class _AuthAndCount:
@@ -179,14 +178,6 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
                                  default_max=opts.default_max_tokens, seed=request_seed(req.seed, opts.seed),
                                  draft_names=drafter_names())
 
-    def _check_steering(c: GenerationConfig, param: str) -> None:
-        """Compile the request's constraint now (a bad schema is a 400 here, not an error mid-stream)."""
-        if c.json_schema is not None or c.grammar is not None or c.regex is not None or c.logit_bias:
-            try:
-                Steering(model, c)
-            except ValueError as e:
-                raise ApiError(400, str(e), param) from None
-
     def _prepare_chat(req: ChatRequest):
         msgs = message_dicts(req.messages)
         choice = req.tool_choice
@@ -214,7 +205,6 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
             c = c.replace(stop=list(dict.fromkeys(list(c.stop) + chat_stops)))
         if forced is not None:
             c = c.replace(grammar=forced)
-        _check_steering(c, "tool_choice" if forced is not None else "response_format")
         return ids, bounds, c, tools
 
     def _prompt_ids(req: CompletionRequest) -> list[int]:
@@ -248,7 +238,8 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
             raise ApiError(503, str(e), type="server_error", code="shutting_down") from None
         return job, ev
 
-    async def _collect(request: HttpRequest, job: Request, ev: Events, ans: Answer) -> None:
+    async def _watching(request: HttpRequest, job: Request, awaitable):
+        """Await `awaitable`, cancelling the job if the client goes away meanwhile (and if we leave early)."""
         async def watch():
             while True:
                 if await request.is_disconnected():
@@ -257,11 +248,27 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
                 await asyncio.sleep(0.05)
         w = asyncio.create_task(watch())
         try:
-            async for batch in ev.batches():
-                ans.add(batch)
+            return await awaitable
+        except BaseException:
+            job.cancel()
+            raise
         finally:
             w.cancel()
-            job.cancel()  # a no-op once done; stops the work if we leave early
+
+    async def _collect(request: HttpRequest, job: Request, ev: Events, ans: Answer) -> None:
+        async def run():
+            async for batch in ev.batches():
+                ans.add(batch)
+        await _watching(request, job, run())
+
+    async def _first(request: HttpRequest, job: Request, ev: Events) -> list:
+        """A stream's first events, once its prompt is computed: a request that fails before any token (a bad
+        constraint, the server closing) answers with an HTTP error, not with a stream."""
+        batch = await _watching(request, job, ev.next_batch())
+        for e in batch:
+            if isinstance(e, Failed):
+                raise failure(e.error)
+        return batch
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: HttpRequest):
@@ -287,6 +294,7 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
                     "choices": [{"index": 0, "message": msg, "finish_reason": finish,
                                  "logprobs": chat_logprobs(tok, ans.tokens) if lp is not None else None}],
                     "usage": ans.usage(), "strata": ans.timings()}
+        first_batch = await _first(request, job, ev)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         def chunk(delta, finish=None, toks=None):
@@ -302,7 +310,7 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
             ts = ToolStream(tools) if tools else None
             first = True
             try:
-                async for piece, toks in ans.pieces(ev):
+                async for piece, toks in ans.pieces(ev, first_batch):
                     if piece is None:  # the request failed: an error event ends the stream
                         yield {"data": dumps(toks.body())}
                         return
@@ -336,7 +344,6 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
         check_model(req.model, name)
         ids = await run_in_threadpool(_prompt_ids, req)
         c = _config(req, len(ids), "prompt")
-        await run_in_threadpool(_check_steering, c, "logit_bias")
         lp = req.logprobs
         job, ev = await _submit(ids, c, [], lp)
         rid, now = "cmpl-" + uuid.uuid4().hex, int(time.time())
@@ -348,6 +355,7 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
                     "choices": [{"index": 0, "text": "".join(ans.text), "finish_reason": ans.finish_reason(),
                                  "logprobs": completion_logprobs(tok, ans.tokens, 0) if lp is not None else None}],
                     "usage": ans.usage(), "strata": ans.timings()}
+        first_batch = await _first(request, job, ev)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         def chunk(text, finish=None, toks=None, offset=0):
@@ -362,7 +370,7 @@ def create_app(model, opts: ServerOptions, cfg: GenerationConfig, *, timeline: T
         async def stream():
             offset = 0
             try:
-                async for piece, toks in ans.pieces(ev):
+                async for piece, toks in ans.pieces(ev, first_batch):
                     if piece is None:
                         yield {"data": dumps(toks.body())}
                         return

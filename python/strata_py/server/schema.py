@@ -300,14 +300,14 @@ def generation_config(req: _Sampling, base: GenerationConfig, *, n_vocab: int, a
     try:
         return base.replace(**kw)
     except ValueError as e:
-        raise ApiError(400, str(e), _param_of_config_error(str(e))) from None
+        raise ApiError(400, str(e), config_param(str(e))) from None
 
 
 _CONFIG_PARAM = {"json_schema": "response_format"}  # GenerationConfig field -> the request field it came from
 
 
-def _param_of_config_error(msg: str) -> str | None:
-    # GenerationConfig.validate: "bad option NAME=VALUE: why"
+def config_param(msg: str) -> str | None:
+    """The request field behind a GenerationConfig error ("bad option NAME=VALUE: why"), or None."""
     if msg.startswith("bad option "):
         name = msg[len("bad option "):].split("=", 1)[0].split(":", 1)[0].strip()
         return _CONFIG_PARAM.get(name, name)

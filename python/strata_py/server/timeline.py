@@ -30,6 +30,7 @@ from typing import Callable
 from ..config import GenerationConfig
 from ..generate import generate_ids, make_proposer
 from ..speculative import LoopStats, prefill
+from ..steering import Steering
 from .metrics import Metrics
 from .prefix_cache import PrefixCache, load_dir, save_dir
 from .token_text import Token, TokenText
@@ -211,6 +212,8 @@ class Timeline:
             raise ValueError("empty prompt (give at least one token)")
         if len(ids) > self.n_ctx:
             raise ValueError(f"prompt of {len(ids)} tokens exceeds the context of {self.n_ctx} tokens")
+        # the request's processors, its constraint compiled now: a bad one fails before any work is done
+        steer = Steering(self.model, req.cfg, s.max_window)
         held = self._take_prefix(ids)  # 2
         cached = held
         if not self._prefill(req, ids, held):  # 3
@@ -232,7 +235,8 @@ class Timeline:
                     pending_lp.append((float(lp[i]), [(int(a), float(b)) for a, b in zip(top_ids[i], top_lp[i])]))
 
         finish, first = None, True
-        gen = generate_ids(self.model, ids, req.cfg, stats=stats, session=s, proposer=proposer, on_commit=on_commit)
+        gen = generate_ids(self.model, ids, req.cfg, stats=stats, session=s, proposer=proposer, on_commit=on_commit,
+                           steering=steer)
         try:
             for t in gen:  # 4
                 lp, top = pending_lp.popleft() if pending_lp else (None, None)
@@ -253,7 +257,7 @@ class Timeline:
             req.emit(ev)
         if finish is None:
             finish = "stop" if stats.stop in ("eog", "stop") else "length"
-        if s.position > len(ids) - 1:  # 5
+        if self.cache.budget and s.position > len(ids) - 1:  # 5
             self.cache.add(s.tokens, s.checkpoint(), "answer")
         sd = stats.as_dict()
         if hasattr(proposer, "stats"):
