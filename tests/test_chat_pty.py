@@ -19,8 +19,10 @@ PROMPT = ">>> "
 def test_chat_through_a_pty(tmp_path):
     saved = tmp_path / "conv.json"
     isa = server_util.ISA
+    # the end-of-text token banned (--logit-bias): a reply runs until interrupted, whatever the kernels' ISA
     child = pexpect.spawn(sys.executable, ["-m", "strata_py.chat", "--threads", "2", "-n", "3000", "--temperature",
-                                           "0", "--chat-template-file", str(TEMPLATES / "plain.jinja"),
+                                           "0", "--logit-bias", "0=-inf", "--chat-template-file",
+                                           str(TEMPLATES / "plain.jinja"),
                                            *(["--isa", isa] if isa else [])],
                           env={**os.environ, "TERM": "dumb", "COLUMNS": "200", "PYTHONUNBUFFERED": "1"},
                           encoding="utf-8", timeout=120, dimensions=(50, 200))

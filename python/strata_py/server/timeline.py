@@ -174,8 +174,9 @@ class Timeline:
             finally:
                 self.session.reset()
 
-    def _idle_or_refuse(self, what: str) -> None:
-        if self._running is not None or self._queue:
+    def _idle_or_refuse(self, what: str, timeout: float = 5.0) -> None:
+        """(holding _cv) Wait a little for the worker to finish the request it is closing; else refuse."""
+        if not self._cv.wait_for(lambda: self._running is None and not self._queue, timeout):
             raise RuntimeError(f"{what}: a request is running or waiting on this timeline")
 
     # ------------------------------------------------------------------------------------------ worker
@@ -197,6 +198,7 @@ class Timeline:
             finally:
                 with self._cv:
                     self._running = None
+                    self._cv.notify_all()
                 self._update_cache_gauges()
 
     def _serve(self, req: Request) -> None:
