@@ -37,7 +37,7 @@ from pathlib import Path
 
 STDLIB = [("textwrap", "dedent"), ("shlex", "split"), ("difflib", "get_close_matches"), ("json", "dumps"),
           ("base64", "b64encode"), ("fnmatch", "translate"), ("string", "capwords"), ("heapq", "nlargest"),
-          ("bisect", "insort_right"), ("glob", "glob"), ("calendar", "isleap"), ("colorsys", "rgb_to_hls")]
+          ("statistics", "median"), ("glob", "glob"), ("calendar", "isleap"), ("colorsys", "rgb_to_hls")]
 ANSWER_CHARS = 700
 
 
