@@ -95,6 +95,13 @@ struct Checkpoint {
   std::vector<int32_t> mtp_backlog_tok;
   // steering (sampling/processor.h): restore() rescans the committed tokens [steer_origin, position)
   int64_t steer_origin = 0;
+  // Bytes held (a prefix cache's budget counts these): every array above. A new field goes in here too.
+  size_t nbytes() const {
+    size_t n = tokens.size() * sizeof(int32_t) + mtp_backlog_tok.size() * sizeof(int32_t);
+    for (const auto* vs : {&k, &v, &S, &conv, &idx_raw, &idx_pooled})
+      for (const auto& a : *vs) n += a.size() * sizeof(float);
+    return n + (ple_conv.size() + mtp_k.size() + mtp_v.size() + mtp_backlog_h.size()) * sizeof(float);
+  }
 };
 
 class Session {

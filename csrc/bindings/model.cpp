@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "model/ple_table.h"
+#include "sampling/logprobs.h"
 #include "sampling/token_mask.h"
 #include "strata.h"
 #include "util/background.h"
@@ -352,7 +353,8 @@ void init_model(nb::module_& m) {
 
   nb::class_<Checkpoint>(m, "Checkpoint")
       .def_prop_ro("position", [](const Checkpoint& c) { return c.position; })
-      .def_prop_ro("steer_origin", [](const Checkpoint& c) { return c.steer_origin; });
+      .def_prop_ro("steer_origin", [](const Checkpoint& c) { return c.steer_origin; })
+      .def_prop_ro("nbytes", &Checkpoint::nbytes, "Bytes of state held (what a prefix cache budgets).");
 
   nb::class_<Session>(m, "Session")
       .def(
@@ -494,6 +496,24 @@ void init_model(nb::module_& m) {
         const PhraseState st = s.steer_state();
         return std::make_pair(st.node, (int)st.boundary);
       })
+      .def(
+          "logprobs",
+          [](const Session& s, I32 tokens, int top_n) {
+            // rows 0..n-1 of the last run's logits (raw): log-probability of tokens[i] and the top_n alternatives
+            const size_t n = tokens.shape(0), V = (size_t)s.logits_cols();
+            STRATA_CHECK((int64_t)n <= s.logits_rows(), "logprobs(): ", n, " tokens but the last run kept logits of ",
+                         s.logits_rows(), " rows");
+            std::vector<float> lp(n), top_lp(n * (size_t)std::max(top_n, 0));
+            std::vector<int32_t> top_ids(top_lp.size());
+            token_logprobs(s.logits(), (int64_t)n, (int64_t)V, tokens.data(), top_n, lp.data(), top_ids.data(),
+                           top_lp.data());
+            const size_t k = (size_t)std::max(top_n, 0);
+            return nb::make_tuple(to_numpy<float>(lp.data(), {n}), to_numpy<int32_t>(top_ids.data(), {n, k}),
+                                  to_numpy<float>(top_lp.data(), {n, k}));
+          },
+          nb::arg("tokens"), nb::arg("top_n") = 0,
+          "Log-probabilities of tokens[i] under row i of the last run's raw logits, and the top_n most likely\n"
+          "ids per row with theirs (csrc/sampling/logprobs.h). Valid after commit until the next run.")
       .def("commit", &Session::commit, nb::arg("keep"))
       .def("flush", &Session::flush)
       .def("reset", &Session::reset)

@@ -380,7 +380,10 @@ void Session::restore(const Checkpoint& cp) {
   if (opt_.mtp) {
     // MTP drafts only change speed, never output. A checkpoint without MTP state (from a file, or a
     // session without mtp) leaves the block with empty history up to the restored position.
-    const bool have = cp.mtp_pos + (int64_t)cp.mtp_backlog_tok.size() == cp.position && !cp.mtp_k.empty();
+    // (a checkpoint taken before the block ran, mtp_pos 0, holds its whole history as backlog: that is state too)
+    const int64_t nb = (int64_t)cp.mtp_backlog_tok.size();
+    const bool have = cp.mtp_pos + nb == cp.position && cp.mtp_k.size() == (size_t)cp.mtp_pos * mtp_kv_.width &&
+                      cp.mtp_backlog_h.size() == (size_t)nb * model_->hp().n_embd && (cp.mtp_pos > 0 || nb > 0);
     std::fill(mtp_kv_.k.begin(), mtp_kv_.k.end(), 0.f);
     std::fill(mtp_kv_.v.begin(), mtp_kv_.v.end(), 0.f);
     if (have && cp.mtp_k.size() <= mtp_kv_.k.size()) {

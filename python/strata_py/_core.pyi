@@ -197,6 +197,10 @@ class Checkpoint:
     @property
     def steer_origin(self) -> int: ...
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of state held (what a prefix cache budgets)."""
+
 class Session:
     def __init__(self, model: Model, n_ctx: int = 4096, max_window: int = 8, fold: str = 'lazy', mtp: bool = False) -> None: ...
 
@@ -274,6 +278,12 @@ class Session:
 
     @property
     def steer_state(self) -> tuple[int, int]: ...
+
+    def logprobs(self, tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], top_n: int = 0) -> tuple:
+        """
+        Log-probabilities of tokens[i] under row i of the last run's raw logits, and the top_n most likely
+        ids per row with theirs (csrc/sampling/logprobs.h). Valid after commit until the next run.
+        """
 
     def commit(self, keep: int) -> None: ...
 

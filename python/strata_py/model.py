@@ -275,6 +275,12 @@ class Session:
         """Post-final-norm hidden states of the last run's output rows [rows, n_embd]."""
         return self._core.hidden()
 
+    def logprobs(self, tokens: Sequence[int], top_n: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """After a window (valid until the next run): log-probability of tokens[i] under row i's raw logits
+        (before any logit processor), and the top_n most likely ids per row with theirs: (lp [n], ids [n, top_n],
+        lps [n, top_n])."""
+        return self._core.logprobs(np.asarray(tokens, dtype=np.int32), int(top_n))
+
     def checkpoint(self):
         """In-memory snapshot of the committed state (a pending lazy fold is applied first)."""
         return self._core.checkpoint()
@@ -286,6 +292,10 @@ class Session:
     def save(self, path: str | Path) -> None:
         """Write the committed state to a file (atomically); Model.load_session reads it back."""
         self._core.save(str(path))
+
+    def load(self, path: str | Path) -> None:
+        """Replace this session's state with a file written by save (refused if from another model or damaged)."""
+        self._core.load(str(path))
 
     def export_state(self) -> dict[str, np.ndarray]:
         """Debug export: per layer `layer.N.k`/`.v` (KV cells below the position) or `.S`/`.conv`."""

@@ -35,6 +35,7 @@ class Proposer(Protocol):
 class LoopStats:
     """Counters of one request (engine spec 8); times in seconds."""
     prompt_tokens: int = 0
+    cached_tokens: int = 0     # prompt tokens the session already held (prefix reuse): not prefilled
     prefill_s: float = 0.0
     generated: int = 0
     decode_s: float = 0.0
@@ -56,6 +57,7 @@ class LoopStats:
         steady_ms, steady_tok = sum(self.step_ms[w:]), sum(self.window_tokens[w:])
         return {
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "prefill_s": self.prefill_s,
             "prefill_tok_s": self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0,
             "generated_tokens": self.generated,
@@ -114,7 +116,8 @@ def overlap_masks(model) -> bool:
 
 def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: LoopStats,
            proposer: Proposer | None = None, choose_drafts: Callable[[int], int] | None = None, *,
-           origin: int | None = None, steering=None) -> Iterator[int]:
+           origin: int | None = None, steering=None,
+           on_commit: Callable[[list[int], int], None] | None = None) -> Iterator[int]:
     """Yield emitted token ids until max_tokens, an end-of-generation token, a stop string, or the context is full.
 
     choose_drafts(available) -> how many drafts to ask for (the length controller); default: all available.
@@ -123,6 +126,8 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
     after `root` (session.position + 1); to continue a generation on a restored session pass
     origin=session.steer_origin (the processors then rescan the committed output, exactly as uninterrupted).
     `steering`: a prebuilt steering.Steering for cfg (else built here).
+    on_commit(out, keep): after each commit, before out[:keep] is yielded, while the window's logits are still
+    readable (Session.logprobs: the server's logprobs).
     """
     from .model import sampling_params  # (imports the C++ core; this module stays importable without it)
     from .steering import Steering, TextStream
@@ -178,6 +183,8 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
                     break
         core.commit(keep)
         steer.commit(keep)
+        if on_commit is not None:
+            on_commit(out, keep)
         t1 = time.perf_counter()
         dt = t1 - t0
         stats.decode_s += t1 - t_start
