@@ -22,6 +22,7 @@
 #include "model/hparams.h"
 #include "model/weights.h"
 #include "sampling/sampler.h"
+#include "state/checkpoint_file.h"
 #include "state/deltanet_state.h"
 #include "state/kv_cache.h"
 #include "util/common.h"
@@ -48,6 +49,9 @@ class Model {
   // The expert cache and its readers; null when every expert is resident. Internally synchronised: the
   // Model stays logically immutable (the cache changes speed, never output, unless routing is approximate).
   ExpertStream* experts() const { return experts_.get(); }
+  // Throws std::runtime_error naming the file when the model file (or the MTP file) changed or was
+  // truncated since load (GgufFile::check_intact); Session::run calls it before and after each forward.
+  void check_files() const;
 
  private:
   std::shared_ptr<GgufFile> file_;
@@ -122,8 +126,9 @@ class Session {
   void flush();  // applies a pending lazy fold now
   Checkpoint checkpoint();
   void restore(const Checkpoint& cp);
-  void save(const std::string& path);
-  void load(const std::string& path);
+  void save(const std::string& path);  // write-then-rename; state/checkpoint_file.h
+  void load(const std::string& path);  // validated in full before anything is restored
+  CheckpointShape checkpoint_shape() const;  // what a checkpoint of this session must hold
   void reset();
 
   // Debug export of committed state (flushes a pending fold first).

@@ -303,8 +303,30 @@ void init_model(nb::module_& m) {
             mo.experts()->inject_fault(kind, count);
           },
           nb::arg("kind"), nb::arg("count") = 1,
-          "Test hook: the next `count` expert reads fail (kind 1: short read, 2: EIO, 0: clear).");
+          "Test hook: the next `count` expert reads fail (kind 1: short read, 2: EIO, 0: clear).")
+      .def(
+          "_touch_mapping",
+          [](const Model& mo) {
+            // reads one byte of every page of every tensor through the mapping, then checks the file
+            const GgufFile& f = mo.file();
+            uint64_t sum = 0;
+            {
+              nb::gil_scoped_release rel;
+              for (const auto& t : f.tensors())
+                for (uint64_t o = 0; o < t.nbytes; o += 4096) sum += ((const volatile uint8_t*)t.data)[o];
+            }
+            mo.check_files();
+            return sum;
+          },
+          "Test hook for the truncation guard (gguf/map_guard.h): touches every mapped tensor page, then "
+          "check_files(); a truncated file raises RuntimeError instead of SIGBUS.");
 
+  m.def(
+      "_inject_checkpoint_fault",
+      [](int err, uint64_t after_bytes, int op) { checkpoint_inject_fault(err, after_bytes, op); },
+      nb::arg("err"), nb::arg("after_bytes") = 0, nb::arg("op") = 0,
+      "Test hook: the next checkpoint save fails with errno `err` after `after_bytes` bytes (op 0) or at fsync "
+      "(op 1); err = 0 clears.");
   nb::class_<Checkpoint>(m, "Checkpoint")
       .def_prop_ro("position", [](const Checkpoint& c) { return c.position; });
 
