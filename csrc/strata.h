@@ -89,6 +89,8 @@ struct Checkpoint {
 class Session {
  public:
   Session(std::shared_ptr<const Model> model, const SessionOptions& opt);
+  // Bytes of state a session with these options allocates (checked against RAM before it does).
+  static uint64_t state_bytes(const HParams& hp, const SessionOptions& opt);
 
   int64_t position() const { return pos_; }
   int64_t n_ctx() const { return opt_.n_ctx; }

@@ -327,6 +327,14 @@ void init_model(nb::module_& m) {
       nb::arg("err"), nb::arg("after_bytes") = 0, nb::arg("op") = 0,
       "Test hook: the next checkpoint save fails with errno `err` after `after_bytes` bytes (op 0) or at fsync "
       "(op 1); err = 0 clears.");
+  m.def(
+      "_checkpoint_reseal",
+      [](nb::bytes b) {
+        std::string s(b.c_str(), b.size());
+        checkpoint_reseal(reinterpret_cast<uint8_t*>(s.data()), s.size());
+        return nb::bytes(s.data(), s.size());
+      },
+      nb::arg("data"), "Test/fuzz hook: the checkpoint image with its checksums recomputed (state/checkpoint_file.h).");
   nb::class_<Checkpoint>(m, "Checkpoint")
       .def_prop_ro("position", [](const Checkpoint& c) { return c.position; });
 

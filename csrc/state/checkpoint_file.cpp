@@ -120,6 +120,26 @@ std::string dir_of(const std::string& path) {
 
 }  // namespace
 
+void checkpoint_reseal(uint8_t* data, size_t size) {
+  if (size < kHeaderBytes) return;
+  uint32_t n;
+  std::memcpy(&n, data + 12, 4);
+  if (n > kMaxSections || kHeaderBytes + (uint64_t)n * kRecordBytes > size) return;
+  for (uint32_t i = 0; i < n; i++) {
+    Record r;
+    uint8_t* rp = data + kHeaderBytes + (uint64_t)i * kRecordBytes;
+    std::memcpy(&r, rp, sizeof r);
+    uint64_t bytes;
+    if (r.elem >= kI32 && r.elem <= kI64 && !__builtin_mul_overflow(r.count, elem_bytes(r.elem), &bytes) &&
+        r.offset <= size && bytes <= size - r.offset) {
+      r.sum = checksum(data + r.offset, bytes);
+      std::memcpy(rp, &r, sizeof r);
+    }
+  }
+  const uint64_t hsum = checksum(data + kHeaderBytes, (uint64_t)n * kRecordBytes, checksum(data, 40));
+  std::memcpy(data + 40, &hsum, 8);
+}
+
 void checkpoint_inject_fault(int err, uint64_t after_bytes, int op) {
   g_fault.after = after_bytes;
   g_fault.op = op;

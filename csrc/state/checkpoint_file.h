@@ -38,6 +38,10 @@ struct CheckpointShape {
 void write_checkpoint_file(const std::string& path, const Checkpoint& cp, const CheckpointShape& shape);
 Checkpoint read_checkpoint_file(const std::string& path, const CheckpointShape& shape);
 
+// For the fuzzer (fuzz/fuzz_checkpoint.cpp): recomputes the header and section checksums of a checkpoint
+// image in place wherever its table can be followed, so mutations reach the validation behind them.
+void checkpoint_reseal(uint8_t* data, size_t size);
+
 // Test hook (fault injection): the next checkpoint write fails with errno `err` once `after_bytes` bytes
 // of the new file are written (op 0), or at its fsync (op 1). err = 0 clears. Never set by the engine.
 void checkpoint_inject_fault(int err, uint64_t after_bytes, int op);

@@ -26,14 +26,8 @@ Session::Session(std::shared_ptr<const Model> model, const SessionOptions& opt) 
                ": must be in 1..64");
   if (opt_.mtp && !model_->weights().mtp.present)
     fail<std::invalid_argument>("bad option mtp=True: ", model_->file().path(), " has no MTP block (blk.N.nextn.*)");
-  {  // the state's size, before any of it is allocated: a context far above RAM is an error, not a kill
-    const uint64_t width = (uint64_t)(hp.n_head_kv * hp.head_dim), nk = hp.ssm_n_group, nv = hp.ssm_dt_rank;
-    const uint64_t dn = 2 * nv * hp.dk() * hp.dv() + (hp.ssm_d_conv - 1) * hp.conv_dim() +
-                        (uint64_t)opt_.max_window * (nk * hp.dk() + nv * hp.dv() + 2 * nv + hp.conv_dim());
-    const uint64_t floats = (uint64_t)hp.n_attn_layers() * 2 * opt_.n_ctx * width + (uint64_t)hp.n_dn_layers() * dn +
-                            (opt_.mtp ? 2 * (opt_.n_ctx + 16) * width : 0);
-    check_fits_in_memory(floats * 4, cat("a session with n_ctx=", opt_.n_ctx, " (KV cache and DeltaNet state)"));
-  }
+  // the state's size, before any of it is allocated: a context far above RAM is an error, not a kill
+  check_fits_in_memory(state_bytes(hp, opt_), cat("a session with n_ctx=", opt_.n_ctx, " (KV cache and DeltaNet state)"));
   if (opt_.mtp) mtp_kv_.init(opt_.n_ctx + 16, hp.n_head_kv * hp.head_dim);
   layer_slot_.resize(hp.n_layer);
   for (int64_t il = 0; il < hp.n_layer; il++) {
@@ -47,6 +41,15 @@ Session::Session(std::shared_ptr<const Model> model, const SessionOptions& opt) 
       kv_.back().init(opt_.n_ctx, hp.n_head_kv * hp.head_dim);
     }
   }
+}
+
+uint64_t Session::state_bytes(const HParams& hp, const SessionOptions& opt) {
+  const uint64_t width = (uint64_t)(hp.n_head_kv * hp.head_dim), nk = hp.ssm_n_group, nv = hp.ssm_dt_rank;
+  const uint64_t dn = 2 * nv * hp.dk() * hp.dv() + (hp.ssm_d_conv - 1) * hp.conv_dim() +
+                      (uint64_t)opt.max_window * (nk * hp.dk() + nv * hp.dv() + 2 * nv + hp.conv_dim());
+  const uint64_t floats = (uint64_t)hp.n_attn_layers() * 2 * opt.n_ctx * width + (uint64_t)hp.n_dn_layers() * dn +
+                          (opt.mtp ? 2 * (opt.n_ctx + 16) * width : 0);
+  return floats * 4;
 }
 
 const float* Session::run(const int32_t* tokens, int T, bool last_only) {
