@@ -3,7 +3,7 @@
 # for baseline x86-64; ISA-specific kernels live in csrc/kernels/cpu/*_avx2.cpp / *_avx512.cpp /
 # *_avx512vbmi.cpp and get their flags below, chosen at run time by cpu feature dispatch, so one build
 # runs on any x86-64. STRATA_CORE_OPT: the optimisation flags (sanitizer builds pass -O1).
-set(STRATA_ROOT ${CMAKE_CURRENT_LIST_DIR}/..)
+get_filename_component(STRATA_ROOT ${CMAKE_CURRENT_LIST_DIR}/.. ABSOLUTE)
 file(GLOB_RECURSE CORE_SOURCES CONFIGURE_DEPENDS ${STRATA_ROOT}/csrc/*.cpp)
 list(FILTER CORE_SOURCES EXCLUDE REGEX ".*/bindings/.*")
 if(NOT DEFINED STRATA_CORE_OPT)

@@ -47,6 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (m->weights().mtp.present) {
       session_on(m, true);
       o.mtp_path = file.path;  // the same file as a separate MTP-only GGUF
+      o.experts.cache_mib = -1;
       session_on(Model::load(file.path, o), true);
     }
   } catch (const std::exception&) {

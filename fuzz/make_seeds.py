@@ -3,7 +3,8 @@ shipped default model, and checkpoints saved by real sessions of the micro model
 
     python fuzz/make_seeds.py OUT_DIR      (tools/fuzz.sh runs it; deterministic, skips what exists)
 
-OUT_DIR/micro.gguf        the model the checkpoint and Python harnesses read checkpoints for
+OUT_DIR/micro.gguf        the model the checkpoint and Python harnesses read checkpoints for: a copy of
+                          tests/fuzz_corpus/micro-base.gguf, so that the kept checkpoint corpus fits it
 OUT_DIR/gguf/*            GGUF seeds (fuzz_gguf)
 OUT_DIR/checkpoint/*      checkpoint seeds of micro.gguf (fuzz_checkpoint)
 OUT_DIR/python/*          both, behind the target byte of fuzz_python.py (0: GGUF, 1: checkpoint)
@@ -17,13 +18,15 @@ from pathlib import Path
 from strata_py import synth
 from strata_py.model import Model, default_model_path
 
+BASE = Path(__file__).resolve().parents[1] / "tests" / "fuzz_corpus" / "micro-base.gguf"  # synth micro q8_0 seed 1 mtp
+
 
 def make(out: Path) -> None:
     for d in ("gguf", "checkpoint", "python"):
         (out / d).mkdir(parents=True, exist_ok=True)
     base = out / "micro.gguf"
     if not base.exists():
-        synth.write("micro", base, "q8_0", seed=1, mtp=True)
+        shutil.copy(BASE, base)
     for typ, seed, mtp in (("f32", 1, False), ("q8_0", 2, True), ("iq4_nl", 3, False)):
         p = out / "gguf" / f"micro-{typ}{'-mtp' if mtp else ''}.gguf"
         if not p.exists():

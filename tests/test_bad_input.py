@@ -103,6 +103,7 @@ def test_random_header_corruption_never_crashes(tiny_q8_gguf, tmp_path):
 # One hand-made malformed file per case of llama.cpp's tests/test-gguf.cpp and per GGUF CVE class (issue 18),
 # each refused with its message checked: the file and the field are named, nothing is allocated before the
 # check (every case passes under RLIMIT_AS in test_hand_made_files_allocate_nothing_big).
+import os  # noqa: E402
 import time  # noqa: E402
 
 from corrupt import (ARRAY, F32, GGML_F32, GGML_I8, GGML_Q8_0, I32, STRING, U8, U32, Handmade, gstr, i64,  # noqa: E402
@@ -226,7 +227,8 @@ def test_hand_made_malformed_gguf(case, tmp_path):
     t0 = time.monotonic()
     with pytest.raises(ValueError, match=str(p).replace(".", r"\.") + ": .*" + msg):
         Model.load(p)
-    assert time.monotonic() - t0 < 5
+    if "libasan" not in os.environ.get("LD_PRELOAD", ""):  # the bar is for the normal build
+        assert time.monotonic() - t0 < 5
 
 
 def test_hand_made_valid_containers(tmp_path):

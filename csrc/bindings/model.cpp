@@ -335,6 +335,17 @@ void init_model(nb::module_& m) {
         return nb::bytes(s.data(), s.size());
       },
       nb::arg("data"), "Test/fuzz hook: the checkpoint image with its checksums recomputed (state/checkpoint_file.h).");
+  m.def(
+      "session_state_bytes",
+      [](const Model& mo, int64_t n_ctx, int max_window, bool mtp) {
+        SessionOptions o;
+        o.n_ctx = n_ctx;
+        o.max_window = max_window;
+        o.mtp = mtp;
+        return Session::state_bytes(mo.hp(), o);
+      },
+      nb::arg("model"), nb::arg("n_ctx"), nb::arg("max_window") = 8, nb::arg("mtp") = false,
+      "Bytes of state a session with these options allocates (checked against RAM before it does).");
   nb::class_<Checkpoint>(m, "Checkpoint")
       .def_prop_ro("position", [](const Checkpoint& c) { return c.position; });
 

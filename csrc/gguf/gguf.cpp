@@ -43,7 +43,7 @@ struct Cursor {
   // A length-prefixed string of at most max bytes; the length is checked before anything is allocated.
   std::string str(const std::string& what, uint64_t max) {
     const uint64_t at = off;
-    const uint64_t n = rd<uint64_t>(what + " length");
+    const uint64_t n = rd<uint64_t>(what);
     if (n > max)
       fail<std::invalid_argument>(path, ": ", what, " at byte ", at, " claims ", n, " bytes (at most ", max,
                                   " allowed)");
@@ -68,10 +68,10 @@ struct Parser {
   Cursor& c;
   uint64_t array_elems = 0;  // all arrays so far (limit kMaxArrayElements)
 
-  GgufValue value(GgufValueType t, const std::string& key, bool in_array) {
+  // w: "metadata key '<key>'", built once per key (not per array element)
+  GgufValue value(GgufValueType t, const std::string& w, bool in_array) {
     GgufValue v;
     v.type = t;
-    const std::string w = cat("metadata key '", key, "'");
     switch (t) {
       case GgufValueType::U8: v.scalar = (uint64_t)c.rd<uint8_t>(w); break;
       case GgufValueType::I8: v.scalar = (int64_t)c.rd<int8_t>(w); break;
@@ -103,7 +103,7 @@ struct Parser {
                                       L::kMaxArrayElements, " together");
         array_elems += n;
         v.array.reserve(n);
-        for (uint64_t i = 0; i < n; i++) v.array.push_back(value(v.elem_type, key, true));
+        for (uint64_t i = 0; i < n; i++) v.array.push_back(value(v.elem_type, w, true));
         break;
       }
       default:
@@ -166,7 +166,7 @@ std::shared_ptr<GgufFile> GgufFile::open(const std::string& path) {
     const uint32_t t = c.rd<uint32_t>(cat("type of metadata key '", key, "'"));
     if (t > 12) fail<std::invalid_argument>(path, ": metadata key '", key, "' has unknown value type ", t, " (0..12 allowed)");
     if (f->kv_.count(key)) fail<std::invalid_argument>(path, ": duplicate metadata key '", key, "'");
-    f->kv_.emplace(key, P.value((GgufValueType)t, key, false));
+    f->kv_.emplace(key, P.value((GgufValueType)t, cat("metadata key '", key, "'"), false));
   }
   if (f->has_key("general.alignment")) {
     const GgufValue& a = f->get("general.alignment");
