@@ -2,10 +2,11 @@
 tokenizer rebuilt from `_core.gguf_metadata` by `tokenizer.py`) and `Model.load_session` (the checkpoint
 reader behind `Session.load`), each followed by a little use of what loaded.
 
-    python fuzz/fuzz_python.py -model=MICRO.gguf [libFuzzer flags] CORPUS_DIR ...   (tools/fuzz.sh python N)
+    python fuzz/fuzz_python.py -model=A.gguf [-model=B.gguf ...] [libFuzzer flags] CORPUS_DIR ...
+                                                                        (tools/fuzz.sh python N)
 
-The first input byte picks the target (even: a GGUF, odd: a checkpoint of MICRO.gguf); the rest is the
-file. A refusal is a ValueError / RuntimeError / FileNotFoundError naming the file; any other exception
+The first input byte picks the target (even: a GGUF, odd: a checkpoint, read for the -model whose
+fingerprint its header names, else the first); the rest is the file. A refusal is a ValueError / RuntimeError / FileNotFoundError naming the file; any other exception
 (IndexError, KeyError, TypeError, a `tokenizers` PanicException, MemoryError, ...) is a bug, reported by
 atheris as a crash with the input saved.
 """
@@ -19,13 +20,16 @@ import atheris
 
 from strata_py.model import Model  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from replay import model_for  # noqa: E402  (the same choice of model as the C++ harness and the replay)
+
 # The editable install imports strata_py through a custom loader that atheris' import hook does not see:
 # instrument every loaded Python function instead (ours, and the Python parts of numpy/tokenizers).
 atheris.instrument_all()
 
 REFUSALS = (ValueError, RuntimeError, FileNotFoundError)
 _dir = tempfile.mkdtemp(prefix="strata-fuzz-py-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-_base: Model | None = None
+_models: list[Model] = []
 
 
 def one_input(data: bytes) -> None:
@@ -42,7 +46,7 @@ def one_input(data: bytes) -> None:
             s.run([i % m.n_vocab for i in ids[:3]] or [0])
             m.tokenizer.decode(range(min(m.n_vocab, m.tokenizer.n_vocab)))
         else:
-            s = _base.load_session(path, n_ctx=64)
+            s = model_for(data[1:], _models).load_session(path, n_ctx=64)
             if s.position < s.n_ctx:
                 s.run([1])
     except REFUSALS:
@@ -50,11 +54,9 @@ def one_input(data: bytes) -> None:
 
 
 def main() -> None:
-    global _base
-    model = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("-model=")), None)
-    if model is None:
-        sys.exit("fuzz_python.py: pass -model=PATH (a small GGUF; checkpoints are read for it)")
-    _base = Model.load(model, threads=1)
+    _models.extend(Model.load(a.split("=", 1)[1], threads=1) for a in sys.argv if a.startswith("-model="))
+    if not _models:
+        sys.exit("fuzz_python.py: pass -model=PATH (small GGUFs; checkpoints are read for them)")
     atheris.Setup([a for a in sys.argv if not a.startswith("-model=")], one_input)
     atheris.Fuzz()
 

@@ -2,7 +2,7 @@
 fuzz/fuzz_python.py), and prints one line per input: `OK`, `REFUSED` (a ValueError / RuntimeError naming the
 file) or `BUG` (any other exception). A crash ends the process: the last `FILE` line names the input.
 
-    python fuzz/replay.py {gguf|checkpoint|python} BASE_MODEL INPUT...      (tests/test_fuzz_corpus.py)
+    python fuzz/replay.py {gguf|checkpoint|python} BASE_MODEL[,BASE_MODEL...] INPUT...   (tests/test_fuzz_corpus.py)
 """
 from __future__ import annotations
 
@@ -16,6 +16,13 @@ from strata_py.model import Model
 
 REFUSALS = (ValueError, RuntimeError, FileNotFoundError)
 SESSION_BUDGET = 256 << 20  # fuzz_util.h kSessionBudget
+
+
+def model_for(cp: bytes, models: list) -> Model:
+    """The model whose fingerprint a checkpoint's header (bytes 16..24) names, else the first (as
+    fuzz_checkpoint.cpp chooses)."""
+    fp = int.from_bytes(cp[16:24], "little") if len(cp) >= 24 else None
+    return next((m for m in models if m._core.fingerprint == fp), models[0])
 
 
 def _session(m: "_core.Model", mtp: bool) -> None:
@@ -48,15 +55,15 @@ def gguf(path: str, size: int) -> None:
         _session(load(-1, path), True)
 
 
-def checkpoint(path: str, base: Model) -> None:
-    """fuzz_checkpoint.cpp: Session.load for the base model, one step, save again."""
-    s = base.load_session(path, n_ctx=64, max_window=4)
+def checkpoint(path: str, models: list) -> None:
+    """fuzz_checkpoint.cpp: Session.load for the model the header names, one step."""
+    s = model_for(open(path, "rb").read(64), models).load_session(path, n_ctx=64, max_window=4)
     if s.position < s.n_ctx:
         s.run([1])
         s.commit(1)
 
 
-def python(path: str, base: Model, tmp: str) -> None:
+def python(path: str, models: list, tmp: str) -> None:
     """fuzz_python.py: byte 0 picks the target, the rest is the file."""
     data = open(path, "rb").read()
     if not data:
@@ -69,14 +76,14 @@ def python(path: str, base: Model, tmp: str) -> None:
         m.session(n_ctx=16).run([i % m.n_vocab for i in ids[:3]] or [0])
         m.tokenizer.decode(range(min(m.n_vocab, m.tokenizer.n_vocab)))
     else:
-        checkpoint(tmp, base)
+        checkpoint(tmp, models)
 
 
 def main(argv: list[str]) -> int:
     import os
     import tempfile
-    kind, base_path, inputs = argv[0], argv[1], argv[2:]
-    base = Model.load(base_path, threads=1)
+    kind, bases, inputs = argv[0], argv[1], argv[2:]
+    models = [Model.load(b, threads=1) for b in bases.split(",")]
     tmp = os.path.join(tempfile.mkdtemp(), "input")
     for p in inputs:
         print("FILE", p, flush=True)
@@ -84,9 +91,9 @@ def main(argv: list[str]) -> int:
             if kind == "gguf":
                 gguf(p, os.path.getsize(p))
             elif kind == "checkpoint":
-                checkpoint(p, base)
+                checkpoint(p, models)
             else:
-                python(p, base, tmp)
+                python(p, models, tmp)
             print("OK", p, flush=True)
         except REFUSALS as e:
             print("REFUSED", p, str(e).splitlines()[0][:200], flush=True)

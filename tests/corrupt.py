@@ -18,7 +18,7 @@ def copy_field(w: gguf.GGUFWriter, name: str, f) -> None:
         w.add_key_value(name, f.contents(), vt)
 
 
-def set_value(w: gguf.GGUFWriter, name: str, v, f=None) -> None:
+def write_value(w: gguf.GGUFWriter, name: str, v, f=None) -> None:
     """Write key `name` = v: str/bytes as a string, float as FLOAT32, int with the original field's type when it
     fits (else UINT64), a list as an array of its first element's kind."""
     VT = gguf.GGUFValueType
@@ -35,9 +35,11 @@ def set_value(w: gguf.GGUFWriter, name: str, v, f=None) -> None:
 
 
 def rewrite(src: Path, dst: Path, *, drop: str | None = None, reshape: tuple[str, tuple] | None = None,
-            set_kv: tuple[str, object] | None = None, drop_kv: str | None = None) -> Path:
+            set_kv: tuple[str, object] | None = None, drop_kv: str | None = None,
+            set_value: tuple | None = None) -> Path:
     """Copy src to dst through gguf's reader/writer, dropping or reshaping one tensor or changing one key
-    (set_kv: (key, value), written by set_value; a key not in src is added)."""
+    (set_kv: (key, value), written by write_value, added if absent; set_value: (key, value, GGUFValueType[, array
+    element type]), added if absent)."""
     r = gguf.GGUFReader(str(src))
     arch = str(r.fields["general.architecture"].contents())
     if set_kv and set_kv[0] == "general.architecture":
@@ -47,11 +49,15 @@ def rewrite(src: Path, dst: Path, *, drop: str | None = None, reshape: tuple[str
         if name.startswith("GGUF.") or name == "general.architecture" or name == drop_kv:
             continue
         if set_kv and name == set_kv[0]:
-            set_value(w, name, set_kv[1], f)
+            write_value(w, name, set_kv[1], f)
+            continue
+        if set_value and name == set_value[0]:
             continue
         copy_field(w, name, f)
     if set_kv and set_kv[0] not in r.fields and set_kv[0] != "general.architecture":
-        set_value(w, *set_kv)
+        write_value(w, *set_kv)
+    if set_value:
+        w.add_key_value(set_value[0], set_value[1], set_value[2], sub_type=set_value[3] if len(set_value) > 3 else None)
     for t in r.tensors:
         if t.name == drop:
             continue

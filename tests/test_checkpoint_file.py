@@ -62,8 +62,8 @@ def _cases(b: bytes) -> dict:
     return {
         "bad magic": (b"STRATAXX" + b[8:], r"not a strata checkpoint \(bad magic\)"),
         "tiny file": (b[:10], r"not a strata checkpoint \(10 bytes\)"),
-        "old version": (_patched(b, 8, "<I", 1), r"checkpoint format version 1; this strata reads version 2 \(save the"),
-        "future version": (_patched(b, 8, "<I", 9), r"checkpoint format version 9; this strata reads version 2"),
+        "future version": (_patched(b, 8, "<I", 9), r"checkpoint format version 9; this strata reads version 3 "
+                                                    r"\(and versions 1, 2\)"),
         "header cut": (b[:40], r"damaged checkpoint: the file has 40 bytes, less than the 48-byte header"),
         "n_sections huge": (_patched(b, 12, "<I", 0xFFFFFFFF), r"damaged checkpoint: n_sections = 4294967295 does not fit in the file"),
         "header checksum": (bytes(b[:20]) + bytes([b[20] ^ 1]) + b[21:], r"damaged checkpoint: header checksum mismatch"),
@@ -89,7 +89,7 @@ def _cases(b: bytes) -> dict:
         "renamed section": (_reseal(b[:k0["at"]] + b"qsa.0.keys".ljust(32, b"\0") + b[k0["at"] + 32:]),
                             r"damaged checkpoint: section 'attn\.0\.k' is missing"),
         "trailing bytes": (b + bytes(8), r"damaged checkpoint: the file has \d+ bytes but its sections end at byte \d+"),
-        "truncated": (b[:-8], r"damaged checkpoint: section 'deltanet\.\d+\.conv' .* does not fit in order"),
+        "truncated": (b[:-8], r"damaged checkpoint: section 'steer\.origin' .* does not fit in order"),
         "no sections": (_patched(b[:HEADER], 12, "<I", 0), r"damaged checkpoint: section 'tokens' is missing"),
         "fewer sections": (_patched(b, 12, "<I", n - 1), r"damaged checkpoint: the file has \d+ bytes but its sections end"),
     }
@@ -145,6 +145,49 @@ def test_unknown_section_is_refused(saved, tiny_model, tmp_path):
     p.write_bytes(_reseal(body))
     with pytest.raises(ValueError, match=r"newer\.cp: checkpoint section 'logitproc\.state' is unknown to this version "
                                          r"of strata"):
+        tiny_model.load_session(p, n_ctx=64)
+
+
+def _legacy(b: bytes, version: int) -> bytes:
+    """The same state in the sequential layout of versions 1 and 2 (before issue 18)."""
+    t = {r["name"]: r for r in _table(b)}
+
+    def arr(name):
+        r = t[name]
+        return struct.pack("<Q", r["count"]) + b[r["offset"]:r["offset"] + 4 * r["count"]]
+
+    n_attn = sum(1 for k in t if k.endswith(".k"))
+    n_dn = sum(1 for k in t if k.endswith(".S"))
+    out = b"STRATACP" + struct.pack("<I", version) + b[16:40] + arr("tokens")
+    out += struct.pack("<Q", n_attn) + b"".join(arr(f"attn.{i}.k") + arr(f"attn.{i}.v") for i in range(n_attn))
+    out += struct.pack("<Q", n_dn) + b"".join(arr(f"deltanet.{i}.S") + arr(f"deltanet.{i}.conv") for i in range(n_dn))
+    if version == 2:  # qwen3next: no QSA keys (empty per attention layer), no PLE history
+        out += struct.pack("<Q", n_attn) + bytes(16 * n_attn) + struct.pack("<Q", 0) + struct.pack("<q", 0)
+    h = 1469598103934665603
+    for x in out:
+        h = ((h ^ x) * 1099511628211) % 2**64
+    return out + struct.pack("<Q", h)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_versions_1_and_2_still_read(saved, tiny_model, tmp_path, version):
+    """Files of the sequential layout before issue 18 restore exactly, bounded the same way: their size must be
+    what the position and this model give before they are read."""
+    path, after = saved
+    legacy = _legacy(path.read_bytes(), version)
+    p = tmp_path / f"v{version}.cp"
+    p.write_bytes(legacy)
+    t = tiny_model.load_session(p, n_ctx=64)
+    assert t.position == 12
+    np.testing.assert_array_equal(t.run([5]), after)
+    p.write_bytes(legacy[:-12] + legacy[-8:])
+    with pytest.raises(ValueError, match=rf"v{version}\.cp: damaged checkpoint: a version-{version} checkpoint at "
+                                         r"position 12 of this model has \d+ bytes, the file \d+"):
+        tiny_model.load_session(p, n_ctx=64)
+    bad = bytearray(legacy)
+    bad[100] ^= 1
+    p.write_bytes(bytes(bad))
+    with pytest.raises(ValueError, match=r"damaged checkpoint: checksum mismatch"):
         tiny_model.load_session(p, n_ctx=64)
 
 

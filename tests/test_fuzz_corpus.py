@@ -18,8 +18,9 @@ CORPUS = ROOT / "tests" / "fuzz_corpus"
 def test_fuzz_corpus_replays_cleanly(harness):
     inputs = sorted(str(p) for p in (CORPUS / harness).iterdir() if p.is_file())
     assert inputs, f"no regression inputs in {CORPUS / harness}"
-    r = subprocess.run([sys.executable, str(ROOT / "fuzz" / "replay.py"), harness, str(CORPUS / "micro-base.gguf"),
-                        *inputs], capture_output=True, text=True, timeout=600)
+    bases = ",".join(str(p) for p in sorted(CORPUS.glob("*-base.gguf")))
+    r = subprocess.run([sys.executable, str(ROOT / "fuzz" / "replay.py"), harness, bases, *inputs],
+                       capture_output=True, text=True, timeout=600)
     lines = r.stdout.splitlines()
     done = [ln for ln in lines if ln.startswith(("OK ", "REFUSED ", "BUG "))]
     last = next((ln for ln in reversed(lines) if ln.startswith("FILE ")), "")

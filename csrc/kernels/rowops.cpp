@@ -12,6 +12,7 @@ const RowOps& rowops_base() { return kRowOps; }
 
 static const RowOps& ops() { return active_isa() == Isa::AVX512 ? rowops_avx512() : rowops_base(); }
 
+void silu_inplace(float* x, int64_t n) { ops().silu_inplace(x, n); }
 void silu_mul(float* g, const float* u, int64_t n) { ops().silu_mul(g, u, n); }
 void mul_silu(float* y, const float* z, int64_t n) { ops().mul_silu(y, z, n); }
 void mul_sigmoid(float* o, const float* g, int64_t n) { ops().mul_sigmoid(o, g, n); }

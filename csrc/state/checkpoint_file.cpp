@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include "strata.h"
@@ -16,7 +17,7 @@ namespace strata {
 namespace {
 
 constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'C', 'P'};
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;  // 1, 2: the sequential layout before issue 18 (read_legacy)
 constexpr uint64_t kHeaderBytes = 48, kRecordBytes = 64, kNameBytes = 32;
 constexpr uint32_t kMaxSections = 1 << 16;
 enum Elem : uint32_t { kI32 = 1, kF32 = 2, kI64 = 3 };
@@ -34,25 +35,35 @@ void layers(const std::vector<T>& v, size_t n) {
 }
 
 // The sections of a checkpoint file, in file order. To save more state: add its field to Checkpoint
-// (strata.h) and one line here with the element count this session expects (its size in CheckpointShape
-// if it depends on the model); the writer then writes it and the reader refuses a file in which it is
-// missing, of another type or of another size. `layers` sizes a per-layer list on read and checks it on
-// write.
-template <class CP, class F>
-void for_each_section(CP& cp, const CheckpointShape& sh, F&& f) {
-  f("tokens", cp.tokens, cp.position);
-  layers(cp.k, sh.kv_width.size());
-  layers(cp.v, sh.kv_width.size());
-  for (size_t i = 0; i < sh.kv_width.size(); i++) {
-    f(cat("attn.", i, ".k"), cp.k[i], cp.position * sh.kv_width[i]);
-    f(cat("attn.", i, ".v"), cp.v[i], cp.position * sh.kv_width[i]);
+// (strata.h) and one line here with the element count this session expects (its size in CheckpointShape if
+// it depends on the model); the writer then writes it and the reader refuses a file in which it is missing,
+// of another type or of another size. `layers` sizes a per-layer list on read and checks it on write.
+// V: v.array(name, std::vector<T>&, expected count) and v.scalar(name, int64_t&) (a section of one i64).
+template <class CP, class V>
+void for_each_section(CP& cp, const CheckpointShape& sh, V& v) {
+  const size_t n_attn = sh.kv_width.size(), n_dn = sh.dn_S.size();
+  v.array("tokens", cp.tokens, cp.position);
+  layers(cp.k, n_attn);
+  layers(cp.v, n_attn);
+  for (size_t i = 0; i < n_attn; i++) {
+    v.array(cat("attn.", i, ".k"), cp.k[i], cp.position * sh.kv_width[i]);
+    v.array(cat("attn.", i, ".v"), cp.v[i], cp.position * sh.kv_width[i]);
   }
-  layers(cp.S, sh.dn_S.size());
-  layers(cp.conv, sh.dn_S.size());
-  for (size_t i = 0; i < sh.dn_S.size(); i++) {
-    f(cat("deltanet.", i, ".S"), cp.S[i], sh.dn_S[i]);
-    f(cat("deltanet.", i, ".conv"), cp.conv[i], sh.dn_conv[i]);
+  layers(cp.S, n_dn);
+  layers(cp.conv, n_dn);
+  for (size_t i = 0; i < n_dn; i++) {
+    v.array(cat("deltanet.", i, ".S"), cp.S[i], sh.dn_S[i]);
+    v.array(cat("deltanet.", i, ".conv"), cp.conv[i], sh.dn_conv[i]);
   }
+  layers(cp.idx_raw, n_attn);
+  layers(cp.idx_pooled, n_attn);
+  for (size_t i = 0; i < n_attn; i++)
+    if (sh.qsa_dim[i] > 0) {  // QSA layers only (the lists keep an empty entry for the others)
+      v.array(cat("qsa.", i, ".raw"), cp.idx_raw[i], cp.position * sh.qsa_dim[i]);
+      v.array(cat("qsa.", i, ".pooled"), cp.idx_pooled[i], cp.position / sh.qsa_ratio[i] * sh.qsa_dim[i]);
+    }
+  if (sh.ple_conv > 0) v.array("ple.conv", cp.ple_conv, sh.ple_conv);
+  v.scalar("steer.origin", cp.steer_origin);
 }
 
 // 64-bit checksum of a byte range (damage detection, not authentication).
@@ -113,9 +124,148 @@ struct Out {
   }
 };
 
+// The writer's visitor: the table of sections (place and checksum) from memory.
+struct Tabler {
+  std::vector<Record> table;
+  std::vector<const void*> src;
+  template <class T>
+  void array(const std::string& name, const std::vector<T>& vec, int64_t want) {
+    if ((int64_t)vec.size() != want)
+      fail<std::logic_error>("checkpoint section '", name, "' holds ", vec.size(), " values, expected ", want);
+    add(name, elem_of<T>(), vec.data(), vec.size());
+  }
+  void scalar(const std::string& name, const int64_t& x) { add(name, kI64, &x, 1); }
+  void add(const std::string& name, Elem e, const void* data, uint64_t count) {
+    Record r{};
+    std::memcpy(r.name, name.data(), std::min<size_t>(name.size(), kNameBytes - 1));
+    r.elem = e;
+    r.count = count;
+    r.sum = checksum(data, count * elem_bytes(e));
+    table.push_back(r);
+    src.push_back(data);
+  }
+};
+
+// The reader's visitor: each expected section found, its type and count checked, read and its checksum checked.
+struct Sections {
+  const std::vector<Record>& table;
+  const std::map<std::string, size_t>& index;
+  std::vector<char> seen;
+  const std::function<void(const Record&, void*, const std::string&)>& read;
+  const std::string& path;
+  int64_t position;
+  const Record& find(const std::string& name, uint32_t elem) {
+    auto it = index.find(name);
+    if (it == index.end()) fail<std::invalid_argument>(path, ": damaged checkpoint: section '", name, "' is missing");
+    const Record& r = table[it->second];
+    if (r.elem != elem)
+      fail<std::invalid_argument>(path, ": damaged checkpoint: section '", name, "' has element type ", r.elem,
+                                  ", expected ", elem);
+    seen[it->second] = 1;
+    return r;
+  }
+  template <class T>
+  void array(const std::string& name, std::vector<T>& vec, int64_t want) {
+    const Record& r = find(name, elem_of<T>());
+    if (r.count != (uint64_t)want)
+      fail<std::invalid_argument>(path, ": checkpoint section '", name, "' holds ", r.count,
+                                  " values; this session expects ", want, " (position ", position, ")");
+    vec.resize(r.count);
+    read(r, vec.data(), name);
+  }
+  void scalar(const std::string& name, int64_t& x) {
+    const Record& r = find(name, kI64);
+    if (r.count != 1) fail<std::invalid_argument>(path, ": damaged checkpoint: section '", name, "' holds ", r.count, " values, expected 1");
+    read(r, &x, name);
+  }
+};
+
 std::string dir_of(const std::string& path) {
   const size_t s = path.rfind('/');
   return s == std::string::npos ? "." : s == 0 ? "/" : path.substr(0, s);
+}
+
+// Versions 1 and 2 (before issue 18): magic, u32 version, u64 fingerprint, i64 n_ctx, i64 position, then
+// length-prefixed arrays (u64 count + data): tokens; u64 n + n x (k, v); u64 n + n x (S, conv); version 2 also
+// u64 n + n x (QSA raw, pooled) over every attention layer, the PLE history and an i64 steering origin; last a
+// byte-wise FNV-1a of everything before it. Bounded the same way: the file must be exactly as long as this
+// session's shape says for its position before it is read, and each length must match.
+Checkpoint read_legacy(const std::string& path, uint64_t size, uint32_t version, const uint8_t* head,
+                       const std::function<void(void*, uint64_t, uint64_t, const std::string&)>& read_at,
+                       const CheckpointShape& sh) {
+  constexpr uint64_t kLegacyHeader = 36;
+  auto bad = [&](const auto&... a) { fail<std::invalid_argument>(path, ": damaged checkpoint: ", a...); };
+  if (size < kLegacyHeader + 8) bad("the file has ", size, " bytes, less than a version-", version, " header");
+  Checkpoint cp;
+  std::memcpy(&cp.fingerprint, head + 12, 8);
+  std::memcpy(&cp.n_ctx, head + 20, 8);
+  std::memcpy(&cp.position, head + 28, 8);
+  if (cp.fingerprint != sh.fingerprint)
+    fail<std::invalid_argument>(path, ": checkpoint was saved from a different model (fingerprint ", std::hex,
+                                cp.fingerprint, ", this model ", sh.fingerprint, ")");
+  if (cp.position < 0 || cp.position > sh.n_ctx)
+    fail<std::invalid_argument>(path, ": checkpoint position ", cp.position, " outside this session's context of ",
+                                sh.n_ctx, " tokens");
+  const uint64_t P = (uint64_t)cp.position, n_attn = sh.kv_width.size(), n_dn = sh.dn_S.size();
+  // the exact size of the file this session's shape gives
+  uint64_t want = kLegacyHeader + 8 + 4 * P + 8 + 8 + 8;  // header, tokens, two list counts, checksum
+  for (uint64_t i = 0; i < n_attn; i++) want += 2 * (8 + 4 * P * sh.kv_width[i]);
+  for (uint64_t i = 0; i < n_dn; i++) want += 8 + 4 * sh.dn_S[i] + 8 + 4 * sh.dn_conv[i];
+  if (version >= 2) {
+    want += 8 + 8 + 4 * sh.ple_conv + 8;
+    for (uint64_t i = 0; i < n_attn; i++)
+      want += 16 + 4 * (sh.qsa_dim[i] > 0 ? P * sh.qsa_dim[i] + P / sh.qsa_ratio[i] * sh.qsa_dim[i] : 0);
+  }
+  if (size != want)
+    bad("a version-", version, " checkpoint at position ", P, " of this model has ", want, " bytes, the file ", size);
+  std::vector<uint8_t> buf(size);
+  read_at(buf.data(), size, 0, "data");
+  uint64_t h = 1469598103934665603ull, sum;
+  for (uint64_t i = 0; i + 8 < size; i++) h = (h ^ buf[i]) * 1099511628211ull;
+  std::memcpy(&sum, buf.data() + size - 8, 8);
+  if (h != sum) bad("checksum mismatch");
+  uint64_t off = kLegacyHeader;
+  auto u64 = [&]() {
+    uint64_t v;
+    std::memcpy(&v, buf.data() + off, 8);
+    off += 8;
+    return v;
+  };
+  auto vec = [&](auto& out, uint64_t count, const char* what, uint64_t layer) {
+    if (u64() != count) bad("the ", what, " of layer ", layer, " do not hold ", count, " values");
+    out.resize(count);
+    if (count) std::memcpy(out.data(), buf.data() + off, count * 4);
+    off += count * 4;
+  };
+  vec(cp.tokens, P, "tokens", 0);
+  if (u64() != n_attn) bad("attention layer count");
+  cp.k.resize(n_attn);
+  cp.v.resize(n_attn);
+  for (uint64_t i = 0; i < n_attn; i++) {
+    vec(cp.k[i], P * sh.kv_width[i], "keys", i);
+    vec(cp.v[i], P * sh.kv_width[i], "values", i);
+  }
+  if (u64() != n_dn) bad("DeltaNet layer count");
+  cp.S.resize(n_dn);
+  cp.conv.resize(n_dn);
+  for (uint64_t i = 0; i < n_dn; i++) {
+    vec(cp.S[i], sh.dn_S[i], "DeltaNet state", i);
+    vec(cp.conv[i], sh.dn_conv[i], "conv history", i);
+  }
+  cp.idx_raw.resize(n_attn);
+  cp.idx_pooled.resize(n_attn);
+  cp.ple_conv.assign(sh.ple_conv, 0.f);
+  if (version >= 2) {
+    if (u64() != n_attn) bad("QSA layer count");
+    for (uint64_t i = 0; i < n_attn; i++) {
+      const bool q = sh.qsa_dim[i] > 0;
+      vec(cp.idx_raw[i], q ? P * sh.qsa_dim[i] : 0, "QSA keys", i);
+      vec(cp.idx_pooled[i], q ? P / sh.qsa_ratio[i] * sh.qsa_dim[i] : 0, "QSA pooled keys", i);
+    }
+    vec(cp.ple_conv, sh.ple_conv, "PLE history", 0);
+    std::memcpy(&cp.steer_origin, buf.data() + off, 8);
+  }
+  return cp;
 }
 
 }  // namespace
@@ -148,21 +298,9 @@ void checkpoint_inject_fault(int err, uint64_t after_bytes, int op) {
 
 void write_checkpoint_file(const std::string& path, const Checkpoint& cp, const CheckpointShape& sh) {
   // 1. the table: every section's place and checksum, from memory
-  struct Src { const void* data; };
-  std::vector<Record> table;
-  std::vector<Src> src;
-  for_each_section(cp, sh, [&](const std::string& name, const auto& vec, int64_t want) {
-    using T = typename std::decay_t<decltype(vec)>::value_type;
-    if ((int64_t)vec.size() != want)
-      fail<std::logic_error>("checkpoint section '", name, "' holds ", vec.size(), " values, expected ", want);
-    Record r{};
-    std::memcpy(r.name, name.data(), std::min<size_t>(name.size(), kNameBytes - 1));
-    r.elem = elem_of<T>();
-    r.count = vec.size();
-    r.sum = checksum(vec.data(), vec.size() * sizeof(T));
-    table.push_back(r);
-    src.push_back({vec.data()});
-  });
+  Tabler tb;
+  for_each_section(cp, sh, tb);
+  std::vector<Record>& table = tb.table;
   uint64_t off = kHeaderBytes + table.size() * kRecordBytes;
   for (auto& r : table) {
     r.offset = off;
@@ -195,7 +333,7 @@ void write_checkpoint_file(const std::string& path, const Checkpoint& cp, const 
     static const uint8_t pad[8] = {};
     for (size_t i = 0; i < table.size(); i++) {
       const uint64_t bytes = table[i].count * elem_bytes(table[i].elem);
-      out.write(src[i].data, bytes);
+      out.write(tb.src[i], bytes);
       out.write(pad, (8 - bytes % 8) % 8);
     }
     out.sync();
@@ -233,7 +371,8 @@ Checkpoint read_checkpoint_file(const std::string& path, const CheckpointShape& 
   if (!S_ISREG(st.st_mode)) fail<std::invalid_argument>(path, ": not a regular file");
   const uint64_t size = (uint64_t)st.st_size;
   auto bad = [&](const auto&... a) { fail<std::invalid_argument>(path, ": damaged checkpoint: ", a...); };
-  auto read_at = [&](void* dst, uint64_t n, uint64_t at, const std::string& what) {
+  const std::function<void(void*, uint64_t, uint64_t, const std::string&)> read_at =
+      [&](void* dst, uint64_t n, uint64_t at, const std::string& what) {
     uint8_t* d = static_cast<uint8_t*>(dst);
     while (n > 0) {
       const ssize_t r = pread(fd, d, n, (off_t)at);
@@ -253,9 +392,10 @@ Checkpoint read_checkpoint_file(const std::string& path, const CheckpointShape& 
   if (std::memcmp(head, kMagic, 8) != 0) fail<std::invalid_argument>(path, ": not a strata checkpoint (bad magic)");
   uint32_t version, n;
   std::memcpy(&version, head + 8, 4);
+  if (version == 1 || version == 2) return read_legacy(path, size, version, head, read_at, sh);
   if (version != kVersion)
     fail<std::invalid_argument>(path, ": checkpoint format version ", version, "; this strata reads version ", kVersion,
-                                version < kVersion ? " (save the session again with this version)" : "");
+                                " (and versions 1, 2)");
   if (size < kHeaderBytes) bad("the file has ", size, " bytes, less than the ", kHeaderBytes, "-byte header");
   Checkpoint cp;
   std::memcpy(&n, head + 12, 4);
@@ -297,21 +437,15 @@ Checkpoint read_checkpoint_file(const std::string& path, const CheckpointShape& 
   if (end != size) bad("the file has ", size, " bytes but its sections end at byte ", end);
 
   // 3. every section this session expects, each read into a buffer of exactly its size
-  std::vector<char> seen(n, 0);
-  for_each_section(cp, sh, [&](const std::string& name, auto& vec, int64_t want) {
-    using T = typename std::decay_t<decltype(vec)>::value_type;
-    auto it = index.find(name);
-    if (it == index.end()) bad("section '", name, "' is missing");
-    const Record& r = table[it->second];
-    if (r.elem != elem_of<T>()) bad("section '", name, "' has element type ", r.elem, ", expected ", elem_of<T>());
-    if (r.count != (uint64_t)want)
-      fail<std::invalid_argument>(path, ": checkpoint section '", name, "' holds ", r.count, " values; this session expects ",
-                                  want, " (position ", cp.position, ")");
-    vec.resize(r.count);
-    read_at(vec.data(), r.count * sizeof(T), r.offset, cat("section '", name, "'"));
-    if (checksum(vec.data(), r.count * sizeof(T)) != r.sum) bad("section '", name, "' checksum mismatch");
-    seen[it->second] = 1;
-  });
+  const std::function<void(const Record&, void*, const std::string&)> read_section =
+      [&](const Record& r, void* dst, const std::string& name) {
+        const uint64_t bytes = r.count * elem_bytes(r.elem);
+        read_at(dst, bytes, r.offset, cat("section '", name, "'"));
+        if (checksum(dst, bytes) != r.sum) bad("section '", name, "' checksum mismatch");
+      };
+  Sections sec{table, index, std::vector<char>(n, 0), read_section, path, cp.position};
+  for_each_section(cp, sh, sec);
+  std::vector<char>& seen = sec.seen;
   for (size_t i = 0; i < n; i++)
     if (!seen[i])
       fail<std::invalid_argument>(path, ": checkpoint section '", table[i].name,

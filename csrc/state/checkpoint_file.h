@@ -1,11 +1,12 @@
 // Checkpoint files: the in-memory Checkpoint (strata.h) as named, typed, size-checked sections.
 // Session::save / Session::load are the only callers; the Checkpoint struct stays the interface.
 //
-// Layout (little-endian), version 2:
+// Layout (little-endian), version 3:
 //   header  48 bytes: "STRATACP", u32 version, u32 n_sections, u64 fingerprint, i64 n_ctx, i64 position,
 //           u64 checksum of the header's first 40 bytes and the table
 //   table   n_sections x 64 bytes: char name[32] (NUL-padded), u32 element type (1 i32, 2 f32, 3 i64),
-//           u32 0, u64 count, u64 offset, u64 checksum of the section's bytes
+//           u32 0, u64 count, u64 offset, u64 checksum of the section's bytes (sections: for_each_section in
+//           checkpoint_file.cpp; scalars are sections of one i64)
 //   data    the sections at their offsets: 8-aligned, ascending, no overlap; the file ends with the last
 //
 // Reading validates before anything is allocated or restored: the header, the table against the file size
@@ -13,6 +14,10 @@
 // position <= the session's context, and every section's element type and count against what this session
 // expects (CheckpointShape); then each section is read into a buffer of exactly that size and its checksum
 // checked. Every refusal is a std::invalid_argument naming the file and the section or field.
+//
+// Versions 1 and 2 (one checksummed sequence of length-prefixed arrays, before issue 18) are still read: the
+// file's size must be exactly what its position and this session's shape give before it is read, and every
+// length must match before anything is copied.
 //
 // Writing is write-then-rename: a new file next to the target (O_EXCL), written, fsync'ed and closed, then
 // renamed over the target and the directory fsync'ed. Any failure before the rename (ENOSPC, EIO, EFBIG)
@@ -32,7 +37,9 @@ struct CheckpointShape {
   uint64_t fingerprint = 0;
   int64_t n_ctx = 0;                  // position must be <= this
   std::vector<int64_t> kv_width;      // per attention layer: floats per cell of K (and of V)
+  std::vector<int64_t> qsa_dim, qsa_ratio;  // per attention layer: QSA index key size and block (0: no QSA)
   std::vector<int64_t> dn_S, dn_conv; // per DeltaNet layer: floats of S and of the conv history
+  int64_t ple_conv = 0;               // floats of the PLE conv history
 };
 
 void write_checkpoint_file(const std::string& path, const Checkpoint& cp, const CheckpointShape& shape);

@@ -3,7 +3,7 @@ strata C++ core: GGUF loading, Qwen3-Next on the CPU, the window transaction, sa
 """
 
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Final
 
 import numpy
 from numpy.typing import NDArray
@@ -28,6 +28,11 @@ def allow_vbmi(on: bool) -> None:
 
 def active_isa() -> str: ...
 
+def limit_isa(cap: str) -> None:
+    """
+    Tests: behave as a CPU whose best path is min(this CPU's, cap) (best_isa, the active path, VNNI/VBMI follow).
+    """
+
 def force_isa(isa: str) -> None:
     """
     Select the kernel path (tests and benches). Raises if this CPU lacks it.
@@ -40,10 +45,10 @@ def dequantize(data: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu
 def quantize_act(x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = 'scalar') -> tuple:
     """(q[T][cols], dx[T][nb], bsum[T][nb*8]) as Python lists (tests)."""
 
-def rowop(name: str, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], y: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = 'avx512') -> list[float]:
+def rowop(name: str, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], y: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = '') -> list[float]:
     """One rowops.h function (tests)."""
 
-def attend(q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], nh: int, k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], n0: int, scale: float, isa: str = 'avx512') -> list[float]:
+def attend(q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], nh: int, k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], n0: int, scale: float, isa: str = '') -> list[float]:
     """Causal attention of T rows x nh heads over shared cells (tests)."""
 
 def dn_rows(S: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], gates: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], n_src: int, read: bool = True, ref: bool = False) -> tuple[list[float], list[float], list[float]]:
@@ -51,10 +56,10 @@ def dn_rows(S: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order=
     The DeltaNet window recurrence of one head (dn_rows or its row-by-row twin), for tests.
     """
 
-def matmul(w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = 'avx512', threads: int = 1) -> Annotated[NDArray[numpy.float32], dict(shape=(None, None))]:
+def matmul(w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = '', threads: int = 1) -> Annotated[NDArray[numpy.float32], dict(shape=(None, None))]:
     """y[T, rows] = x[T, cols] @ W^T on the chosen kernel path."""
 
-def bench_matmul(w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, nmat: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = 'avx512', threads: int = 1, reps: int = 3) -> float: ...
+def bench_matmul(w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, nmat: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = '', threads: int = 1, reps: int = 3) -> float: ...
 
 class SamplingParams:
     """
@@ -189,6 +194,9 @@ class Checkpoint:
     @property
     def position(self) -> int: ...
 
+    @property
+    def steer_origin(self) -> int: ...
+
 class Session:
     def __init__(self, model: Model, n_ctx: int = 4096, max_window: int = 8, fold: str = 'lazy', mtp: bool = False) -> None: ...
 
@@ -239,10 +247,33 @@ class Session:
     @property
     def mtp(self) -> bool: ...
 
-    def sample(self, params: SamplingParams) -> NDArray[numpy.int32]: ...
+    def sample(self, params: SamplingParams, masks: object | None = None) -> NDArray[numpy.int32]:
+        """
+        Finish the last run: int32 [rows]. masks: uint32 [rows, ceil(n_vocab / 32)] token masks (1 = allowed) or None.
+        """
 
-    def run_sample(self, tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], params: SamplingParams) -> NDArray[numpy.int32]:
-        """run(tokens) then sample(params); returns the chosen token per row."""
+    def run_sample(self, tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], params: SamplingParams, masks: object | None = None) -> NDArray[numpy.int32]:
+        """
+        run(tokens) then sample(params, masks); returns the chosen token per row. masks: None, uint32
+        [T, ceil(n_vocab / 32)], or a callable returning them (computed while the forward runs).
+        """
+
+    def sample_row(self, params: SamplingParams, row: int, mask: object) -> int:
+        """
+        Row `row` of the last run finished again with this token mask (uint32 [ceil(n_vocab / 32)]).
+        """
+
+    def set_steering(self, steering: Steering | None, origin: int) -> None:
+        """
+        The processors of the generation whose first output token is at `origin` (None: none); the state is
+        rebuilt from the committed tokens [origin, position) (csrc/sampling/processor.h).
+        """
+
+    @property
+    def steer_origin(self) -> int: ...
+
+    @property
+    def steer_state(self) -> tuple[int, int]: ...
 
     def commit(self, keep: int) -> None: ...
 
@@ -348,3 +379,61 @@ class GlobalSuffixIndex:
 
     @property
     def max_match(self) -> int: ...
+
+class PhraseAutomaton:
+    """
+    Aho-Corasick automaton over token ids for anti-slop phrase penalties (csrc/sampling/phrase_automaton.h).
+    """
+
+    def __init__(self, patterns: Sequence[Sequence[int]], strengths: Sequence[float], flags: Annotated[NDArray[numpy.uint8], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> None:
+        """
+        patterns: token-id sequences; strengths (> 0, inf = ban); flags: uint8 [n_vocab] PhraseTokenFlag bits.
+        """
+
+    def step(self, state: tuple[int, int], token: int) -> tuple[int, int]:
+        """The state (node, boundary) after `token`."""
+
+    def penalties(self, state: tuple[int, int]) -> tuple[Annotated[NDArray[numpy.int32], dict(shape=(None,))], Annotated[NDArray[numpy.float32], dict(shape=(None,))]]:
+        """
+        (ids, penalties) of the row whose state is (node, boundary); inf = banned.
+        """
+
+    @property
+    def n_nodes(self) -> int: ...
+
+    @property
+    def n_patterns(self) -> int: ...
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    @property
+    def dense(self) -> bool:
+        """
+        Whether the static part of the penalties is applied densely (many single-token phrases).
+        """
+
+    BAN_RAMP: Final[float] = ...
+    """(arg: object, /) -> float"""
+
+class Steering:
+    """One generation's C++ logit processors (csrc/sampling/processor.h)."""
+
+    def __init__(self, n_vocab: int, bias_ids: Sequence[int], bias_values: Sequence[float], phrases: PhraseAutomaton | None = None) -> None: ...
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    @property
+    def has_phrases(self) -> bool: ...
+
+def apply_token_mask(logits: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], mask: Annotated[NDArray[numpy.uint32], dict(shape=(None,), order='C', device='cpu', writable=False)], ref: bool = False) -> Annotated[NDArray[numpy.float32], dict(shape=(None,))]:
+    """Masked copy of logits [V] (-inf where the bit is 0); ref: scalar twin."""
+
+def masked_argmax(logits: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], mask: Annotated[NDArray[numpy.uint32], dict(shape=(None,), order='C', device='cpu', writable=False)], ref: bool = False) -> int:
+    """
+    Lowest id among the largest allowed non-NaN logits (-1: none); ref: twin.
+    """
+
+def masked_argmax_sub(logits: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], sub: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], mask: Annotated[NDArray[numpy.uint32], dict(shape=(None,), order='C', device='cpu', writable=False)], ref: bool = False) -> int:
+    """masked_argmax of logits - sub (not written); ref: twin."""

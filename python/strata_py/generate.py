@@ -16,7 +16,7 @@ from typing import Iterator
 
 from .config import GenerationConfig
 from .speculative import LoopStats, decode, prefill
-from .tokenizer import StreamDecoder
+from .steering import TextStream
 
 
 def _resolve(config: GenerationConfig | None, options: dict) -> GenerationConfig:
@@ -87,17 +87,22 @@ def generate(model, prompt: str, config: GenerationConfig | None = None, *, stat
              **options) -> Iterator[str]:
     """Yield text pieces continuing `prompt` (options: any GenerationConfig field, e.g. max_tokens=64).
 
-    End-of-generation tokens end the text and are not yielded. Pass a LoopStats to receive the metrics.
+    End-of-generation tokens end the text and are not yielded. A stop string (cfg.stop) ends it too and is
+    not yielded, and no piece ever shows bytes that could still start one. Pass a LoopStats to receive the
+    metrics.
     """
+    cfg = _resolve(config, options)
     ids = model.tokenizer.encode(prompt)
-    dec = StreamDecoder(model.tokenizer, skip_special=True)
+    dec = TextStream(model.tokenizer, cfg.stop, skip_special=True)
     eog = set(model.tokenizer.eog_ids)
-    for t in generate_ids(model, ids, config, stats=stats, **options):
+    for t in generate_ids(model, ids, cfg, stats=stats):
         if t in eog:
             break
         piece = dec.push(t)
         if piece:
             yield piece
+        if dec.stopped:
+            break
     tail = dec.flush()
     if tail:
         yield tail
@@ -138,6 +143,16 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--approx-bonus", type=float, default=0.85, help="resident experts' score x exp(bonus) (row 0)")
     ap.add_argument("--approx-draft-protect", type=int, default=None, help="top-j kept for draft rows")
     ap.add_argument("--approx-draft-bonus", type=float, default=None, help="bonus for draft rows")
+    # steering (issue 15): exact under speculation
+    ap.add_argument("--ban-phrases", action="append", default=[], metavar="FILE|default",
+                    help="anti-slop phrases: one a line, optionally TAB strength (inf = ban); 'default' = the shipped "
+                         "list; repeatable (the lists add up)")
+    ap.add_argument("--json-schema", metavar="FILE", help="constrain the output to JSON valid under this schema")
+    ap.add_argument("--regex", help="constrain the output to match this regular expression")
+    ap.add_argument("--grammar", metavar="FILE", help="constrain the output to this Lark grammar (llguidance dialect)")
+    ap.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable; not printed)")
+    ap.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
+                    help="add BIAS to token ID's logit (repeatable; -inf bans the token)")
     ap.add_argument("--stats", action="store_true", help="print speed and drafting metrics (stderr)")
     ap.add_argument("--stats-json", metavar="FILE", help="write the metrics as JSON")
     ap.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats) instead of streaming")
@@ -172,6 +187,27 @@ def _stats_table(stats: dict, model) -> None:
     Console(stderr=True).print(t)
 
 
+def _steering_options(a) -> dict:
+    """The steering fields of GenerationConfig from the command line (files read here; errors name them)."""
+    from .steering import default_phrases, parse_logit_bias, read_phrase_file
+
+    phrases: list = []
+    for src in a.ban_phrases:
+        phrases += default_phrases() if src == "default" else read_phrase_file(src)
+    out: dict = {"ban_phrases": phrases, "stop": list(a.stop), "logit_bias": parse_logit_bias(a.logit_bias),
+                 "regex": a.regex}
+    if a.json_schema:
+        try:
+            with open(a.json_schema, encoding="utf-8") as f:
+                out["json_schema"] = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{a.json_schema}: not JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    if a.grammar:
+        with open(a.grammar, encoding="utf-8") as f:
+            out["grammar"] = f.read()
+    return out
+
+
 def main(argv=None) -> int:
     a = _parser().parse_args(argv)
     try:
@@ -179,7 +215,7 @@ def main(argv=None) -> int:
                                min_p=a.min_p, repetition_penalty=a.repetition_penalty,
                                presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty,
                                penalty_last_n=a.penalty_last_n, seed=a.seed, draft=a.draft, max_draft=a.max_draft,
-                               min_match=a.min_match).validate()
+                               min_match=a.min_match, **_steering_options(a)).validate()
         if a.prompt is not None and a.file:
             raise ValueError("give the prompt as an argument or with --file, not both")
         if a.file:
@@ -216,8 +252,7 @@ def main(argv=None) -> int:
             sys.stdout.write(prompt)
             sys.stdout.flush()
         ids = model.tokenizer.encode(prompt)
-        from .tokenizer import StreamDecoder
-        dec = StreamDecoder(model.tokenizer, skip_special=True)
+        dec = TextStream(model.tokenizer, cfg.stop, skip_special=True)
         eog = set(model.tokenizer.eog_ids)
         token_ids: list[int] = []
         proposer = make_proposer(model, cfg)
@@ -231,6 +266,8 @@ def main(argv=None) -> int:
                 if not a.json:
                     sys.stdout.write(piece)
                     sys.stdout.flush()
+            if dec.stopped:
+                break
         tail = dec.flush()
         if tail:
             pieces.append(tail)

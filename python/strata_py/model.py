@@ -72,7 +72,7 @@ def sampling_params(cfg: GenerationConfig) -> "_core.SamplingParams":
 
 
 class Model:
-    """A loaded, validated qwen3next GGUF with its tokenizer. Immutable; sessions share it."""
+    """A loaded, validated GGUF (qwen3next, qwen35moe or qwen4exp) with its tokenizer. Immutable; sessions share it."""
 
     def __init__(self, core: "_core.Model", tokenizer: Tokenizer, path: Path):
         self._core = core
@@ -84,7 +84,8 @@ class Model:
              mtp: str | Path | None = None, cache_mib: int | str | None = None, o_direct: bool = False,
              io_threads: int = 4, prefetch: bool = True, prefetch_root_only: bool = False,
              routing: str = "natural", approx_protect: int | None = None, approx_bonus: float = 0.85,
-             approx_draft_protect: int | None = None, approx_draft_bonus: float | None = None) -> "Model":
+             approx_draft_protect: int | None = None, approx_draft_bonus: float | None = None,
+             ple_map_mib: int = 4096, _dense_attention: bool = False) -> "Model":
         """Open a GGUF (default: the shipped model, checksum-verified). threads=None uses the physical cores.
         mtp: a separate MTP-only GGUF for the model (checked to fit: hidden size, vocabulary, expert shapes).
 
@@ -102,6 +103,10 @@ class Model:
         approx_draft_*). It CHANGES the model's output (it is not lossless) and makes speculative windows
         differ from serial decoding, because residency differs between the two.
 
+        ple_map_mib (qwen4exp): a PLE n-gram table larger than this many MiB is read row by row with pread instead
+        of through the file's mapping (the table is never read whole either way).
+        _dense_attention (benches only): qwen4exp's QSA layers attend densely. This changes the model.
+
         Raises ValueError naming the file, tensor or key for a malformed or unsupported file.
         """
         if threads is not None and threads < 1:
@@ -112,6 +117,8 @@ class Model:
             mib = cache_mib
         else:
             raise ValueError(f"bad option cache_mib={cache_mib!r}: expected an int >= 0 (MiB) or 'full'")
+        if not isinstance(ple_map_mib, int) or isinstance(ple_map_mib, bool) or ple_map_mib < 0:
+            raise ValueError(f"bad option ple_map_mib={ple_map_mib!r}: expected an int >= 0 (MiB)")
         if routing not in ("natural", "approximate"):
             raise ValueError(f"bad option routing={routing!r}: expected 'natural' or 'approximate'")
         if path is None:
@@ -128,7 +135,8 @@ class Model:
                                 int(io_threads), bool(prefetch), bool(prefetch_root_only), routing == "approximate",
                                 -1 if approx_protect is None else int(approx_protect), float(approx_bonus),
                                 -1 if approx_draft_protect is None else int(approx_draft_protect),
-                                -1.0 if approx_draft_bonus is None else float(approx_draft_bonus))
+                                -1.0 if approx_draft_bonus is None else float(approx_draft_bonus),
+                                int(ple_map_mib), bool(_dense_attention))
         try:  # the vocabulary is bounded by the model's token_embd before the tokenizer is built from it
             tok = Tokenizer.from_metadata(_core.gguf_metadata(str(path)), max_vocab=core.config["n_vocab"])
         except ValueError as e:
@@ -226,6 +234,11 @@ class Session:
         """The committed token ids."""
         return self._core.tokens
 
+    @property
+    def steer_origin(self) -> int:
+        """Where the current generation's output began (steering, issue 15): decode(..., origin=this) continues it."""
+        return self._core.steer_origin
+
     def run(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
         """Process `tokens` as rows at the current position; float32 logits [T, n_vocab] (raw, before any
         logit processor), or [1, n_vocab] for the last row with last_only. T <= max_window is a verify
@@ -283,3 +296,11 @@ class Session:
 
     def reset(self) -> None:
         self._core.reset()
+
+    def record_qsa(self, on: bool = True) -> None:
+        """Tests: record the blocks each QSA layer selects in every later run (qsa_selected())."""
+        self._core.record_qsa(bool(on))
+
+    def qsa_selected(self) -> dict[int, list[list[int]]]:
+        """After record_qsa: {layer: [per row of the last run: its selected block ids, ascending; [] = dense]}."""
+        return self._core.qsa_selected()

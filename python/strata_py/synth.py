@@ -273,7 +273,16 @@ def write(name: str, out_path, out_type: str = "q8_0", seed: int = 0, mtp: bool 
 
 
 def main(argv=None) -> int:
+    # ---- issue 14: qwen35moe / qwen4exp files come from synth_next.py (its own sizes and options) ----
+    from . import synth_next
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--arch", default="qwen3next")
+    if pre.parse_known_args(argv)[0].arch != "qwen3next":
+        return synth_next.main(argv)
+    # ----
     ap = argparse.ArgumentParser(prog="python -m strata_py.synth", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", choices=["qwen3next", *synth_next.ARCHS], default="qwen3next",
+                    help="qwen35moe / qwen4exp: see synth_next.py (`--arch qwen4exp --help`)")
     ap.add_argument("name", choices=sorted(SIZES))
     ap.add_argument("out")
     ap.add_argument("--type", default="q8_0", choices=sorted([*TYPES, *MIXES]))
