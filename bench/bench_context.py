@@ -29,7 +29,7 @@ from strata_py.model import Model
 CHUNK = 512
 
 
-def strata_sweep(model, tokens, contexts, n_dec):
+def strata_sweep(model, tokens, contexts, n_dec, label=""):
     s = model.session(n_ctx=max(contexts) + n_dec + 8)
     out, pos, pre_t = {}, 0, 0.0
     for c in contexts:
@@ -50,10 +50,11 @@ def strata_sweep(model, tokens, contexts, n_dec):
         s.restore(base)
         out[c] = {"decode_ms": statistics.median(dec) * 1e3, "decode_ms_min": min(dec) * 1e3,
                   "prefill_tok_s": c / pre_t}
+        print(f"  {label} {c}: {out[c]['decode_ms']:.2f} ms/token, prefill {out[c]['prefill_tok_s']:.1f} tok/s", flush=True)
     return out
 
 
-def llama_sweep(llm, tokens, contexts, n_dec):
+def llama_sweep(llm, tokens, contexts, n_dec, label="llama.cpp"):
     # a hybrid model's recurrent state cannot be cut back in llama.cpp: the decoded tokens stay in its context,
     # so its later segments start n_dec tokens past strata's (a few tokens in thousands)
     llm.reset()
@@ -70,6 +71,7 @@ def llama_sweep(llm, tokens, contexts, n_dec):
         pos = c + n_dec
         out[c] = {"decode_ms": statistics.median(dec) * 1e3, "decode_ms_min": min(dec) * 1e3,
                   "prefill_tok_s": c / pre_t}
+        print(f"  {label} {c}: {out[c]['decode_ms']:.2f} ms/token, prefill {out[c]['prefill_tok_s']:.1f} tok/s", flush=True)
     return out
 
 
@@ -82,6 +84,8 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default="qsa,dense", help="qsa, dense (strata) in this order, alternated")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--peer", action="store_true", help="llama.cpp (llama-cpp-python) on the same file")
+    ap.add_argument("--limit", default="", help="largest context per contender, e.g. dense=16384,llama.cpp=16384 "
+                                                "(dense prefill grows with the square of the context)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     contexts = [int(c) for c in a.contexts.split(",")]
@@ -94,31 +98,34 @@ def main(argv=None) -> int:
         from llama_cpp import Llama
         llm = Llama(a.model, n_threads=a.threads, n_threads_batch=a.threads, n_ctx=max(contexts) + len(contexts) * a.decode + 8,
                     n_batch=CHUNK, verbose=False)
+    limit = {k: int(v) for k, v in (x.split("=") for x in a.limit.split(",") if x)}
+    upto = lambda name: [c for c in contexts if c <= limit.get(name, contexts[-1])]
     runs = {m: [] for m in modes}
     if llm is not None:
         runs["llama.cpp"] = []
     for _ in range(a.rounds):  # alternate the contenders so background load hits all alike
         for m in modes:
-            runs[m].append(strata_sweep(models[m], tokens, contexts, a.decode))
+            runs[m].append(strata_sweep(models[m], tokens, upto(m), a.decode, m))
         if llm is not None:
-            runs["llama.cpp"].append(llama_sweep(llm, tokens, contexts, a.decode))
+            runs["llama.cpp"].append(llama_sweep(llm, tokens, upto("llama.cpp"), a.decode))
     res = {"model": os.path.basename(a.model), "threads": a.threads, "isa": _core.active_isa(),
            "machine": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M"),
            "load_avg_1m": os.getloadavg()[0], "summary": next(iter(models.values()))._core.summary(),
            "contexts": contexts, "results": {}}
     for name, rs in runs.items():
-        res["results"][name] = {c: {k: statistics.median(r[c][k] for r in rs) for k in rs[0][c]} for c in contexts}
+        res["results"][name] = {c: {k: statistics.median(r[c][k] for r in rs) for k in rs[0][c]} for c in upto(name)}
     print(f"{res['model']}  threads={a.threads}  isa={res['isa']}  load avg {res['load_avg_1m']:.1f}")
     print(f"{'context':>8} " + " ".join(f"{n + ' ms/tok':>18} {n + ' prefill':>18}" for n in runs))
     for c in contexts:
         row = []
         for n in runs:
-            r = res["results"][n][c]
-            row += [f"{r['decode_ms']:18.2f}", f"{r['prefill_tok_s']:18.1f}"]
+            r = res["results"][n].get(c)
+            row += [f"{r['decode_ms']:18.2f}", f"{r['prefill_tok_s']:18.1f}"] if r else [f"{'-':>18}", f"{'-':>18}"]
         print(f"{c:>8} " + " ".join(row))
     for n in runs:
         r = res["results"][n]
-        print(f"{n}: decode at {contexts[-1]} / at {contexts[0]} = {r[contexts[-1]]['decode_ms'] / r[contexts[0]]['decode_ms']:.2f}")
+        lo, hi = min(r), max(r)
+        print(f"{n}: decode at {hi} / at {lo} = {r[hi]['decode_ms'] / r[lo]['decode_ms']:.2f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from hf_tiny import CHAT_TEMPLATE, _exp_log_exact, _fuse_experts, _grid, _mtp_tensors, _write_shards, tiny_tokenizer_json
+from hf_tiny import (CHAT_TEMPLATE, _exp_log_exact, _fuse_experts, _grid, _mtp_tensors, _write_shards,
+                     tiny_tokenizer_json)
 
 # shared by both architectures (Qwen3.5 trunk)
 TINY_NEXT = dict(
@@ -39,6 +40,13 @@ TINY_NEXT = dict(
     shared_expert_intermediate_size=32, rms_norm_eps=1e-6, max_position_embeddings=512, tie_word_embeddings=False,
     initializer_range=0.1,
 )
+# the tiny dimensions under the names the tests use
+H, L, E, I, S = (TINY_NEXT["hidden_size"], TINY_NEXT["num_hidden_layers"], TINY_NEXT["num_experts"],  # noqa: E741
+                 TINY_NEXT["moe_intermediate_size"], TINY_NEXT["shared_expert_intermediate_size"])
+NH, NKV, HD = TINY_NEXT["num_attention_heads"], TINY_NEXT["num_key_value_heads"], TINY_NEXT["head_dim"]
+NK, NV, DK, DV, K = (TINY_NEXT["linear_num_key_heads"], TINY_NEXT["linear_num_value_heads"],
+                     TINY_NEXT["linear_key_head_dim"], TINY_NEXT["linear_value_head_dim"],
+                     TINY_NEXT["linear_conv_kernel_dim"])
 # text-only interleaved mRoPE: sum(mrope_section) = rot / 2 = 4 (spec 1.8)
 ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
         "mrope_interleaved": True}
@@ -107,6 +115,16 @@ def _rewrite(out_dir: Path, config, gen, *, with_mtp=False, mtp_layer_cls=None, 
                   metadata={"format": "pt"})
 
 
+def _build(model_cls, config, out_dir: Path, seed: int):
+    """The transformers model of `config` with seeded random weights, perturbed, saved; (model, generator)."""
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    _perturb(model, gen)
+    model.save_pretrained(out_dir)
+    return model, gen
+
+
 def make_tiny_qwen35moe(out_dir, *, seed: int = 0, with_mtp: bool = False, fused_experts: bool = False,
                         shards: int = 1, dtype: str = "float32", **overrides):
     """Write a tiny random Qwen3.5-MoE checkpoint (layers 0-2 Gated DeltaNet, layer 3 gated attention, 8 experts
@@ -127,11 +145,7 @@ def make_tiny_qwen35moe(out_dir, *, seed: int = 0, with_mtp: bool = False, fused
     n = kw["num_hidden_layers"]
     kw.setdefault("layer_types", ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)])
     config = Qwen3_5MoeTextConfig(**kw)
-    torch.manual_seed(seed)
-    model = Qwen3_5MoeForCausalLM(config).eval()
-    gen = torch.Generator().manual_seed(seed + 1)
-    _perturb(model, gen)
-    model.save_pretrained(out_dir)
+    model, gen = _build(Qwen3_5MoeForCausalLM, config, out_dir, seed)
     _rewrite(out_dir, config, gen, with_mtp=with_mtp, mtp_layer_cls=Qwen3_5MoeDecoderLayer,
              fused_experts=fused_experts, shards=shards, dtype=dtype)
     return model
@@ -166,11 +180,7 @@ def make_tiny_qwen4exp(out_dir, *, seed: int = 0, budget: int = 8, compress_rati
         kw.update(TINY_PLE)
     kw.update(overrides)
     config = Qwen4ExpTextConfig(**kw)
-    torch.manual_seed(seed)
-    model = Qwen4ExpForCausalLM(config).eval()
-    gen = torch.Generator().manual_seed(seed + 1)
-    _perturb(model, gen)
-    model.save_pretrained(out_dir)
+    model, gen = _build(Qwen4ExpForCausalLM, config, out_dir, seed)
 
     def spell(cfg):
         if layer_types_spelling != "indexed_attention":

@@ -12,17 +12,13 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from safetensors.torch import load_file, save_file
 
-from gguf_util import metadata_from_gguf_reader, tensors_by_name  # noqa: F401  (sets sys.path)
-from hf_tiny_next import TINY_NEXT, make_tiny_qwen35moe
+from convert_util import (assert_refused, assert_tensor_table, copy_checkpoint, edit_config, edit_tensors,
+                          ne_attention, ne_moe, ne_qwen35_deltanet)
+from gguf_util import f32_array as _arr, read_gguf as _read  # (sets sys.path)
+from hf_tiny_next import DK, DV, E, H, HD, I, K, L, NH, NK, NKV, NV, S, make_tiny_qwen35moe  # noqa: E741
 
 from strata_py import convert as cv
 
-T = TINY_NEXT
-H, L, E, I, S = (T["hidden_size"], T["num_hidden_layers"], T["num_experts"], T["moe_intermediate_size"],
-                 T["shared_expert_intermediate_size"])
-NH, NKV, HD = T["num_attention_heads"], T["num_key_value_heads"], T["head_dim"]
-NK, NV, DK, DV, K = (T["linear_num_key_heads"], T["linear_num_value_heads"], T["linear_key_head_dim"],
-                     T["linear_value_head_dim"], T["linear_conv_kernel_dim"])
 RV, KD, VD = NV // NK, NK * DK, NV * DV
 CONV = 2 * KD + VD
 V = 384
@@ -41,34 +37,14 @@ def f32(tiny, tmp_path_factory):
     return cv.convert(tiny[0], tmp_path_factory.mktemp("q35g") / "q35.gguf", "f32")
 
 
-def _read(path):
-    r = gguf.GGUFReader(path)
-    return r, tensors_by_name(r), metadata_from_gguf_reader(r)
-
-
-def _arr(t) -> np.ndarray:
-    return np.asarray(t.data, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
-
-
 def expected_ne(mtp=True) -> dict[str, list[int]]:
     """ggml ne of every tensor (spec §4.2 and qwen3next.md §2.2), written out independently of the converter."""
     ne = {"token_embd.weight": [H, V], "output_norm.weight": [H], "output.weight": [H, V]}
 
     def block(b, full):
         ne.update({f"blk.{b}.attn_norm.weight": [H], f"blk.{b}.post_attention_norm.weight": [H]})
-        if full:
-            ne.update({f"blk.{b}.attn_q.weight": [H, 2 * NH * HD], f"blk.{b}.attn_k.weight": [H, NKV * HD],
-                       f"blk.{b}.attn_v.weight": [H, NKV * HD], f"blk.{b}.attn_output.weight": [NH * HD, H],
-                       f"blk.{b}.attn_q_norm.weight": [HD], f"blk.{b}.attn_k_norm.weight": [HD]})
-        else:
-            ne.update({f"blk.{b}.attn_qkv.weight": [H, CONV], f"blk.{b}.attn_gate.weight": [H, VD],
-                       f"blk.{b}.ssm_beta.weight": [H, NV], f"blk.{b}.ssm_alpha.weight": [H, NV],
-                       f"blk.{b}.ssm_conv1d.weight": [K, CONV], f"blk.{b}.ssm_dt.bias": [NV],
-                       f"blk.{b}.ssm_a": [NV], f"blk.{b}.ssm_norm.weight": [DV], f"blk.{b}.ssm_out.weight": [VD, H]})
-        ne.update({f"blk.{b}.ffn_gate_inp.weight": [H, E], f"blk.{b}.ffn_gate_exps.weight": [H, I, E],
-                   f"blk.{b}.ffn_up_exps.weight": [H, I, E], f"blk.{b}.ffn_down_exps.weight": [I, H, E],
-                   f"blk.{b}.ffn_gate_inp_shexp.weight": [H, 1], f"blk.{b}.ffn_gate_shexp.weight": [H, S],
-                   f"blk.{b}.ffn_up_shexp.weight": [H, S], f"blk.{b}.ffn_down_shexp.weight": [S, H]})
+        ne.update(ne_attention(b, H, NH, NKV, HD) if full else ne_qwen35_deltanet(b, H, NK, NV, DK, DV, K))
+        ne.update(ne_moe(b, H, E, I, S))
 
     for i in range(L):
         block(i, (i + 1) % 4 == 0)
@@ -80,12 +56,7 @@ def expected_ne(mtp=True) -> dict[str, list[int]]:
 
 
 def test_names_and_shapes(f32):
-    _, ts, _ = _read(f32)
-    want = expected_ne()
-    assert set(ts) == set(want)
-    for name, ne in want.items():
-        assert [int(x) for x in ts[name].shape] == ne, name
-        assert ts[name].tensor_type == QT.F32, name
+    assert_tensor_table(f32, expected_ne(), QT.F32)
 
 
 def test_metadata_values_and_types(f32):
@@ -142,7 +113,8 @@ def test_v_head_reorder_and_transforms(tiny, f32):
     assert np.array_equal(_arr(ts["blk.3.attn_q_norm.weight"]), hf(a + "q_norm.weight") + 1)
     assert np.array_equal(_arr(ts["blk.3.attn_q.weight"]), hf(a + "q_proj.weight"))
     for e in (0, 5):
-        assert np.array_equal(_arr(ts["blk.3.ffn_up_exps.weight"])[e], hf(f"model.layers.3.mlp.experts.{e}.up_proj.weight"))
+        assert np.array_equal(_arr(ts["blk.3.ffn_up_exps.weight"])[e],
+                              hf(f"model.layers.3.mlp.experts.{e}.up_proj.weight"))
     assert np.array_equal(_arr(ts[f"blk.{L}.nextn.enorm.weight"]), hf("mtp.pre_fc_norm_embedding.weight") + 1)
     assert np.array_equal(_arr(ts["output_norm.weight"]), hf("model.norm.weight") + 1)
 
@@ -201,8 +173,8 @@ def test_types(tiny, tmp_path, out_type):
     """Norms, 1-D tensors, routers, shared-expert gates and conv1d stay F32; other matrices get the type."""
     _, ts, md = _read(cv.convert(tiny[0], tmp_path / "q.gguf", out_type, mtp=False))
     assert md["general.file_type"] == int(cv.FILE_TYPES[out_type])
-    f32_names = {n for n in ts if len(ts[n].shape) == 1 or n.endswith(("norm.weight", "ffn_gate_inp.weight",
-                                                                       "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight"))}
+    kept = ("norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight")
+    f32_names = {n for n in ts if len(ts[n].shape) == 1 or n.endswith(kept)}
     for n, t in ts.items():
         assert t.tensor_type == (QT.F32 if n in f32_names else cv.OUT_TYPES[out_type]), n
     assert not any(n.startswith(f"blk.{L}.") for n in ts) and f"{A}.nextn_predict_layers" not in md
@@ -217,30 +189,6 @@ def test_mtp_only(tiny, tmp_path):
 # ---------------------------------------------------------------------------------------------------------
 # validation: every error names the file / key / tensor and the value
 # ---------------------------------------------------------------------------------------------------------
-
-def _copy(tiny, dst):
-    shutil.copytree(tiny[0], dst)
-    return dst
-
-
-def _edit_config(d, fn):
-    cfg = json.loads((d / "config.json").read_text())
-    fn(cfg)
-    (d / "config.json").write_text(json.dumps(cfg))
-
-
-def _edit_tensors(d, fn):
-    sd = load_file(str(d / "model.safetensors"))
-    fn(sd)
-    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
-
-
-def _fails(d, tmp_path, match):
-    out = tmp_path / "o.gguf"
-    with pytest.raises(ValueError, match=match):
-        cv.convert(d, out, "q8_0")
-    assert not out.exists() and not out.with_name("o.gguf.tmp").exists()
-
 
 CONFIG_ERRORS = [
     (lambda c: c.pop("linear_num_value_heads"), r"missing key 'linear_num_value_heads'"),
@@ -259,13 +207,14 @@ CONFIG_ERRORS = [
 
 @pytest.mark.parametrize("edit,match", CONFIG_ERRORS, ids=[m for _, m in CONFIG_ERRORS])
 def test_config_errors(tiny, tmp_path, edit, match):
-    d = _copy(tiny, tmp_path / "hf")
-    _edit_config(d, edit)
-    _fails(d, tmp_path, match)
+    d = copy_checkpoint(tiny[0], tmp_path / "hf")
+    edit_config(d, edit)
+    assert_refused(d, tmp_path, match)
 
 
 TENSOR_ERRORS = [
-    (lambda sd: sd.pop("model.layers.1.linear_attn.in_proj_z.weight"), r"missing tensor 'model\.layers\.1\.linear_attn\.in_proj_z\.weight'"),
+    (lambda sd: sd.pop("model.layers.1.linear_attn.in_proj_z.weight"),
+     r"missing tensor 'model\.layers\.1\.linear_attn\.in_proj_z\.weight'"),
     (lambda sd: sd.update({"model.layers.0.linear_attn.in_proj_qkv.weight": torch.zeros(CONV - 1, H)}),
      r"'model\.layers\.0\.linear_attn\.in_proj_qkv\.weight' has shape \[159, 64\], config\.json implies \[160, 64\]"),
     (lambda sd: sd.update({"model.layers.0.linear_attn.in_proj_ba.weight": torch.zeros(2 * NV, H)}),
@@ -276,9 +225,9 @@ TENSOR_ERRORS = [
 
 @pytest.mark.parametrize("edit,match", TENSOR_ERRORS, ids=[m[:40] for _, m in TENSOR_ERRORS])
 def test_tensor_errors(tiny, tmp_path, edit, match):
-    d = _copy(tiny, tmp_path / "hf")
-    _edit_tensors(d, edit)
-    _fails(d, tmp_path, match)
+    d = copy_checkpoint(tiny[0], tmp_path / "hf")
+    edit_tensors(d, edit)
+    assert_refused(d, tmp_path, match)
 
 
 def test_reverse_refuses_other_architecture_and_legacy_layout(tiny, f32, tmp_path):

@@ -4,30 +4,24 @@ norms +1, indexer split, PLE shards concatenated), quantized types, the f32 roun
 from __future__ import annotations
 
 import json
-import shutil
 
 import gguf
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from corrupt import copy_field
-from gguf_util import metadata_from_gguf_reader, tensors_by_name  # noqa: F401  (sets sys.path)
-from hf_tiny_next import TINY_HC, TINY_NEXT, TINY_PLE, TINY_QSA, capture_qsa, make_tiny_qwen4exp
+from convert_util import (assert_refused, assert_tensor_table, copy_checkpoint, edit_config, edit_tensors,
+                          ne_attention, ne_moe, ne_qwen35_deltanet)
+from gguf_util import f32_array as _arr, read_gguf as _read  # (sets sys.path)
+from hf_tiny_next import (DK, DV, E, H, HD, I, K, L, NH, NK, NKV, NV, S, TINY_HC, TINY_PLE,  # noqa: E741
+                          TINY_QSA, capture_qsa, make_tiny_qwen4exp)
 
 from strata_py import convert as cv
 from strata_py import ple_constants
 
-T = TINY_NEXT
-H, L, E, I, S = (T["hidden_size"], T["num_hidden_layers"], T["num_experts"], T["moe_intermediate_size"],
-                 T["shared_expert_intermediate_size"])
-NH, NKV, HD = T["num_attention_heads"], T["num_key_value_heads"], T["head_dim"]
-NK, NV, DK, DV, K = (T["linear_num_key_heads"], T["linear_num_value_heads"], T["linear_key_head_dim"],
-                     T["linear_value_head_dim"], T["linear_conv_kernel_dim"])
-KD, VD = NK * DK, NV * DV
-CONV = 2 * KD + VD
 HC, R = TINY_HC["hc_count"], TINY_HC["hc_lowrank"]
 HCD = HC * H
 NI, DI = TINY_QSA["indexer_n_heads"], TINY_QSA["indexer_head_dim"]
@@ -53,15 +47,6 @@ def f32(tiny, tmp_path_factory):
     return cv.convert(tiny[0], tmp_path_factory.mktemp("q4g") / "q4.gguf", "f32")
 
 
-def _read(path):
-    r = gguf.GGUFReader(path)
-    return r, tensors_by_name(r), metadata_from_gguf_reader(r)
-
-
-def _arr(t) -> np.ndarray:
-    return np.asarray(t.data, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
-
-
 def _table(sd) -> np.ndarray:
     shards = sorted((k for k in sd if ".ngram_embedding.shard_" in k), key=lambda k: int(k.split("shard_")[1][:-7]))
     assert len(shards) == TINY_PLE["split_ngram_parts"]
@@ -77,34 +62,21 @@ def expected_ne() -> dict[str, list[int]]:
             ne.update({f"blk.{b}.hc_{m}_norm.weight": [HCD], f"blk.{b}.hc_{m}_down.weight": [HCD, R],
                        f"blk.{b}.hc_{m}_up.weight": [R, HCD], f"blk.{b}.hc_{m}_inject.weight": [HCD, HC]})
         if (b + 1) % 4 == 0:
-            ne.update({f"blk.{b}.attn_q.weight": [H, 2 * NH * HD], f"blk.{b}.attn_k.weight": [H, NKV * HD],
-                       f"blk.{b}.attn_v.weight": [H, NKV * HD], f"blk.{b}.attn_output.weight": [NH * HD, H],
-                       f"blk.{b}.attn_q_norm.weight": [HD], f"blk.{b}.attn_k_norm.weight": [HD],
+            ne.update({**ne_attention(b, H, NH, NKV, HD),
                        f"blk.{b}.indexer.q_proj.weight": [H, NI * DI], f"blk.{b}.indexer.k_proj.weight": [H, DI],
                        f"blk.{b}.indexer.q_norm.weight": [DI], f"blk.{b}.indexer.k_norm.weight": [DI]})
         else:
-            ne.update({f"blk.{b}.attn_qkv.weight": [H, CONV], f"blk.{b}.attn_gate.weight": [H, VD],
-                       f"blk.{b}.ssm_beta.weight": [H, NV], f"blk.{b}.ssm_alpha.weight": [H, NV],
-                       f"blk.{b}.ssm_conv1d.weight": [K, CONV], f"blk.{b}.ssm_dt.bias": [NV],
-                       f"blk.{b}.ssm_a": [NV], f"blk.{b}.ssm_norm.weight": [DV], f"blk.{b}.ssm_out.weight": [VD, H]})
+            ne.update(ne_qwen35_deltanet(b, H, NK, NV, DK, DV, K))
         if b == PLE_L:
             ne.update({f"blk.{b}.ple_key.weight": [H, HCD], f"blk.{b}.ple_value.weight": [H, H],
                        f"blk.{b}.ple_norm_key.weight": [HCD], f"blk.{b}.ple_norm_query.weight": [HCD],
                        f"blk.{b}.ple_norm_conv.weight": [HCD], f"blk.{b}.ple_conv1d.weight": [KP, HCD]})
-        ne.update({f"blk.{b}.ffn_gate_inp.weight": [H, E], f"blk.{b}.ffn_gate_exps.weight": [H, I, E],
-                   f"blk.{b}.ffn_up_exps.weight": [H, I, E], f"blk.{b}.ffn_down_exps.weight": [I, H, E],
-                   f"blk.{b}.ffn_gate_inp_shexp.weight": [H, 1], f"blk.{b}.ffn_gate_shexp.weight": [H, S],
-                   f"blk.{b}.ffn_up_shexp.weight": [H, S], f"blk.{b}.ffn_down_shexp.weight": [S, H]})
+        ne.update(ne_moe(b, H, E, I, S))
     return ne
 
 
 def test_names_and_shapes(f32):
-    _, ts, _ = _read(f32)
-    want = expected_ne()
-    assert set(ts) == set(want)
-    for name, ne in want.items():
-        assert [int(x) for x in ts[name].shape] == ne, name
-        assert ts[name].tensor_type == QT.F32, name
+    assert_tensor_table(f32, expected_ne(), QT.F32)
 
 
 def test_metadata_values_and_types(tiny, f32):
@@ -121,7 +93,7 @@ def test_metadata_values_and_types(tiny, f32):
         f"{A}.expert_used_count": (2, u32), f"{A}.expert_feed_forward_length": (I, u32),
         f"{A}.expert_shared_feed_forward_length": (S, u32), f"{A}.ssm.conv_kernel": (K, u32),
         f"{A}.ssm.state_size": (DK, u32), f"{A}.ssm.group_count": (NK, u32), f"{A}.ssm.time_step_rank": (NV, u32),
-        f"{A}.ssm.inner_size": (VD, u32), f"{A}.attention.recurrent_layers": ([True, True, True, False], boo),
+        f"{A}.ssm.inner_size": (NV * DV, u32), f"{A}.attention.recurrent_layers": ([True, True, True, False], boo),
         f"{A}.full_attention_interval": (4, u32), f"{A}.hyper_connection.count": (HC, u32),
         f"{A}.hyper_connection.low_rank": (R, u32), f"{A}.attention.indexer.head_count": (NI, u32),
         f"{A}.attention.indexer.key_length": (DI, u32),
@@ -153,12 +125,15 @@ def test_transforms(tiny, f32):
     hf = lambda n: sd[n].float().numpy()  # noqa: E731
     for b in range(L):
         p = f"model.layers.{b}."
-        assert np.array_equal(_arr(ts[f"blk.{b}.hc_attn_norm.weight"]), hf(p + "attn_hyper_connection.hc_norm.weight") + 1)
+        assert np.array_equal(_arr(ts[f"blk.{b}.hc_attn_norm.weight"]),
+                              hf(p + "attn_hyper_connection.hc_norm.weight") + 1)
         assert np.array_equal(_arr(ts[f"blk.{b}.hc_ffn_inject.weight"]),
                               hf(p + "mlp_hyper_connection.block_inject_weight.weight"))
-        assert np.array_equal(_arr(ts[f"blk.{b}.hc_ffn_up.weight"]), hf(p + "mlp_hyper_connection.input_mix_weight_up.weight"))
+        assert np.array_equal(_arr(ts[f"blk.{b}.hc_ffn_up.weight"]),
+                              hf(p + "mlp_hyper_connection.input_mix_weight_up.weight"))
     assert np.array_equal(_arr(ts["output_hc_norm.weight"]), hf("model.hyper_connection_mixer.hc_norm.weight") + 1)
-    assert np.array_equal(_arr(ts["output_hc_down.weight"]), hf("model.hyper_connection_mixer.input_mix_weight_down.weight"))
+    assert np.array_equal(_arr(ts["output_hc_down.weight"]),
+                          hf("model.hyper_connection_mixer.input_mix_weight_down.weight"))
     a = "model.layers.3.self_attn."
     qk = hf(a + "indexer.index_qk_proj.weight")
     assert np.array_equal(_arr(ts["blk.3.indexer.q_proj.weight"]), qk[:NI * DI])
@@ -213,7 +188,7 @@ def test_real_checkpoint_spelling_and_eos_list_and_silu(tiny, tmp_path):
     md = _read(cv.convert(d2, tmp_path / "c.gguf"))[2]
     assert md[f"{A}.ple.eos_token_id"] == 0
     assert md[f"{A}.ssm.output_gate_type"] == "silu"
-    assert cv._other(A).gguf_to_hf(tmp_path / "c.gguf", tmp_path / "c-back")  # and back
+    assert cv.gguf_to_hf(tmp_path / "c.gguf", tmp_path / "c-back")  # and back
     assert json.loads((tmp_path / "c-back" / "config.json").read_text())["output_gate_type"] == "silu"
 
 
@@ -234,10 +209,8 @@ def test_types(tiny, tmp_path, out_type):
 
 
 def test_mtp_dropped_and_mtp_only_refused(tiny, tmp_path):
-    d = shutil.copytree(tiny[0], tmp_path / "mtp")
-    sd = load_file(str(d / "model.safetensors"))
-    sd["mtp.fc.weight"] = torch.zeros(H, 2 * H)
-    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+    d = copy_checkpoint(tiny[0], tmp_path / "mtp")
+    edit_tensors(d, lambda sd: sd.update({"mtp.fc.weight": torch.zeros(H, 2 * H)}))
     assert "mtp" not in " ".join(_read(cv.convert(d, tmp_path / "m.gguf"))[1])
     with pytest.raises(ValueError, match="MTP"):
         cv.convert(d, tmp_path / "n.gguf", mtp_only=True)
@@ -247,23 +220,17 @@ def test_mtp_dropped_and_mtp_only_refused(tiny, tmp_path):
 # validation
 # ---------------------------------------------------------------------------------------------------------
 
-def _copy(tiny, dst):
-    return shutil.copytree(tiny[0], dst)
-
-
-def _fails(d, tmp_path, match):
-    out = tmp_path / "o.gguf"
-    with pytest.raises(ValueError, match=match):
-        cv.convert(d, out, "q8_0")
-    assert not out.exists() and not out.with_name("o.gguf.tmp").exists()
-
-
 CONFIG_ERRORS = [
     (lambda c: c.pop("indexer_budget"), r"missing key 'indexer_budget' \(every Qwen4-Exp attention layer runs QSA\)"),
     (lambda c: c.update(indexer_kv_heads=2), r"indexer_kv_heads=2: must be 1"),
     (lambda c: c.update(indexer_budget=10), r"indexer_budget=10: must be a multiple of indexer_compress_ratio=4"),
     (lambda c: c.update(indexer_head_dim=4), r"indexer_head_dim=4: must be >= the rotary dims 8"),
     (lambda c: c.update(indexer_compress_ratio=0), r"indexer_compress_ratio=0: must be > 0"),
+    # without partial_rotary_factor, Qwen4ExpTextConfig rotates the whole head (its class, unlike Qwen3.5's, sets no
+    # 0.25 default; llama.cpp's converter would assume 0.25): 32 rotary dims no longer fit the 16-dim indexer head
+    (lambda c: (c["rope_parameters"].pop("partial_rotary_factor"),
+                c["rope_parameters"].update(mrope_section=[8, 4, 4])),
+     r"indexer_head_dim=16: must be >= the rotary dims 32"),
     (lambda c: c.update(ple_layer_ids=[1, 2]), r"ple_layer_ids=\[1, 2\]: llama.cpp supports exactly one"),
     (lambda c: c.update(ple_layer_ids=[4]), r"ple_layer_ids=\[4\]: must name a linear_attention layer"),
     (lambda c: c.update(ple_embed_dim=128), r"ple_embed_dim=128: must equal hidden_size=64"),
@@ -272,7 +239,8 @@ CONFIG_ERRORS = [
     (lambda c: c.update(output_gate_type="gelu"), r"output_gate_type='gelu'.*sigmoid, silu"),
     (lambda c: c.update(hc_count=1), r"hc_count=1: must be > 1"),
     (lambda c: c.update(layer_types=["linear_attention"] * 4), r"layer_types=.*no indexed_attention layer"),
-    (lambda c: c.update(layer_types=["linear_attention"] * 3 + ["sliding_attention"]), r"layer_types=.*'indexed_attention'"),
+    (lambda c: c.update(layer_types=["linear_attention"] * 3 + ["sliding_attention"]),
+     r"layer_types=.*'indexed_attention'"),
     (lambda c: c.update(split_ngram_parts=4), r"split_ngram_parts=4 needs shard_0..shard_3 \(missing shard_3\)"),
     (lambda c: c.update(split_ngram_parts=2), r"found 3 shards.*split_ngram_parts=2.*\(unexpected shard_2\)"),
     (lambda c: c.update(model_type="qwen4_exp_vision"), r"model_type='qwen4_exp_vision': expected one of qwen3_next"),
@@ -281,17 +249,16 @@ CONFIG_ERRORS = [
 
 @pytest.mark.parametrize("edit,match", CONFIG_ERRORS, ids=[m[:40] for _, m in CONFIG_ERRORS])
 def test_config_errors(tiny, tmp_path, edit, match):
-    d = _copy(tiny, tmp_path / "hf")
-    cfg = json.loads((d / "config.json").read_text())
-    edit(cfg)
-    (d / "config.json").write_text(json.dumps(cfg))
-    _fails(d, tmp_path, match)
+    d = copy_checkpoint(tiny[0], tmp_path / "hf")
+    edit_config(d, edit)
+    assert_refused(d, tmp_path, match)
 
 
 TENSOR_ERRORS = [
     (lambda sd: sd.pop(EMB + "ngram_embedding.shard_1.weight"), r"found 2 shards.*\(missing shard_1\)"),
     (lambda sd: sd.update({EMB + "ngram_embedding.shard_1.weight": torch.zeros(1366, DP + 1)}),
-     r"'model\.layers\.1\.ple\.ple_embedding\.ngram_embedding\.shard_1\.weight' has shape \[1366, 17\], expected \[rows, 16\]"),
+     r"'model\.layers\.1\.ple\.ple_embedding\.ngram_embedding\.shard_1\.weight' has shape \[1366, 17\], "
+     r"expected \[rows, 16\]"),
     (lambda sd: sd.update({EMB + "ngram_embedding.shard_2.weight": torch.zeros(100, DP)}),
      r"has 2832 rows, fewer than the 4062 the heads index"),
     (lambda sd: sd.update({EMB + "layer_multipliers": sd[EMB + "layer_multipliers"].float()}),
@@ -312,11 +279,9 @@ TENSOR_ERRORS = [
 
 @pytest.mark.parametrize("edit,match", TENSOR_ERRORS, ids=[m[:40] for _, m in TENSOR_ERRORS])
 def test_tensor_errors(tiny, tmp_path, edit, match):
-    d = _copy(tiny, tmp_path / "hf")
-    sd = load_file(str(d / "model.safetensors"))
-    edit(sd)
-    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
-    _fails(d, tmp_path, match)
+    d = copy_checkpoint(tiny[0], tmp_path / "hf")
+    edit_tensors(d, edit)
+    assert_refused(d, tmp_path, match)
 
 
 def _set_key(src, dst, key, value):

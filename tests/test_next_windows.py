@@ -170,3 +170,22 @@ def test_checkpoints_carry_the_new_state(q4, tmp_path):
     s.commit(len(cont))
     t = q4.load_session(tmp_path / "cp.bin", n_ctx=128)
     np.testing.assert_array_equal(t.run(cont), want)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_steered_speculative_equals_serial(q4, temperature):
+    """Steered decoding (logit bias, phrase penalties and bans, a regex grammar, a stop string) on qwen4exp:
+    suffix and adversarial drafts emit exactly the plain tokens."""
+    from strata_py.generate import generate_ids
+    tok = q4.tokenizer
+    bias = {tok.encode(" the")[0]: -3.0, tok.encode(" self")[0]: 2.0}
+    cfg = GenerationConfig(max_tokens=40, temperature=temperature, seed=7, stop_at_eos=False, logit_bias=bias,
+                           ban_phrases=[("return self", float("inf")), ("if not", 4.0)],
+                           regex=r"[a-z_ ().,=\n]{1,60}", stop=["\n\n"])
+    prompt = tok.encode("def f(self, x):\n    return self.x\ndef g(self, x):\n    return self.x\ndef h(self")
+    plain = list(generate_ids(q4, prompt, cfg.replace(draft="none")))
+    assert plain
+    assert list(generate_ids(q4, prompt, cfg.replace(draft="suffix"))) == plain
+    for right in (0, 2, 5):
+        got = list(generate_ids(q4, prompt, cfg, proposer=Oracle(plain, len(prompt), right, q4.n_vocab)))
+        assert got == plain, right

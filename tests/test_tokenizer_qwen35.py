@@ -27,7 +27,8 @@ MARKED = [
     "❤\ufe0f 👍🏽 ☺\ufe0e 👨\u200d👩\u200d👧",        # variation selectors are marks (Mn), ZWJ is not
     "한국어 텍스트 ᄒᆞᆫ",                               # precomposed and conjoining jamo
 ]
-PLAIN = ["def f(x):\n    return x + 1  # 12345\n\n", "Hello,  world!!  It's 2024.\r\n\tEnd ", "   leading and trailing   "]
+PLAIN = ["def f(x):\n    return x + 1  # 12345\n\n", "Hello,  world!!  It's 2024.\r\n\tEnd ",
+         "   leading and trailing   "]
 
 
 def _corpus() -> list[str]:

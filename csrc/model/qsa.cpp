@@ -77,45 +77,45 @@ void qsa_layer(const Model& m, const AttnWeights& w, KvCache& kv, QsaState& qs, 
     }
   }
 
-  // scores of every row's candidate blocks: one product of the pooled keys with all rows' indexer heads
-  // (each score is one fixed kernel computation, whatever the rows or blocks around it)
-  const int64_t nc_last = (pos0 + T) / r;  // complete blocks of the last row
-  bool any_sparse = false;
-  for (int t = 0; t < T; t++) any_sparse |= (pos0 + t + 1) / r > kb;
-  if (any_sparse) {
-    sc.resize((size_t)T * ni * nc_last);  // [T][ni][nc_last]
-    MatView P;
-    P.data = reinterpret_cast<const uint8_t*>(qs.pooled_at(0));
-    P.type = GGML_F32;
-    P.rows = nc_last;
-    P.cols = di;
-    P.row_bytes = (size_t)di * sizeof(float);
-    matmul(m.pool(), P, qi.data(), di, (int)(T * ni), sc.data(), nc_last);
-  }
-
-  // per row: the attended cells (all of 0..p when dense)
+  // per row: the attended cells (all of 0..p when dense). The block scores of a run of rows come from one
+  // product of the pooled keys with those rows' indexer heads (each score one fixed kernel computation,
+  // whatever rows or blocks share the product); runs of kScoreRows rows bound the scratch of long prompts.
+  constexpr int kScoreRows = 16;
   std::vector<std::vector<int32_t>> cells((size_t)T);
   if (qs.record) qs.selected.assign((size_t)T, {});
   std::vector<float> s;
   std::vector<int32_t> sel;
   const float inv_sqrt_di = 1.f / std::sqrt((float)di);
-  for (int t = 0; t < T; t++) {
-    const int64_t p = pos0 + t, n_c = (p + 1) / r;
-    if (n_c <= kb) continue;  // dense
-    // s_b = (relu(score_0b) + relu(score_1b) + ...) / sqrt(di), heads in order (blocks vectorise)
-    s.assign((size_t)n_c, 0.f);
-    for (int64_t h = 0; h < ni; h++) {
-      const float* row = sc.data() + ((size_t)t * ni + h) * nc_last;
-      for (int64_t b = 0; b < n_c; b++) s[b] = s[b] + std::max(0.f, row[b]);
+  for (int t0 = 0; t0 < T; t0 += kScoreRows) {
+    const int t1 = std::min(T, t0 + kScoreRows);
+    const int64_t nc = (pos0 + t1) / r;  // complete blocks of the run's last row
+    if (nc <= kb) continue;               // every row of the run is dense
+    sc.resize((size_t)(t1 - t0) * ni * nc);  // [row][ni][nc]
+    MatView P;
+    P.data = reinterpret_cast<const uint8_t*>(qs.pooled_at(0));
+    P.type = GGML_F32;
+    P.rows = nc;
+    P.cols = di;
+    P.row_bytes = (size_t)di * sizeof(float);
+    matmul(m.pool(), P, qi.data() + (size_t)t0 * ni * di, di, (t1 - t0) * (int)ni, sc.data(), nc);
+    for (int t = t0; t < t1; t++) {
+      const int64_t p = pos0 + t, n_c = (p + 1) / r;
+      if (n_c <= kb) continue;  // dense
+      // s_b = (relu(score_0b) + relu(score_1b) + ...) / sqrt(di), heads in order (blocks vectorise)
+      s.assign((size_t)n_c, 0.f);
+      for (int64_t h = 0; h < ni; h++) {
+        const float* row = sc.data() + ((size_t)(t - t0) * ni + h) * nc;
+        for (int64_t b = 0; b < n_c; b++) s[b] = s[b] + std::max(0.f, row[b]);
+      }
+      for (int64_t b = 0; b < n_c; b++) s[b] = s[b] * inv_sqrt_di;
+      qsa_select_blocks(s.data(), n_c, kb, sel);
+      if (qs.record) qs.selected[t] = sel;
+      std::vector<int32_t>& c = cells[t];
+      c.reserve((size_t)(kb * r + r));
+      for (int32_t b : sel)
+        for (int64_t j = 0; j < r; j++) c.push_back((int32_t)(b * r + j));
+      for (int64_t q = n_c * r; q <= p; q++) c.push_back((int32_t)q);
     }
-    for (int64_t b = 0; b < n_c; b++) s[b] = s[b] * inv_sqrt_di;
-    qsa_select_blocks(s.data(), n_c, kb, sel);
-    if (qs.record) qs.selected[t] = sel;
-    std::vector<int32_t>& c = cells[t];
-    c.reserve((size_t)(kb * r + r));
-    for (int32_t b : sel)
-      for (int64_t j = 0; j < r; j++) c.push_back((int32_t)(b * r + j));
-    for (int64_t q = n_c * r; q <= p; q++) c.push_back((int32_t)q);
   }
 
   // attention: per (KV head, row); a sparse row attends to its cell list (ascending)

@@ -496,17 +496,22 @@ class _Planner:
         b = f"blk.{bid}"
         self.norm(f"{b}.attn_norm.weight", f"{pre}input_layernorm.weight", H)
         if full_attention:
-            q_out, kv_out = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
-            self.plain(f"{b}.attn_q.weight", f"{pre}self_attn.q_proj.weight", (2 * q_out, H))
-            self.plain(f"{b}.attn_k.weight", f"{pre}self_attn.k_proj.weight", (kv_out, H))
-            self.plain(f"{b}.attn_v.weight", f"{pre}self_attn.v_proj.weight", (kv_out, H))
-            self.plain(f"{b}.attn_output.weight", f"{pre}self_attn.o_proj.weight", (H, q_out))
-            self.norm(f"{b}.attn_q_norm.weight", f"{pre}self_attn.q_norm.weight", hp.head_dim)
-            self.norm(f"{b}.attn_k_norm.weight", f"{pre}self_attn.k_norm.weight", hp.head_dim)
+            self.attention(b, pre + "self_attn.")
         else:
             self.deltanet(b, pre + "linear_attn.")
         self.norm(f"{b}.post_attention_norm.weight", f"{pre}post_attention_layernorm.weight", H)
         self.moe(b, pre + "mlp.")
+
+    def attention(self, b: str, pre: str):
+        """Gated attention (q_proj rows per head [q | gate]), q/k norms +1."""
+        hp, H = self.hp, self.hp.n_embd
+        q_out, kv_out = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+        self.plain(f"{b}.attn_q.weight", f"{pre}q_proj.weight", (2 * q_out, H))
+        self.plain(f"{b}.attn_k.weight", f"{pre}k_proj.weight", (kv_out, H))
+        self.plain(f"{b}.attn_v.weight", f"{pre}v_proj.weight", (kv_out, H))
+        self.plain(f"{b}.attn_output.weight", f"{pre}o_proj.weight", (H, q_out))
+        self.norm(f"{b}.attn_q_norm.weight", f"{pre}q_norm.weight", hp.head_dim)
+        self.norm(f"{b}.attn_k_norm.weight", f"{pre}k_norm.weight", hp.head_dim)
 
     def deltanet(self, b: str, pre: str):
         hp, H = self.hp, self.hp.n_embd
@@ -659,9 +664,10 @@ def _add_metadata(w: gguf.GGUFWriter, md: dict):
             raise TypeError(f"metadata {key}: unsupported value type {type(v).__name__}")
 
 
-def model_metadata(hp: Hparams, out_type: str, name: str, n_mtp: int) -> dict:
-    """general.* and qwen3next.* keys (spec §2.1), in the order llama.cpp writes them."""
-    a = ARCH
+def model_metadata(hp: Hparams, out_type: str, name: str, n_mtp: int, arch: str = ARCH) -> dict:
+    """general.* and qwen3next.* keys (spec §2.1), in the order llama.cpp writes them (`arch`: the prefix, for
+    the architectures that build on these keys)."""
+    a = arch
     md = {
         "general.type": "model",
         "general.name": name,

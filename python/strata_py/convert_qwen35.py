@@ -241,37 +241,14 @@ def text_source(hf_dir: Path) -> cv.SafetensorsSource:
 # ------------------------------------------------------------------------------------------------
 
 def trunk_metadata(arch: str, hp: Hparams, out_type: str, name: str, n_mtp: int) -> dict:
-    """general.* and the `{arch}.` keys of the Qwen3.5 trunk, with llama.cpp's names and types (spec §3.1, §4.1)."""
-    a = arch
-    return {
-        "general.type": "model",
-        "general.name": name,
-        "general.alignment": cv.ALIGNMENT,
-        f"{a}.block_count": hp.n_layer + n_mtp,
-        f"{a}.context_length": hp.n_ctx,
-        f"{a}.embedding_length": hp.n_embd,
-        f"{a}.attention.head_count": hp.n_head,
-        f"{a}.attention.head_count_kv": hp.n_head_kv,
-        f"{a}.rope.dimension_sections": list(hp.mrope_sections),
-        f"{a}.rope.freq_base": hp.rope_theta,
-        f"{a}.attention.layer_norm_rms_epsilon": hp.eps,
-        f"{a}.expert_count": hp.n_expert,
-        f"{a}.expert_used_count": hp.n_expert_used,
-        f"{a}.attention.key_length": hp.head_dim,
-        f"{a}.attention.value_length": hp.head_dim,
-        "general.file_type": int(cv.FILE_TYPES[out_type]),
-        f"{a}.expert_feed_forward_length": hp.n_ff_exp,
-        f"{a}.expert_shared_feed_forward_length": hp.n_ff_shexp,
-        f"{a}.ssm.conv_kernel": hp.conv_kernel,
-        f"{a}.ssm.state_size": hp.dk,
-        f"{a}.ssm.group_count": hp.nk,
-        f"{a}.ssm.time_step_rank": hp.nv,
-        f"{a}.ssm.inner_size": hp.value_dim,
-        f"{a}.attention.recurrent_layers": list(hp.recurrent) + [False] * n_mtp,
-        f"{a}.full_attention_interval": hp.interval,
-        f"{a}.rope.dimension_count": hp.rope_dim,
-        "general.quantization_version": cv.gguf.GGML_QUANT_VERSION,
-    }
+    """general.* and the `{arch}.` keys of the Qwen3.5 trunk, with llama.cpp's names and types (spec §3.1, §4.1):
+    qwen3next's keys (convert.model_metadata) without feed_forward_length (the Qwen3.5 classes have no
+    intermediate_size), plus the mRoPE sections and the layer pattern."""
+    md = cv.model_metadata(hp, out_type, name, n_mtp, arch)
+    del md[f"{arch}.feed_forward_length"]
+    md[f"{arch}.rope.dimension_sections"] = list(hp.mrope_sections)
+    md[f"{arch}.attention.recurrent_layers"] = list(hp.recurrent) + [False] * n_mtp
+    return md
 
 
 def model_name(cfg: dict, hf_dir: Path, default: str) -> str:
@@ -294,8 +271,6 @@ def convert(hf_dir, out_path, out_type: str = "f32", mtp: bool = True, mtp_only:
     src = text_source(hf_dir)
     outs, n_mtp = cv.plan(src, hp, out_type, "current", mtp, mtp_only, planner=Planner)
     md = trunk_metadata(ARCH, hp, out_type, model_name(cfg, hf_dir, ARCH), n_mtp)
-    if n_mtp:
-        md[f"{ARCH}.nextn_predict_layers"] = n_mtp
     md.update(cv.read_vocab(hf_dir, hp))
     cv.write_gguf(out_path, ARCH, md, outs)
     log.info("wrote %s: %d tensors, %s", out_path, len(outs), out_type)

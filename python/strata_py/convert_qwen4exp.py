@@ -25,6 +25,7 @@ indexer_kv_heads != 1, norm_topk_prob false.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from dataclasses import dataclass
@@ -145,13 +146,8 @@ def read_hparams(cfg: dict) -> Hparams:
         eos = eos[0] if isinstance(eos, list) and eos else eos  # transformers' PLE: the first entry
         if eos is None or isinstance(eos, list):
             c.bad("eos_token_id", "must be set when PLE is on (the n-gram context resets on it)")
-        hp = _replace(hp, ple_eos=int(eos))
+        hp = dataclasses.replace(hp, ple_eos=int(eos))
     return hp
-
-
-def _replace(hp: Hparams, **kw) -> Hparams:
-    import dataclasses
-    return dataclasses.replace(hp, **kw)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -196,13 +192,7 @@ class Planner(q35.Planner):
 
     def qsa(self, b: str, pre: str):
         hp, H = self.hp, self.hp.n_embd
-        q_out, kv_out = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
-        self.plain(f"{b}.attn_q.weight", f"{pre}q_proj.weight", (2 * q_out, H))
-        self.plain(f"{b}.attn_k.weight", f"{pre}k_proj.weight", (kv_out, H))
-        self.plain(f"{b}.attn_v.weight", f"{pre}v_proj.weight", (kv_out, H))
-        self.plain(f"{b}.attn_output.weight", f"{pre}o_proj.weight", (H, q_out))
-        self.norm(f"{b}.attn_q_norm.weight", f"{pre}q_norm.weight", hp.head_dim)
-        self.norm(f"{b}.attn_k_norm.weight", f"{pre}k_norm.weight", hp.head_dim)
+        self.attention(b, pre)
         qk, n_q = f"{pre}indexer.index_qk_proj.weight", hp.ni * hp.di
         self.need(qk, (n_q + hp.di, H), f"{b}.indexer.q_proj.weight")
         load = self.src.load
@@ -336,7 +326,7 @@ def model_metadata(hp: Hparams, out_type: str, name: str, ple: dict | None) -> d
     """The qwen4exp keys (spec §3.1) in llama.cpp's order and types."""
     a = ARCH
     md = q35.trunk_metadata(a, hp, out_type, name, 0)
-    qv = md.pop("general.quantization_version")
+    qv = md.pop("general.quantization_version")  # llama.cpp writes it after the architecture's keys
     md.update({
         f"{a}.hyper_connection.count": hp.hc,
         f"{a}.hyper_connection.low_rank": hp.hc_rank,
@@ -427,7 +417,7 @@ def gguf_to_hf(gguf_path, out_dir) -> Path:
     if len(got) != 1:
         raise ValueError(f"{g.path}: {ARCH}.attention.compress_ratios={ratios}: transformers has one ratio for all "
                          f"QSA layers")
-    hp = _replace(hp, ratio=got.pop())
+    hp = dataclasses.replace(hp, ratio=got.pop())
     get = g.get
     sd: dict[str, np.ndarray] = {"model.embed_tokens.weight": get("token_embd.weight")}
     ple_cfg = {}
@@ -448,7 +438,8 @@ def gguf_to_hf(gguf_path, out_dir) -> Path:
                           ("ngram_heads_vocab_sizes", "ple.head_vocab_sizes")):
                 sd[f"{p}ple_embedding.{k}"] = np.array([int(x) for x in g.key(gk)], dtype=np.int64)
             ple_cfg = {"ple_layer_ids": [i + 1], "ple_embed_dim": int(key.shape[1]),
-                       "ple_conv_kernel_size": int(g.key("ple.conv_kernel")), "ngram_size": int(g.key("ple.ngram_size")),
+                       "ple_conv_kernel_size": int(g.key("ple.conv_kernel")),
+                       "ngram_size": int(g.key("ple.ngram_size")),
                        "heads_per_ngram": int(g.key("ple.heads_per_ngram")), "ngram_vocab_size_base": sizes[0],
                        "make_ngram_vocab_size_divisible_by": int(table.shape[0]), "split_ngram_parts": 1}
             eos = int(g.key("ple.eos_token_id"))

@@ -259,8 +259,6 @@ def write(arch: str, name: str, out_path, out_type: str = "q8_0", seed: int = 0,
         md = q4x.model_metadata(hp, "f32", label, ple)
     else:
         md = q35.trunk_metadata(arch, hp, "f32", label, int(mtp))
-        if mtp:
-            md[f"{arch}.nextn_predict_layers"] = 1
     md["general.file_type"] = int(synth.FILE_TYPES[out_type])
     md.update(vocab)
     out_path = Path(out_path)
