@@ -106,8 +106,7 @@ def test_random_header_corruption_never_crashes(tiny_q8_gguf, tmp_path):
 import os  # noqa: E402
 import time  # noqa: E402
 
-from corrupt import (ARRAY, F32, GGML_F32, GGML_I8, GGML_Q8_0, I32, STRING, U8, U32, Handmade, gstr, i64,  # noqa: E402
-                     u64)
+from corrupt import ARRAY, GGML_F32, GGML_I8, GGML_Q8_0, I32, STRING, U8, U32, Handmade, gstr, u64  # noqa: E402
 
 
 def _ok():
@@ -145,6 +144,9 @@ HAND_MADE = {
     "key_past_end": (lambda: Handmade().kv("k", U32, u32(1), key_len=1000).build(),
                      r"truncated GGUF while reading metadata key #0 at byte 32"),
     "empty_key": (lambda: Handmade().kv("", U32, u32(1)).build(), r"metadata key #0 is empty"),
+    # bytes that are not UTF-8 reach the message as escapes (not as a UnicodeDecodeError naming nothing)
+    "key_not_utf8": (lambda: Handmade().kv(b"k\xff", 13, b"\0" * 8).build(),
+                     r"metadata key 'k\\xff' has unknown value type 13"),
     "bad_value_type": (lambda: Handmade().kv("k", 13, b"\0" * 8).build(), r"metadata key 'k' has unknown value type 13"),
     "duplicate_key": (lambda: Handmade().kv_u32("k", 1).kv_u32("k", 2).build(), r"duplicate metadata key 'k'"),
     "alignment_13": (lambda: _ok().kv_u32("general.alignment", 13).build(),
@@ -271,7 +273,6 @@ def test_hand_made_narrower_element_type(tmp_path, tiny_gguf):
     """An array whose elements are not of the type its reader expects is refused naming the key and element,
     never reinterpreted: recurrent-layer flags as floats (C++), token types as strings and tokens as ints
     (the Python tokenizer rebuild)."""
-    import numpy as np  # noqa: F401
     p = rewrite(tiny_gguf, tmp_path / "rec.gguf", set_kv=("qwen3next.attention.recurrent_layers", [1.0, 1.0, 1.0, 0.0]))
     with pytest.raises(ValueError, match=r"rec\.gguf: metadata key 'qwen3next\.attention\.recurrent_layers' element 0 "
                                          r"is not an integer or bool"):
