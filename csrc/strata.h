@@ -23,6 +23,7 @@
 #include "model/weights.h"
 #include "sampling/processor.h"
 #include "sampling/sampler.h"
+#include "state/checkpoint_file.h"
 #include "state/deltanet_state.h"
 #include "state/kv_cache.h"
 #include "state/ple_state.h"
@@ -55,6 +56,9 @@ class Model {
   // The expert cache and its readers; null when every expert is resident. Internally synchronised: the
   // Model stays logically immutable (the cache changes speed, never output, unless routing is approximate).
   ExpertStream* experts() const { return experts_.get(); }
+  // Throws std::runtime_error naming the file when the model file (or the MTP file) changed or was
+  // truncated since load (GgufFile::check_intact); Session::run calls it before and after each forward.
+  void check_files() const;
   // The qwen4exp PLE table reader; null without a PLE layer.
   const PleTable* ple_table() const { return ple_.get(); }
   ~Model();
@@ -107,6 +111,8 @@ struct Checkpoint {
 class Session {
  public:
   Session(std::shared_ptr<const Model> model, const SessionOptions& opt);
+  // Bytes of state a session with these options allocates (checked against RAM before it does).
+  static uint64_t state_bytes(const HParams& hp, const SessionOptions& opt);
 
   int64_t position() const { return pos_; }
   int64_t n_ctx() const { return opt_.n_ctx; }
@@ -155,8 +161,9 @@ class Session {
   void flush();  // applies a pending lazy fold now
   Checkpoint checkpoint();
   void restore(const Checkpoint& cp);
-  void save(const std::string& path);
-  void load(const std::string& path);
+  void save(const std::string& path);  // write-then-rename; state/checkpoint_file.h
+  void load(const std::string& path);  // validated in full before anything is restored
+  CheckpointShape checkpoint_shape() const;  // what a checkpoint of this session must hold
   void reset();
 
   // Debug export of committed state (flushes a pending fold first).

@@ -349,8 +349,49 @@ void init_model(nb::module_& m) {
             mo.experts()->inject_fault(kind, count);
           },
           nb::arg("kind"), nb::arg("count") = 1,
-          "Test hook: the next `count` expert reads fail (kind 1: short read, 2: EIO, 0: clear).");
+          "Test hook: the next `count` expert reads fail (kind 1: short read, 2: EIO, 0: clear).")
+      .def(
+          "_touch_mapping",
+          [](const Model& mo) {
+            // reads one byte of every page of every tensor through the mapping, then checks the file
+            const GgufFile& f = mo.file();
+            uint64_t sum = 0;
+            {
+              nb::gil_scoped_release rel;
+              for (const auto& t : f.tensors())
+                for (uint64_t o = 0; o < t.nbytes; o += 4096) sum += ((const volatile uint8_t*)t.data)[o];
+            }
+            mo.check_files();
+            return sum;
+          },
+          "Test hook for the truncation guard (gguf/map_guard.h): touches every mapped tensor page, then "
+          "check_files(); a truncated file raises RuntimeError instead of SIGBUS.");
 
+  m.def(
+      "_inject_checkpoint_fault",
+      [](int err, uint64_t after_bytes, int op) { checkpoint_inject_fault(err, after_bytes, op); },
+      nb::arg("err"), nb::arg("after_bytes") = 0, nb::arg("op") = 0,
+      "Test hook: the next checkpoint save fails with errno `err` after `after_bytes` bytes (op 0) or at fsync "
+      "(op 1); err = 0 clears.");
+  m.def(
+      "_checkpoint_reseal",
+      [](nb::bytes b) {
+        std::string s(b.c_str(), b.size());
+        checkpoint_reseal(reinterpret_cast<uint8_t*>(s.data()), s.size());
+        return nb::bytes(s.data(), s.size());
+      },
+      nb::arg("data"), "Test/fuzz hook: the checkpoint image with its checksums recomputed (state/checkpoint_file.h).");
+  m.def(
+      "session_state_bytes",
+      [](const Model& mo, int64_t n_ctx, int max_window, bool mtp) {
+        SessionOptions o;
+        o.n_ctx = n_ctx;
+        o.max_window = max_window;
+        o.mtp = mtp;
+        return Session::state_bytes(mo.hp(), o);
+      },
+      nb::arg("model"), nb::arg("n_ctx"), nb::arg("max_window") = 8, nb::arg("mtp") = false,
+      "Bytes of state a session with these options allocates (checked against RAM before it does).");
   nb::class_<Checkpoint>(m, "Checkpoint")
       .def_prop_ro("position", [](const Checkpoint& c) { return c.position; })
       .def_prop_ro("steer_origin", [](const Checkpoint& c) { return c.steer_origin; })

@@ -3,6 +3,7 @@
 
 namespace nb = nanobind;
 
+void init_errors(nb::module_& m);
 void init_gguf(nb::module_& m);
 void init_kernels(nb::module_& m);
 void init_model(nb::module_& m);
@@ -12,6 +13,7 @@ void init_steering(nb::module_& m);
 
 NB_MODULE(_core, m) {
   m.doc() = "strata C++ core: GGUF loading, Qwen3-Next on the CPU, the window transaction, sampling";
+  init_errors(m);
   init_gguf(m);
   init_kernels(m);
   init_sampling(m);

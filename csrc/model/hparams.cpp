@@ -1,6 +1,9 @@
 #include "model/hparams.h"
 
+#include <cmath>
+
 #include "gguf/gguf.h"
+#include "model/limits.h"
 #include "util/common.h"
 
 namespace strata {
@@ -21,22 +24,6 @@ int64_t HParams::n_attn_layers() const {
 }
 
 namespace {
-
-// Integer arrays as int64 (bool and unsigned entries widened); throws naming the key on a non-integer entry.
-std::vector<int64_t> int_array(const GgufFile& f, const std::string& key) {
-  const GgufValue& v = f.get(key);
-  if (v.type != GgufValueType::ARRAY)
-    fail<std::invalid_argument>(f.path(), ": metadata key '", key, "' is not an array");
-  std::vector<int64_t> out;
-  out.reserve(v.array.size());
-  for (const auto& e : v.array) {
-    if (auto b = std::get_if<bool>(&e.scalar)) out.push_back(*b ? 1 : 0);
-    else if (auto s = std::get_if<int64_t>(&e.scalar)) out.push_back(*s);
-    else if (auto u = std::get_if<uint64_t>(&e.scalar)) out.push_back((int64_t)*u);
-    else fail<std::invalid_argument>(f.path(), ": metadata key '", key, "' holds a non-integer entry");
-  }
-  return out;
-}
 
 // u64 arrays exactly (the PLE hash constants are 45-bit and larger integers: never through a float).
 std::vector<uint64_t> u64_array(const GgufFile& f, const std::string& key) {
@@ -66,28 +53,29 @@ HParams HParams::from_gguf(const GgufFile& f) {
                                 "' is not supported (expected 'qwen3next', 'qwen35moe' or 'qwen4exp')");
   const std::string pre = arch + ".";
   auto key = [&](const char* k) { return pre + k; };
-  h.n_embd = f.get_int(key("embedding_length"));
-  const int64_t blocks = f.get_int(key("block_count"));
-  h.n_nextn = f.get_int(key("nextn_predict_layers"), 0);
-  h.n_ctx_train = f.get_int(key("context_length"));
-  h.n_head = f.get_int(key("attention.head_count"));
-  h.n_head_kv = f.get_int(key("attention.head_count_kv"));
-  h.head_dim = f.get_int(key("attention.key_length"), h.n_head ? h.n_embd / h.n_head : 0);
-  const int64_t vlen = f.get_int(key("attention.value_length"), h.head_dim);
-  h.n_rot = f.get_int(key("rope.dimension_count"), h.head_dim / 4);
+  namespace L = model_limits;  // every count bounded before anything is sized from it
+  h.n_embd = f.get_int_in(key("embedding_length"), 1, L::kMaxEmbd);
+  const int64_t blocks = f.get_int_in(key("block_count"), 1, L::kMaxLayers);
+  h.n_nextn = f.get_int_in(key("nextn_predict_layers"), 0, 1, 0);
+  h.n_ctx_train = f.get_int_in(key("context_length"), 1, L::kMaxContext);
+  h.n_head = f.get_int_in(key("attention.head_count"), 1, L::kMaxHeads);
+  h.n_head_kv = f.get_int_in(key("attention.head_count_kv"), 1, L::kMaxHeads);
+  h.head_dim = f.get_int_in(key("attention.key_length"), 1, L::kMaxHeadDim, h.n_embd / h.n_head);
+  const int64_t vlen = f.get_int_in(key("attention.value_length"), 1, L::kMaxHeadDim, h.head_dim);
+  h.n_rot = f.get_int_in(key("rope.dimension_count"), 0, L::kMaxHeadDim, h.head_dim / 4);
   h.rope_theta = (float)f.get_float(key("rope.freq_base"), 1e7);
   h.rms_eps = (float)f.get_float(key("attention.layer_norm_rms_epsilon"));
-  h.n_expert = f.get_int(key("expert_count"));
-  h.n_expert_used = f.get_int(key("expert_used_count"));
-  h.n_ff_exp = f.get_int(key("expert_feed_forward_length"), 0);
-  if (h.n_ff_exp == 0 && h.n_expert_used > 0) h.n_ff_exp = f.get_int(key("feed_forward_length")) / h.n_expert_used;
-  h.n_ff_shexp = f.get_int(key("expert_shared_feed_forward_length"), h.n_ff_exp);
-  h.ssm_d_conv = f.get_int(key("ssm.conv_kernel"));
-  h.ssm_d_state = f.get_int(key("ssm.state_size"));
-  h.ssm_n_group = f.get_int(key("ssm.group_count"));
-  h.ssm_dt_rank = f.get_int(key("ssm.time_step_rank"));
-  h.ssm_d_inner = f.get_int(key("ssm.inner_size"));
-  h.full_attn_interval = f.get_int(key("full_attention_interval"), 4);
+  h.n_expert = f.get_int_in(key("expert_count"), 1, L::kMaxExperts);
+  h.n_expert_used = f.get_int_in(key("expert_used_count"), 1, L::kMaxExpertsUsed);
+  h.n_ff_exp = f.get_int_in(key("expert_feed_forward_length"), 0, L::kMaxFF, 0);
+  if (h.n_ff_exp == 0) h.n_ff_exp = f.get_int_in(key("feed_forward_length"), 1, L::kMaxFF * L::kMaxExpertsUsed) / h.n_expert_used;
+  h.n_ff_shexp = f.get_int_in(key("expert_shared_feed_forward_length"), 0, L::kMaxFF, h.n_ff_exp);
+  h.ssm_d_conv = f.get_int_in(key("ssm.conv_kernel"), 2, L::kMaxConvKernel);
+  h.ssm_d_state = f.get_int_in(key("ssm.state_size"), 1, L::kMaxHeadDim);
+  h.ssm_n_group = f.get_int_in(key("ssm.group_count"), 1, L::kMaxHeads);
+  h.ssm_dt_rank = f.get_int_in(key("ssm.time_step_rank"), 1, L::kMaxHeads);
+  h.ssm_d_inner = f.get_int_in(key("ssm.inner_size"), 1, L::kMaxFF);
+  h.full_attn_interval = f.get_int_in(key("full_attention_interval"), 1, L::kMaxLayers, 4);
   h.dn_tiled = h.arch != Arch::Qwen3Next;
 
   auto check = [&](bool ok, const std::string& what) {
@@ -103,7 +91,10 @@ HParams HParams::from_gguf(const GgufFile& f) {
         cat("head_count = ", h.n_head, ", head_count_kv = ", h.n_head_kv, " (need a positive multiple)"));
   check(h.head_dim > 0 && vlen == h.head_dim, cat("key_length = ", h.head_dim, ", value_length = ", vlen, " (must match)"));
   check(h.n_rot > 0 && h.n_rot <= h.head_dim && h.n_rot % 2 == 0, cat("rope.dimension_count = ", h.n_rot));
-  check(h.rms_eps > 0, cat("layer_norm_rms_epsilon = ", h.rms_eps));
+  check(h.rms_eps > 0 && std::isfinite(h.rms_eps), cat("layer_norm_rms_epsilon = ", h.rms_eps));
+  check(h.rope_theta > 0 && std::isfinite(h.rope_theta), cat("rope.freq_base = ", h.rope_theta));
+  check(h.ssm_d_inner / h.ssm_dt_rank <= L::kMaxHeadDim,
+        cat("ssm.inner_size / ssm.time_step_rank = ", h.ssm_d_inner / h.ssm_dt_rank, " (value head size above ", L::kMaxHeadDim, ")"));
   check(h.n_expert > 0 && h.n_expert_used > 0 && h.n_expert_used <= h.n_expert,
         cat("expert_count = ", h.n_expert, ", expert_used_count = ", h.n_expert_used));
   check(h.n_ff_exp > 0 && h.n_ff_shexp >= 0, cat("expert_feed_forward_length = ", h.n_ff_exp));
@@ -121,7 +112,7 @@ HParams HParams::from_gguf(const GgufFile& f) {
   h.recurrent.resize(h.n_layer);
   const std::string rk = key("attention.recurrent_layers");
   if (f.has_key(rk) && !f.get(rk).array.empty()) {
-    const std::vector<int64_t> arr = int_array(f, rk);
+    const std::vector<int64_t> arr = f.get_int_array(rk);
     check((int64_t)arr.size() >= h.n_layer, cat("attention.recurrent_layers has ", arr.size(), " entries for ", h.n_layer, " layers"));
     for (int64_t i = 0; i < h.n_layer; i++) h.recurrent[i] = arr[i] != 0;
   } else if (h.arch == Arch::Qwen4Exp) {
@@ -132,8 +123,8 @@ HParams HParams::from_gguf(const GgufFile& f) {
   }
 
   if (h.arch == Arch::Qwen4Exp) {
-    h.hc = f.get_int(key("hyper_connection.count"));
-    h.hc_rank = f.get_int(key("hyper_connection.low_rank"));
+    h.hc = f.get_int_in(key("hyper_connection.count"), 0, 64);
+    h.hc_rank = f.get_int_in(key("hyper_connection.low_rank"), 0, L::kMaxEmbd);
     check(h.hc >= 2 && h.hc <= 64, cat("hyper_connection.count = ", h.hc, " (expected 2..64)"));
     check(h.hc_rank >= 1, cat("hyper_connection.low_rank = ", h.hc_rank));
     // the gated norm's gate: transformers uses output_gate_type or hidden_act, which GGUF does not store;
@@ -143,10 +134,10 @@ HParams HParams::from_gguf(const GgufFile& f) {
     h.dn_gate_sigmoid = gate == "sigmoid";
 
     // QSA
-    h.qsa.n_head = f.get_int(key("attention.indexer.head_count"));
-    h.qsa.head_dim = f.get_int(key("attention.indexer.key_length"));
-    h.qsa.budget = f.get_int(key("attention.indexer.top_k"));
-    std::vector<int64_t> ratios = int_array(f, key("attention.compress_ratios"));
+    h.qsa.n_head = f.get_int_in(key("attention.indexer.head_count"), 0, L::kMaxHeads);
+    h.qsa.head_dim = f.get_int_in(key("attention.indexer.key_length"), 0, L::kMaxHeadDim);
+    h.qsa.budget = f.get_int_in(key("attention.indexer.top_k"), 0, L::kMaxContext);
+    std::vector<int64_t> ratios = f.get_int_array(key("attention.compress_ratios"));
     check((int64_t)ratios.size() >= h.n_layer,
           cat("attention.compress_ratios has ", ratios.size(), " entries for ", h.n_layer, " layers"));
     ratios.resize(h.n_layer);
@@ -173,18 +164,18 @@ HParams HParams::from_gguf(const GgufFile& f) {
 
     // PLE
     if (f.has_key(key("ple.layers"))) {
-      const std::vector<int64_t> layers = int_array(f, key("ple.layers"));
+      const std::vector<int64_t> layers = f.get_int_array(key("ple.layers"));
       check(layers.size() <= 1, cat("ple.layers has ", layers.size(), " entries (strata, like llama.cpp, runs one PLE layer)"));
       if (!layers.empty()) {
         PleParams& p = h.ple;
         p.layer = layers[0];
         check(p.layer >= 0 && p.layer < h.n_layer && h.recurrent[p.layer],
               cat("ple.layers = [", p.layer, "] (must name a DeltaNet layer below ", h.n_layer, ")"));
-        p.ngram = f.get_int(key("ple.ngram_size"));
-        p.heads_per_ngram = f.get_int(key("ple.heads_per_ngram"));
-        p.conv_kernel = f.get_int(key("ple.conv_kernel"));
-        p.row_dim = f.get_int(key("embedding_length_per_layer_input"));
-        p.eos = (int32_t)f.get_int(key("ple.eos_token_id"));
+        p.ngram = f.get_int_in(key("ple.ngram_size"), 0, 1024);
+        p.heads_per_ngram = f.get_int_in(key("ple.heads_per_ngram"), 0, 1 << 20);
+        p.conv_kernel = f.get_int_in(key("ple.conv_kernel"), 0, 1024);
+        p.row_dim = f.get_int_in(key("embedding_length_per_layer_input"), 0, L::kMaxEmbd);
+        p.eos = (int32_t)f.get_int_in(key("ple.eos_token_id"), -1, L::kMaxVocab);
         check(p.ngram >= 2 && p.ngram <= 16, cat("ple.ngram_size = ", p.ngram, " (expected 2..16)"));
         check(p.heads_per_ngram >= 1 && p.heads_per_ngram <= 1024, cat("ple.heads_per_ngram = ", p.heads_per_ngram));
         check(p.conv_kernel >= 1 && p.conv_kernel <= 64, cat("ple.conv_kernel = ", p.conv_kernel));

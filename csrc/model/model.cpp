@@ -74,7 +74,13 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   }
   const std::string s = m->hp_.summary();
   m->fingerprint_ = fnv1a(h, s.data(), s.size());
+  m->check_files();  // a truncation while the weights were read at load
   return m;
+}
+
+void Model::check_files() const {
+  file_->check_intact();
+  if (mtp_file_) mtp_file_->check_intact();
 }
 
 void forward(const Model& m, Session& s, const int32_t* tokens, int T, int64_t pos0, bool in_place, bool partial,

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "gguf/gguf.h"
+#include "model/limits.h"
 #include "util/common.h"
 
 namespace strata {
@@ -15,6 +16,17 @@ struct Loader {
   const GgufFile& f;
   const HParams& hp;
   bool dense_ok = false;  // benches: QSA layers forced dense (their indexer tensors are ignored)
+  mutable uint64_t copied = 0;  // bytes of float32 copies so far (model_limits::kCopyBytesOverFile)
+
+  // Accounts for a float32 copy of n values of tensor `name` before it is allocated.
+  void copy_budget(const std::string& name, uint64_t n) const {
+    const uint64_t budget = f.file_size() + model_limits::kCopyBytesOverFile;
+    if (n > budget / 4 || copied + n * 4 > budget)
+      fail<std::invalid_argument>(f.path(), ": tensor '", name, "': float32 copies made at load would reach ",
+                                  copied + n * 4, " bytes, more than the file size plus ",
+                                  model_limits::kCopyBytesOverFile >> 20, " MiB");
+    copied += n * 4;
+  }
 
   const GgufTensor* find(const std::string& name, bool required) const {
     const GgufTensor* t = f.find(name);
@@ -46,6 +58,7 @@ struct Loader {
     const GgufTensor* t = find(name, true);
     check_shape(t, {n});
     check_type(t);
+    copy_budget(name, (uint64_t)n);
     std::vector<float> v(n);
     type_traits(t->type)->dequant(t->data, v.data(), n);
     return v;
@@ -65,6 +78,7 @@ struct Loader {
   }
   std::vector<float> mat_f32(const std::string& name, int64_t cols, int64_t rows) const {
     MatView m = mat(name, cols, rows);
+    copy_budget(name, (uint64_t)rows * (uint64_t)cols);
     std::vector<float> v((size_t)rows * cols);
     for (int64_t r = 0; r < rows; r++) type_traits(m.type)->dequant(m.data + r * m.row_bytes, &v[r * cols], cols);
     return v;
@@ -144,6 +158,7 @@ struct Loader {
         std::memcpy(&taps[(v0 + j * dv) * K], &t2[(v0 + s * dv) * K], (size_t)(dv * K) * sizeof(float));
       }
     }
+    copy_budget(p + "ssm_conv1d.weight", taps.size());
     d.conv.resize(taps.size());
     for (int64_t c = 0; c < cd; c++)
       for (int64_t j = 0; j < K; j++) d.conv[j * cd + c] = taps[c * K + j];
@@ -190,6 +205,7 @@ struct Loader {
     w.norm_query = vec(p + "ple_norm_query.weight", W);
     w.norm_conv = vec(p + "ple_norm_conv.weight", W);
     const std::vector<float> taps = mat_f32(p + "ple_conv1d.weight", Kp, W);  // [W][Kp]
+    copy_budget(p + "ple_conv1d.weight", taps.size());
     w.conv.resize(taps.size());
     for (int64_t c = 0; c < W; c++)
       for (int64_t j = 0; j < Kp; j++) w.conv[j * W + c] = taps[c * Kp + j];
@@ -206,6 +222,9 @@ Weights Weights::load(const GgufFile& f, HParams& hp, bool dense_attention) {
     fail<std::invalid_argument>(f.path(), ": tensor 'token_embd.weight' has shape ", emb->shape_str(),
                                 ", expected [", hp.n_embd, ", n_vocab]");
   hp.n_vocab = emb->ne[1];
+  if (hp.n_vocab > model_limits::kMaxVocab)
+    fail<std::invalid_argument>(f.path(), ": tensor 'token_embd.weight' has ", hp.n_vocab, " rows: a vocabulary above the limit of ",
+                                model_limits::kMaxVocab);
   w.token_embd = L.mat("token_embd.weight", hp.n_embd, hp.n_vocab);
   const bool hc = hp.arch == Arch::Qwen4Exp;
   if (hc) L.load_hc("output_hc", w.output_hc, false);

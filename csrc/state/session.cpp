@@ -14,12 +14,12 @@
 //      kept rows now (Eager) or record them for the next run (Lazy / Partial: keep-1 rows from row 1).
 //   4. position += keep; committed tokens += the first keep inputs.
 #include <algorithm>
-#include <cstdio>
-#include <fstream>
 
+#include "state/checkpoint_file.h"
 #include "strata.h"
 #include "sampling/steer.h"
 #include "sampling/token_mask.h"
+#include "util/memory.h"
 
 namespace strata {
 
@@ -31,6 +31,8 @@ Session::Session(std::shared_ptr<const Model> model, const SessionOptions& opt) 
                ": must be in 1..64");
   if (opt_.mtp && !model_->weights().mtp.present)
     fail<std::invalid_argument>("bad option mtp=True: ", model_->file().path(), " has no MTP block (blk.N.nextn.*)");
+  // the state's size, before any of it is allocated: a context far above RAM is an error, not a kill
+  check_fits_in_memory(state_bytes(hp, opt_), cat("a session with n_ctx=", opt_.n_ctx, " (KV cache and DeltaNet state)"));
   if (opt_.mtp) mtp_kv_.init(opt_.n_ctx + 16, hp.n_head_kv * hp.head_dim);
   layer_slot_.resize(hp.n_layer);
   for (int64_t il = 0; il < hp.n_layer; il++) {
@@ -47,6 +49,18 @@ Session::Session(std::shared_ptr<const Model> model, const SessionOptions& opt) 
     }
   }
   if (hp.ple.layer >= 0) ple_.init(hp.hc * hp.n_embd, hp.ple.history(), opt_.max_window);
+}
+
+uint64_t Session::state_bytes(const HParams& hp, const SessionOptions& opt) {
+  const uint64_t width = (uint64_t)(hp.n_head_kv * hp.head_dim), nk = hp.ssm_n_group, nv = hp.ssm_dt_rank;
+  const uint64_t dn = 2 * nv * hp.dk() * hp.dv() + (hp.ssm_d_conv - 1) * hp.conv_dim() +
+                      (uint64_t)opt.max_window * (nk * hp.dk() + nv * hp.dv() + 2 * nv + hp.conv_dim());
+  uint64_t floats = (uint64_t)hp.n_attn_layers() * 2 * opt.n_ctx * width + (uint64_t)hp.n_dn_layers() * dn +
+                    (opt.mtp ? 2 * (opt.n_ctx + 16) * width : 0);
+  for (int64_t il = 0; il < hp.n_layer; il++)  // QSA index keys: raw per cell, pooled per block
+    if (hp.is_qsa(il)) floats += (uint64_t)(opt.n_ctx + opt.n_ctx / hp.qsa.ratio + 1) * hp.qsa.head_dim;
+  if (hp.ple.layer >= 0) floats += (uint64_t)(hp.ple.history() + opt.max_window) * hp.hc * hp.n_embd;
+  return floats * 4;
 }
 
 const float* Session::run(const int32_t* tokens, int T, bool last_only) {
@@ -68,10 +82,12 @@ const float* Session::run(const int32_t* tokens, int T, bool last_only) {
   logits_.resize((size_t)n_out * hp.n_vocab);
   hidden_.resize((size_t)T * hp.n_embd);
   fold_s_ = 0;
+  model_->check_files();  // before anything changes: a changed file leaves the session as it was
   flush();  // the lazy fold of the last window's kept rows, before this run overwrites their saved inputs
   if (opt_.mtp && !mtp_backlog_tok_.empty() && mtp_backlog_tok_.back() < 0) mtp_backlog_tok_.back() = tokens[0];
   try {
     forward(*model_, *this, tokens, T, pos_, in_place, partial, last_only, logits_.data(), hidden_.data());
+    model_->check_files();  // a truncation during the forward read zeros (gguf/map_guard.h): discard it
   } catch (const std::exception& e) {
     // A failure inside the forward (e.g. a streamed expert read) stops at some layer. A verify window has
     // only written scratch (S_work, KV cells past the position): the session stays usable and the window
@@ -233,6 +249,7 @@ std::vector<int32_t> Session::mtp_draft(int32_t root, int k, int64_t max_backlog
     const int32_t b = argmax(logits.data(), hp.n_vocab);
     return b < 0 ? 0 : b;  // all NaN: any token is a valid (rejected) draft
   };
+  model_->check_files();
   std::vector<float> h_last = mtp_feed(n, logits.data());
   std::vector<int32_t> drafts{best()};
   mtp_logits_ = logits;
@@ -245,6 +262,7 @@ std::vector<int32_t> Session::mtp_draft(int32_t root, int k, int64_t max_backlog
     drafts.push_back(best());
     mtp_logits_.insert(mtp_logits_.end(), logits.begin(), logits.end());
   }
+  model_->check_files();  // drafts read from a truncated mapping are discarded (they never touch output)
   return drafts;
 }
 
@@ -400,136 +418,28 @@ void Session::restore(const Checkpoint& cp) {
   }
 }
 
-namespace {
-constexpr char kCpMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'C', 'P'};
-constexpr uint32_t kCpVersion = 2;  // 2: QSA index keys, the PLE history, the steering origin (1: none)
-uint64_t fnv(uint64_t h, const void* p, size_t n) {
-  const uint8_t* b = static_cast<const uint8_t*>(p);
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-struct Writer {
-  std::string buf;
-  template <class T>
-  void pod(const T& v) { buf.append(reinterpret_cast<const char*>(&v), sizeof v); }
-  template <class T>
-  void vec(const std::vector<T>& v) {
-    pod<uint64_t>(v.size());
-    buf.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+CheckpointShape Session::checkpoint_shape() const {
+  CheckpointShape sh;
+  sh.fingerprint = model_->fingerprint();
+  sh.n_ctx = opt_.n_ctx;
+  for (const auto& kv : kv_) sh.kv_width.push_back(kv.width);
+  for (const auto& q : qsa_) {
+    sh.qsa_dim.push_back(q.active() ? q.dim : 0);
+    sh.qsa_ratio.push_back(q.ratio);
   }
-};
-struct Reader {
-  const std::string& buf;
-  const std::string& path;
-  size_t off = 0;
-  void need(size_t n) {
-    if (n > buf.size() - off) fail<std::invalid_argument>(path, ": damaged checkpoint (truncated at byte ", off, ")");
+  for (const auto& st : dn_) {
+    sh.dn_S.push_back((int64_t)st.S.size());
+    sh.dn_conv.push_back((int64_t)st.conv.size());
   }
-  template <class T>
-  T pod() {
-    need(sizeof(T));
-    T v;
-    std::memcpy(&v, buf.data() + off, sizeof v);
-    off += sizeof v;
-    return v;
-  }
-  template <class T>
-  std::vector<T> vec() {
-    uint64_t n = pod<uint64_t>();
-    if (n > buf.size()) fail<std::invalid_argument>(path, ": damaged checkpoint (bad array length)");
-    need(n * sizeof(T));
-    std::vector<T> v(n);
-    std::memcpy(v.data(), buf.data() + off, n * sizeof(T));
-    off += n * sizeof(T);
-    return v;
-  }
-};
-}  // namespace
-
-void Session::save(const std::string& path) {
-  Checkpoint cp = checkpoint();
-  Writer w;
-  w.buf.append(kCpMagic, 8);
-  w.pod(kCpVersion);
-  w.pod(cp.fingerprint);
-  w.pod(cp.n_ctx);
-  w.pod(cp.position);
-  w.vec(cp.tokens);
-  w.pod<uint64_t>(cp.k.size());
-  for (size_t i = 0; i < cp.k.size(); i++) {
-    w.vec(cp.k[i]);
-    w.vec(cp.v[i]);
-  }
-  w.pod<uint64_t>(cp.S.size());
-  for (size_t i = 0; i < cp.S.size(); i++) {
-    w.vec(cp.S[i]);
-    w.vec(cp.conv[i]);
-  }
-  w.pod<uint64_t>(cp.idx_raw.size());
-  for (size_t i = 0; i < cp.idx_raw.size(); i++) {
-    w.vec(cp.idx_raw[i]);
-    w.vec(cp.idx_pooled[i]);
-  }
-  w.vec(cp.ple_conv);
-  w.pod(cp.steer_origin);
-  const uint64_t sum = fnv(1469598103934665603ull, w.buf.data(), w.buf.size());
-  w.pod(sum);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) fail<std::runtime_error>(path, ": cannot write checkpoint");
-    f.write(w.buf.data(), (std::streamsize)w.buf.size());
-    if (!f) fail<std::runtime_error>(path, ": write failed");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail<std::runtime_error>(path, ": cannot rename ", tmp);
+  sh.ple_conv = (int64_t)ple_.conv.size();
+  return sh;
 }
 
-void Session::load(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail<std::invalid_argument>(path, ": cannot open checkpoint");
-  std::string buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (buf.size() < 8 + 4 + 8 + 8 || std::memcmp(buf.data(), kCpMagic, 8) != 0)
-    fail<std::invalid_argument>(path, ": not a strata checkpoint (bad magic)");
-  const uint64_t want = fnv(1469598103934665603ull, buf.data(), buf.size() - 8);
-  uint64_t got;
-  std::memcpy(&got, buf.data() + buf.size() - 8, 8);
-  if (want != got) fail<std::invalid_argument>(path, ": damaged checkpoint (checksum mismatch)");
-  Reader r{buf, path, 8};
-  const uint32_t ver = r.pod<uint32_t>();
-  if (ver != 1 && ver != kCpVersion)
-    fail<std::invalid_argument>(path, ": checkpoint version ", ver, " (expected 1 or ", kCpVersion, ")");
-  Checkpoint cp;
-  cp.fingerprint = r.pod<uint64_t>();
-  if (cp.fingerprint != model_->fingerprint())
-    fail<std::invalid_argument>(path, ": checkpoint was saved from a different model");
-  cp.n_ctx = r.pod<int64_t>();
-  cp.position = r.pod<int64_t>();
-  cp.tokens = r.vec<int32_t>();
-  const uint64_t nk = r.pod<uint64_t>();
-  for (uint64_t i = 0; i < nk && i < 4096; i++) {
-    cp.k.push_back(r.vec<float>());
-    cp.v.push_back(r.vec<float>());
-  }
-  const uint64_t ns = r.pod<uint64_t>();
-  for (uint64_t i = 0; i < ns && i < 4096; i++) {
-    cp.S.push_back(r.vec<float>());
-    cp.conv.push_back(r.vec<float>());
-  }
-  if (ver >= 2) {
-    const uint64_t nq = r.pod<uint64_t>();
-    for (uint64_t i = 0; i < nq && i < 4096; i++) {
-      cp.idx_raw.push_back(r.vec<float>());
-      cp.idx_pooled.push_back(r.vec<float>());
-    }
-    cp.ple_conv = r.vec<float>();
-    cp.steer_origin = r.pod<int64_t>();
-  } else {  // version 1 (qwen3next only): no QSA or PLE state
-    cp.idx_raw.assign(kv_.size(), {});
-    cp.idx_pooled.assign(kv_.size(), {});
-    cp.ple_conv = ple_.conv;
-  }
-  restore(cp);
-}
+// File I/O and its validation: state/checkpoint_file.h. A failed save leaves the session untouched (it only
+// reads state); a failed load leaves it as it was (restore() runs only on a fully validated checkpoint).
+void Session::save(const std::string& path) { write_checkpoint_file(path, checkpoint(), checkpoint_shape()); }
+
+void Session::load(const std::string& path) { restore(read_checkpoint_file(path, checkpoint_shape())); }
 
 std::map<std::string, std::vector<float>> Session::export_state() {
   if (last_T_ > 0) fail<std::logic_error>("export_state() while a commit is pending");

@@ -48,8 +48,13 @@ def quantize_act(x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), o
 def rowop(name: str, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], y: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = '') -> list[float]:
     """One rowops.h function (tests)."""
 
-def attend(q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], nh: int, k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], n0: int, scale: float, isa: str = '') -> list[float]:
-    """Causal attention of T rows x nh heads over shared cells (tests)."""
+def qsa_select(scores: Sequence[float], kb: int) -> list[int]:
+    """QSA's block selection rule (tests): kb best, ties to the lower index."""
+
+def attend(q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], nh: int, k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], n0: int, scale: float, isa: str = '', cells: Sequence[int] = []) -> list[float]:
+    """
+    Causal attention of T rows x nh heads over shared cells, or one row over a cell list (tests).
+    """
 
 def dn_rows(S: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], gates: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], n_src: int, read: bool = True, ref: bool = False) -> tuple[list[float], list[float], list[float]]:
     """
@@ -156,9 +161,9 @@ def expert_cache_stress(slots: int, keys: int, threads: int, iters: int, max_n: 
 
 class Model:
     @staticmethod
-    def load(path: str, threads: int = 0, mtp_path: str = '', cache_mib: int = -1, o_direct: bool = False, io_threads: int = 4, prefetch: bool = True, prefetch_root_only: bool = False, approximate: bool = False, protect: int = -1, bonus: float = 0.8500000238418579, draft_protect: int = -1, draft_bonus: float = -1.0) -> Model:
+    def load(path: str, threads: int = 0, mtp_path: str = '', cache_mib: int = -1, o_direct: bool = False, io_threads: int = 4, prefetch: bool = True, prefetch_root_only: bool = False, approximate: bool = False, protect: int = -1, bonus: float = 0.8500000238418579, draft_protect: int = -1, draft_bonus: float = -1.0, ple_map_mib: int = 4096, dense_attention: bool = False) -> Model:
         """
-        Open, validate and map a qwen3next GGUF (and optionally a separate MTP-only GGUF). cache_mib >= 0
+        Open, validate and map a qwen3next / qwen35moe / qwen4exp GGUF (and optionally a separate MTP-only GGUF). cache_mib >= 0
         streams experts through a cache of that size (-1: all resident); see csrc/experts/expert_stream.h.
         """
 
@@ -182,6 +187,12 @@ class Model:
 
     def summary(self) -> str: ...
 
+    @property
+    def ple_pread(self) -> bool:
+        """
+        True when the PLE table is read by pread (larger than ple_map_mib) rather than the mapping.
+        """
+
     def expert_stats(self) -> dict:
         """Expert streaming counters since load or the last reset."""
 
@@ -189,6 +200,11 @@ class Model:
 
     @property
     def streaming(self) -> bool: ...
+
+def session_state_bytes(model: Model, n_ctx: int, max_window: int = 8, mtp: bool = False) -> int:
+    """
+    Bytes of state a session with these options allocates (checked against RAM before it does).
+    """
 
 class Checkpoint:
     @property
@@ -298,6 +314,16 @@ class Session:
     def save(self, path: str) -> None: ...
 
     def load(self, path: str) -> None: ...
+
+    def record_qsa(self, on: bool) -> None:
+        """
+        Tests: record the selected QSA blocks of every later run (qsa_selected()).
+        """
+
+    def qsa_selected(self) -> dict[int, list[list[int]]]:
+        """
+        {layer: [row: sorted selected block ids, empty for a dense row]} of the last run (after record_qsa).
+        """
 
     def export_state(self) -> dict: ...
 

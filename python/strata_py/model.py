@@ -137,9 +137,12 @@ class Model:
                                 -1 if approx_draft_protect is None else int(approx_draft_protect),
                                 -1.0 if approx_draft_bonus is None else float(approx_draft_bonus),
                                 int(ple_map_mib), bool(_dense_attention))
-        tok = Tokenizer.from_metadata(_core.gguf_metadata(str(path)))
-        if tok.n_vocab > core.config["n_vocab"]:
-            raise ValueError(f"{path}: tokenizer has {tok.n_vocab} tokens but token_embd has {core.config['n_vocab']} rows")
+        try:  # the vocabulary is bounded by the model's token_embd before the tokenizer is built from it
+            tok = Tokenizer.from_metadata(_core.gguf_metadata(str(path)), max_vocab=core.config["n_vocab"])
+        except ValueError as e:
+            if str(path) in str(e):
+                raise
+            raise ValueError(f"{path}: {e}") from e
         return cls(core, tok, path)
 
     @property

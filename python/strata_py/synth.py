@@ -6,7 +6,7 @@ TYPE: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, q2_k, q3_k, q
 iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq4_xs, or q4_k_m (Q4_K with Q6_K for output, attn_v and every other
 layer's ffn_down, like llama-quantize's Q4_K_M mix).
 
-Sizes: `tiny` (tests), `bench` (hidden 1024, 24 layers 3:1, 128 experts top-8 + shared expert), `stream`
+Sizes: `micro` (fuzzing seeds), `tiny` (tests), `bench` (hidden 1024, 24 layers 3:1, 128 experts top-8 + shared expert), `stream`
 (the bench shape with as many experts as make `--expert-gib` GiB of expert weights). Weights are drawn
 directly as valid blocks of the target type (gguf-py has no K/IQ quantizer): a random fp16 scale and
 random codes. For K, IQ and the 32-value block types every byte pattern of the scales/codes/grid indices/sign
@@ -39,6 +39,9 @@ SIZES = {
                   n_ctx=32768),
 }
 SIZES["stream"] = dict(SIZES["bench"])
+# the smallest file that still has every tensor kind (~50 KB at q8_0): seeds for the fuzzers (fuzz/)
+SIZES["micro"] = dict(n_vocab=272, n_embd=32, n_layer=4, n_head=2, n_head_kv=1, head_dim=16, rope_dim=8, n_expert=4,
+                      n_expert_used=2, n_ff_exp=32, n_ff_shexp=32, nk=1, nv=2, dk=16, dv=16, n_ctx=256)
 # the types convert.py writes (float, Q8_0 and the other 32-value blocks), plus the K and IQ quants
 TYPES = {**cv.OUT_TYPES, "q2_k": QT.Q2_K, "q3_k": QT.Q3_K, "q4_k": QT.Q4_K, "q5_k": QT.Q5_K, "q6_k": QT.Q6_K,
          "iq1_s": QT.IQ1_S, "iq1_m": QT.IQ1_M, "iq2_xxs": QT.IQ2_XXS, "iq2_xs": QT.IQ2_XS, "iq2_s": QT.IQ2_S,

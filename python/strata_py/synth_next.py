@@ -47,6 +47,10 @@ _TRUNK = {
     "full": dict(n_vocab=248320, n_embd=2048, n_layer=40, n_head=16, n_head_kv=2, head_dim=256, rope_dim=64,
                  mrope_sections=(11, 11, 10, 0), n_expert=256, n_expert_used=8, n_ff_exp=512, n_ff_shexp=512, nk=16,
                  nv=32, dk=128, dv=128, n_ctx=262144),
+    # the smallest files with every tensor kind (~0.1-0.3 MB): seeds for the fuzzers (fuzz/make_seeds.py)
+    "micro": dict(n_vocab=272, n_embd=32, n_layer=4, n_head=2, n_head_kv=1, head_dim=16, rope_dim=8,
+                  mrope_sections=(2, 1, 1, 0), n_expert=4, n_expert_used=2, n_ff_exp=32, n_ff_shexp=32, nk=1, nv=2,
+                  dk=16, dv=16, n_ctx=256),
 }
 # what Qwen4-Exp adds per size (hc_lowrank, indexer, PLE); `full` has 512 experts top-10 like the config class
 _Q4X = {
@@ -55,6 +59,7 @@ _Q4X = {
                   ple_base=50_000),
     "full": dict(hc=4, hc_rank=320, ni=16, di=128, budget=2048, ratio=4, ple_layers=(1,), ngram=3, hpn=8,
                  ple_base=1_000_000, n_expert=512, n_expert_used=10),
+    "micro": dict(hc=2, hc_rank=32, ni=2, di=16, budget=8, ratio=4, ple_layers=(1,), ngram=3, hpn=2, ple_base=64),
 }
 SIZES = tuple(_TRUNK)
 

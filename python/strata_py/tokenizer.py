@@ -152,37 +152,48 @@ class Tokenizer:
         self._bytes: list[bytes | None] = [None] * n
 
     @classmethod
-    def from_metadata(cls, md: Mapping[str, object]) -> "Tokenizer":
+    def from_metadata(cls, md: Mapping[str, object], max_vocab: int | None = None) -> "Tokenizer":
         """Build from GGUF metadata: a mapping of key -> Python value (str, int, float, bool, list for arrays),
         as `_core.gguf_metadata(path)` returns. Requires `tokenizer.ggml.model = gpt2`, `.pre` in {qwen2, qwen35, gpt-2},
-        `.tokens` and `.merges`; `.token_type` defaults to all NORMAL."""
-        def get(key, default=None, required=False):
+        `.tokens` and `.merges`; `.token_type` defaults to all NORMAL. Each value must have its type; with
+        `max_vocab` (the model's token_embd rows), more tokens than that are refused before anything is built."""
+        def get(key, kind, default=None, required=False):
+            # every value is checked for the type it must have (a hostile file may hold anything under a key);
+            # kind is (str | int | bool) or a list of one of them
             full = f"tokenizer.ggml.{key}"
             if full not in md:
                 if required:
                     raise ValueError(f"GGUF metadata has no {full}")
                 return default
-            return md[full]
+            v = md[full]
+            elem = kind[0] if isinstance(kind, list) else None
+            ok = (isinstance(v, list) and all(isinstance(x, elem) for x in v)) if elem else isinstance(v, kind)
+            if not ok or (kind is int and isinstance(v, bool)):
+                want = f"a list of {elem.__name__}" if elem else kind.__name__
+                raise ValueError(f"GGUF metadata {full} has the wrong type (expected {want})")
+            return v
 
-        model = get("model", required=True)
+        model = get("model", str, required=True)
         if model != "gpt2":
             raise ValueError(f"unsupported tokenizer.ggml.model {model!r} (only byte-level BPE 'gpt2')")
-        pre = get("pre", required=True)
+        pre = get("pre", str, required=True)
         if pre not in _PRE_REGEX:
             raise ValueError(f"unsupported tokenizer.ggml.pre {pre!r} (supported: {', '.join(_PRE_REGEX)})")
-        tokens = list(get("tokens", required=True))
-        types = get("token_type")
-        types = [NORMAL] * len(tokens) if types is None else [int(x) for x in types]
-        merges = list(get("merges", required=True))
+        tokens = get("tokens", [str], required=True)
+        if max_vocab is not None and len(tokens) > max_vocab:
+            raise ValueError(f"tokenizer.ggml.tokens has {len(tokens)} entries but the model has {max_vocab} "
+                             "token embeddings")
+        types = get("token_type", [int])
+        types = [NORMAL] * len(tokens) if types is None else types
+        merges = get("merges", [str], required=True)
 
         def opt_int(key):
-            v = get(key)
-            return None if v is None else int(v)
+            return get(key, int)
 
         return cls(tokens=tokens, token_types=types, merges=merges, pre=pre,
                    bos_id=opt_int("bos_token_id"), eos_id=opt_int("eos_token_id"),
                    pad_id=opt_int("padding_token_id"), eot_id=opt_int("eot_token_id"),
-                   add_bos=bool(get("add_bos_token", False)))
+                   add_bos=get("add_bos_token", bool, False))
 
     @property
     def hf_tokenizer(self) -> _HFTokenizer:
