@@ -40,8 +40,8 @@ tests_rc=$?
 tests_s=$(( $(date +%s) - t0 ))
 tail -15 "$OUT/tests.log"
 
-PYTHONUNBUFFERED=1 $PY bench/bench_cuda.py --json "$OUT/bench_cuda.json" 2>&1 | tee "$OUT/bench.log"
-bench_rc=${PIPESTATUS[0]}
+PYTHONUNBUFFERED=1 $PY bench/bench_cuda.py --json "$OUT/bench_cuda.json"
+bench_rc=$?
 
 $PY - "$OUT" "$COMMIT" "$build_s" "$tests_rc" "$tests_s" <<'PYEOF'
 """gpu-h200.json (issue 19's keys) and gpu_check.txt from junit.xml and bench_cuda.json."""
