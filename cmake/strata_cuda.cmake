@@ -23,8 +23,9 @@ elseif(STRATA_CUDA)
 endif()
 
 if(STRATA_CUDA_ON)
-  if(NOT DEFINED CMAKE_CUDA_HOST_COMPILER)
-    set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER})  # the same g++ as the rest (see ../shared/DEVICE.md)
+  if(NOT CMAKE_CUDA_HOST_COMPILER AND NOT DEFINED ENV{CUDAHOSTCXX})
+    # nvcc's host compiler = the C++ compiler of the rest, not whatever g++ is first on the PATH
+    set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER} CACHE FILEPATH "host compiler for nvcc")
   endif()
   set(CMAKE_CUDA_ARCHITECTURES ${STRATA_CUDA_ARCHS})
   enable_language(CUDA)

@@ -17,14 +17,17 @@ cd "$ROOT"
 COMMIT=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 PY=${PYTHON:-python3}
 SITE=/tmp/strata-gpu-site
-export CXX=${CXX:-/usr/bin/g++} CC=${CC:-/usr/bin/gcc} CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
+# Not ${CXX:-...}: the lent machine's environment may name its wrapper already.
+if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc CUDAHOSTCXX=/usr/bin/g++; fi
+export CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
+echo "compilers: CXX=${CXX:-} CC=${CC:-} CUDAHOSTCXX=${CUDAHOSTCXX:-} ($(${CXX:-g++} --version | head -1))"
 mkdir -p "$SITE"
 if ! $PY -c "import gguf" 2>/dev/null; then
   $PY -m pip install -q --no-index --no-deps --target "$SITE" "${3:?gguf is missing: pass a gguf wheel}" || exit 1
 fi
 
 t0=$(date +%s)
-$PY -m pip install --no-build-isolation --no-deps --target "$SITE" --upgrade -Ccmake.define.STRATA_CUDA=ON \
+$PY -m pip install -v --no-build-isolation --no-deps --target "$SITE" --upgrade -Ccmake.define.STRATA_CUDA=ON \
   -Cbuild-dir=/tmp/strata-gpu-build . >"$OUT/build.log" 2>&1
 build_rc=$?
 build_s=$(( $(date +%s) - t0 ))
@@ -32,6 +35,12 @@ echo "build: rc $build_rc in ${build_s} s (log: build.log)"
 [ $build_rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
 export PYTHONPATH=$SITE
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
+grep -E "strata: CUDA|Linking|static-libstdc" "$OUT/build.log" | cut -c1-300 | tail -4
+if ! $PY -c "from strata_py import _core; print(_core.cuda_info())"; then  # a crash here: show where
+  command -v cuda-gdb >/dev/null && cuda-gdb -batch -ex run -ex bt --args $PY -c \
+    "from strata_py import _core; print(_core.cuda_info())" 2>&1 | tail -25
+  exit 1
+fi
 
 t0=$(date +%s)
 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_*.py tests/test_backend.py --junitxml="$OUT/junit.xml" \
