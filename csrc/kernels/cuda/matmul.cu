@@ -31,31 +31,44 @@ __device__ __forceinline__ float reduce16(float l) {
 }
 
 // Float activations: lane j accumulates columns c = j (mod 16) in increasing c, zero-padded to a multiple of 16.
-template <class D, int TT>
+// Each thread holds lane j of R weight rows (R = 4 on large matrices: one load of x serves 4 rows; R = 1 keeps
+// small matrices spread over more threads). The launch shape never changes what a lane computes.
+template <class D, int TT, int R>
 __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
                                                int64_t cols, const float* __restrict__ x, int64_t ldx, int T,
                                                float* __restrict__ y, int64_t ldy) {
   const int lane = threadIdx.x & 15;
-  const int64_t r = (int64_t)blockIdx.x * kRowsPerBlock + (threadIdx.x >> 4);
-  const bool live = r < rows;  // every thread takes part in the shuffles
-  const uint8_t* row = W + (live ? r : 0) * row_bytes;
-  float acc[TT];
+  const int64_t r0 = ((int64_t)blockIdx.x * kRowsPerBlock + (threadIdx.x >> 4)) * R;
+  const uint8_t* row[R];
 #pragma unroll
-  for (int t = 0; t < TT; t++) acc[t] = 0.f;
+  for (int i = 0; i < R; i++) row[i] = W + (r0 + i < rows ? r0 + i : 0) * row_bytes;  // all threads shuffle
+  float acc[R][TT];
+#pragma unroll
+  for (int i = 0; i < R; i++)
+#pragma unroll
+    for (int t = 0; t < TT; t++) acc[i][t] = 0.f;
   const int64_t padded = (cols + 15) / 16 * 16;
   for (int64_t c = lane; c < padded; c += 16) {
     const bool in = c < cols;
-    const float w = in ? D::value(row, c) : 0.f;
+    float w[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) w[i] = in ? D::value(row[i], c) : 0.f;
 #pragma unroll
     for (int t = 0; t < TT; t++)
-      if (t < T) acc[t] = fmaf(w, in ? __ldg(x + t * ldx + c) : 0.f, acc[t]);
+      if (t < T) {
+        const float xv = in ? __ldg(x + t * ldx + c) : 0.f;
+#pragma unroll
+        for (int i = 0; i < R; i++) acc[i][t] = fmaf(w[i], xv, acc[i][t]);
+      }
   }
 #pragma unroll
-  for (int t = 0; t < TT; t++) {
-    if (t >= T) break;
-    const float s = reduce16(acc[t]);
-    if (lane == 0 && live) y[t * ldy + r] = s;
-  }
+  for (int i = 0; i < R; i++)
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+      if (t >= T) break;
+      const float s = reduce16(acc[i][t]);
+      if (lane == 0 && r0 + i < rows) y[t * ldy + r0 + i] = s;
+    }
 }
 
 // Int8 activations: per block b, lane k's exact integer sum P over its 16 values, then L = fma(d * dx, P, L);
@@ -81,13 +94,15 @@ __global__ void __launch_bounds__(256) k_int(const uint8_t* __restrict__ W, size
 #pragma unroll
     for (int t = 0; t < TT; t++) {
       if (t >= T) break;
-      const int8_t* qb = q + t * cols + b * QK_K + 2 * k;
+      // the lane's 16 activation values, stored contiguously by k_quantize: one 16-byte load
+      const int4 q16 = __ldg(reinterpret_cast<const int4*>(q + t * cols + b * QK_K + 16 * k));
+      const int8_t* qb = reinterpret_cast<const int8_t*>(&q16);
       int P = 0, M = 0;
 #pragma unroll
       for (int s = 0; s < 8; s++)
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-          const int qv = qb[32 * s + i];
+          const int qv = qb[2 * s + i];
           P += w[2 * s + i] * qv;
           if constexpr (D::kMins) M += mv[2 * s + i] * qv;
         }
@@ -112,6 +127,8 @@ __global__ void __launch_bounds__(256) k_int(const uint8_t* __restrict__ W, size
 
 // quantize_act_ref on the card: one thread block of 256 per (row t, block b). amax = max |x| (a max: any order),
 // iscale = 127 / amax, q = round-half-even(iscale * x), dx = amax / 127 (IEEE division, as on the CPU).
+// Stored lane-major: value v = 32 s + 2 k + i of block b at b * 256 + 16 k + 2 s + i, so that lane k of k_int
+// reads its 16 values with one 16-byte load.
 __global__ void __launch_bounds__(256) k_quantize(const float* __restrict__ x, int64_t ldx, int64_t nb,
                                                   int8_t* __restrict__ q, float* __restrict__ dx) {
   const int t = blockIdx.y;
@@ -125,7 +142,8 @@ __global__ void __launch_bounds__(256) k_quantize(const float* __restrict__ x, i
   float amax = warp_max[0];
   for (int i = 1; i < 8; i++) amax = fmaxf(amax, warp_max[i]);
   const float iscale = amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f;
-  q[t * nb * QK_K + b * QK_K + threadIdx.x] = (int8_t)rintf(__fmul_rn(iscale, v));
+  const int vi = threadIdx.x, lane_pos = 16 * ((vi % 32) / 2) + 2 * (vi / 32) + vi % 2;
+  q[t * nb * QK_K + b * QK_K + lane_pos] = (int8_t)rintf(__fmul_rn(iscale, v));
   if (threadIdx.x == 0) dx[t * nb + b] = __fdiv_rn(amax, 127.f);
 }
 
@@ -147,15 +165,22 @@ __global__ void k_rmsnorm(const float* __restrict__ x, int64_t ldx, const float*
   for (int64_t i = lane; i < n; i += 32) y[t * ldy + i] = __fmul_rn(__fmul_rn(xr[i], r), w[i]);
 }
 
+template <class D, int R>
+void launch_float_r(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, cudaStream_t st) {
+  const int64_t per_block = (int64_t)kRowsPerBlock * R;
+  const dim3 grid((unsigned)((W.rows + per_block - 1) / per_block));
+  auto go = [&](auto kern) { kern<<<grid, 256, 0, st>>>(W.data, W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy); };
+  if (T == 1) go(k_float<D, 1, R>);
+  else if (T == 2) go(k_float<D, 2, R>);
+  else if (T <= 4) go(k_float<D, 4, R>);
+  else if (T <= 8) go(k_float<D, 8, R>);
+  else go(k_float<D, 16, R>);
+}
 template <class D>
 void launch_float(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, cudaStream_t st) {
-  const dim3 grid((unsigned)((W.rows + kRowsPerBlock - 1) / kRowsPerBlock));
-  auto go = [&](auto kern) { kern<<<grid, 256, 0, st>>>(W.data, W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy); };
-  if (T == 1) go(k_float<D, 1>);
-  else if (T == 2) go(k_float<D, 2>);
-  else if (T <= 4) go(k_float<D, 4>);
-  else if (T <= 8) go(k_float<D, 8>);
-  else go(k_float<D, 16>);
+  // 4 rows a thread once the grid still fills the card several times over (132 SMs x 8 blocks of 256 threads)
+  if (W.rows >= (int64_t)kRowsPerBlock * 4 * 132 * 8) launch_float_r<D, 4>(W, x, ldx, T, y, ldy, st);
+  else launch_float_r<D, 1>(W, x, ldx, T, y, ldy, st);
 }
 
 template <class D>
