@@ -50,6 +50,18 @@ def test_t_rows_equal_one_row(typ):
         np.testing.assert_array_equal(bits(got), bits(one[:T]), err_msg=f"{typ} T={T}")
 
 
+@pytest.mark.parametrize("typ", ["F32", "BF16", "Q8_0", "Q4_K", "IQ2_XXS", "IQ3_XXS"])
+def test_large_matrices_equal_cpu_ref(typ):
+    """The launch shapes of large matrices (csrc/kernels/cuda/matmul.cu): >= 67584 rows run float types 4 rows a
+    thread, > 65536 rows run int8-activation types' 4096 thread blocks over several 16-row groups each."""
+    rng = np.random.default_rng()
+    rows, cols = 70001, (83 if typ in FLOAT else 256)
+    w = weights(rng, typ, rows, cols)
+    x = rng.standard_normal((3, cols)).astype(np.float32)
+    np.testing.assert_array_equal(bits(_core.backend_matmul("cuda", w, typ, rows, cols, x)),
+                                  bits(_core.matmul(w, typ, rows, cols, x, isa="scalar")))
+
+
 @pytest.mark.parametrize("n", [2048, 300, 7])
 def test_rmsnorm_equals_cpu(n):
     rng = np.random.default_rng()

@@ -17,12 +17,23 @@ __device__ uint32_t g_iq3xxs_grid[256];
 __device__ uint8_t g_ksigns[128];
 __device__ int8_t g_iq4_values[16];
 __device__ int8_t g_mxfp4_values[16];
+// The IQ grids and signs as the product kernel keeps them in shared memory (types with kTables).
+struct IqTables {
+  uint64_t iq2xxs[256];
+  uint32_t iq3xxs[256];
+  uint8_t signs[128];
+};
 
 __device__ __forceinline__ float half_at(const uint8_t* p) {
   return __half2float(__ushort_as_half((unsigned short)(p[0] | p[1] << 8)));
 }
 __device__ __forceinline__ uint32_t u32_at(const uint8_t* p) {
   return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+// A little-endian u32 at an even address, in two 16-bit loads.
+__device__ __forceinline__ uint32_t u32_at2(const uint8_t* p) {
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+  return (uint32_t)h[0] | (uint32_t)h[1] << 16;
 }
 __device__ __forceinline__ int code4(const uint8_t* qs, int i) { return i < 16 ? qs[i] & 15 : qs[i - 16] >> 4; }
 __device__ __forceinline__ int code5(const uint8_t* qs, uint32_t qh, int i) {
@@ -34,22 +45,26 @@ __device__ __forceinline__ float e8m0_half(uint8_t e) {
 
 // ---- float-activation types: value(row, c) = the dequantized weight c of the row, as the CPU dequantizer -------
 struct F32 {
+  static constexpr bool kPlain = true;
   static __device__ __forceinline__ float value(const uint8_t* row, int64_t c) {
     return reinterpret_cast<const float*>(row)[c];
   }
 };
 struct F16 {
+  static constexpr bool kPlain = true;
   static __device__ __forceinline__ float value(const uint8_t* row, int64_t c) {
     return __half2float(reinterpret_cast<const __half*>(row)[c]);
   }
 };
 struct BF16 {
+  static constexpr bool kPlain = true;
   static __device__ __forceinline__ float value(const uint8_t* row, int64_t c) {
     return __uint_as_float((uint32_t)reinterpret_cast<const uint16_t*>(row)[c] << 16);
   }
 };
 template <int kBytes>
 struct Block32 {
+  static constexpr bool kPlain = false;
   static __device__ __forceinline__ const uint8_t* block(const uint8_t* row, int64_t c) { return row + (c / 32) * kBytes; }
 };
 struct Q8_0 : Block32<34> {
@@ -101,6 +116,7 @@ struct MXFP4 : Block32<17> {
 // types with mins also give dmin and the min of each of the lane's values (mins()).
 struct Q4_K {
   static constexpr int kBytes = 144;
+  static constexpr bool kTables = false;
   static constexpr bool kMins = true;
   static __device__ __forceinline__ void scale_min(const uint8_t* s, int j, int* sc, int* m) {
     if (j < 4) {
@@ -111,7 +127,7 @@ struct Q4_K {
       *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
     }
   }
-  static __device__ __forceinline__ float lane(const uint8_t* b, int k, int* w) {
+  static __device__ __forceinline__ float lane(const uint8_t* b, int k, int* w, const IqTables& tab) {
     for (int s = 0; s < 8; s++) {
       int sc, m;
       scale_min(b + 4, s, &sc, &m);
@@ -130,8 +146,9 @@ struct Q4_K {
 };
 struct Q5_K {
   static constexpr int kBytes = 176;
+  static constexpr bool kTables = false;
   static constexpr bool kMins = true;
-  static __device__ __forceinline__ float lane(const uint8_t* b, int k, int* w) {
+  static __device__ __forceinline__ float lane(const uint8_t* b, int k, int* w, const IqTables& tab) {
     for (int s = 0; s < 8; s++) {
       int sc, m;
       Q4_K::scale_min(b + 4, s, &sc, &m);
@@ -147,8 +164,9 @@ struct Q5_K {
 };
 struct Q6_K {
   static constexpr int kBytes = 210;
+  static constexpr bool kTables = false;
   static constexpr bool kMins = false;
-  static __device__ __forceinline__ float lane(const uint8_t* b, int k, int* w) {
+  static __device__ __forceinline__ float lane(const uint8_t* b, int k, int* w, const IqTables& tab) {
     for (int s = 0; s < 8; s++)
       for (int i = 0; i < 2; i++) {
         const int v = 32 * s + 2 * k + i, h = v / 128, l = v % 32, kk = (v % 128) / 32;
@@ -162,8 +180,9 @@ struct Q6_K {
 };
 struct Q2_K {
   static constexpr int kBytes = 84;
+  static constexpr bool kTables = false;
   static constexpr bool kMins = true;
-  static __device__ __forceinline__ float lane(const uint8_t* b, int k, int* w) {
+  static __device__ __forceinline__ float lane(const uint8_t* b, int k, int* w, const IqTables& tab) {
     for (int s = 0; s < 8; s++)
       for (int i = 0; i < 2; i++) {
         const int v = 32 * s + 2 * k + i;
@@ -180,8 +199,9 @@ struct Q2_K {
 };
 struct Q3_K {
   static constexpr int kBytes = 110;
+  static constexpr bool kTables = false;
   static constexpr bool kMins = false;
-  static __device__ __forceinline__ float lane(const uint8_t* b, int k, int* w) {
+  static __device__ __forceinline__ float lane(const uint8_t* b, int k, int* w, const IqTables& tab) {
     for (int s = 0; s < 8; s++)
       for (int i = 0; i < 2; i++) {
         const int v = 32 * s + 2 * k + i, sb = v / 16;
@@ -197,15 +217,16 @@ struct Q3_K {
 };
 struct IQ2_XXS {
   static constexpr int kBytes = 66;
+  static constexpr bool kTables = true;
   static constexpr bool kMins = false;
-  static __device__ __forceinline__ float lane(const uint8_t* b, int k, int* w) {
+  static __device__ __forceinline__ float lane(const uint8_t* b, int k, int* w, const IqTables& tab) {
     const int l = k / 4;  // value e = 2k + i of sub-block s: grid byte l = e / 8, element j = e % 8
     for (int s = 0; s < 8; s++) {
       const uint8_t* q = b + 2 + 8 * s;
-      const uint32_t aux1 = u32_at(q + 4);
+      const uint32_t aux1 = u32_at2(q + 4);  // even: 66-byte blocks, rows of 66 nb bytes
       const int sc = (int)(aux1 >> 28);
-      const int signs = g_ksigns[(aux1 >> (7 * l)) & 127];
-      const uint64_t grid = g_iq2xxs_grid[q[l]];
+      const int signs = tab.signs[(aux1 >> (7 * l)) & 127];
+      const uint64_t grid = tab.iq2xxs[q[l]];
       for (int i = 0; i < 2; i++) {
         const int j = 2 * (k % 4) + i;
         const int g = (int)((grid >> (8 * j)) & 0xFF);
@@ -218,17 +239,18 @@ struct IQ2_XXS {
 };
 struct IQ3_XXS {
   static constexpr int kBytes = 98;
+  static constexpr bool kTables = true;
   static constexpr bool kMins = false;
-  static __device__ __forceinline__ float lane(const uint8_t* b, int k, int* w) {
+  static __device__ __forceinline__ float lane(const uint8_t* b, int k, int* w, const IqTables& tab) {
     const int l = k / 4;
     for (int s = 0; s < 8; s++) {
       const uint8_t* qs = b + 2 + 8 * s;
-      const uint32_t aux = u32_at(b + 2 + 64 + 4 * s);
+      const uint32_t aux = u32_at2(b + 2 + 64 + 4 * s);  // even: 98-byte blocks
       const int sc = (int)(aux >> 28);
-      const int signs = g_ksigns[(aux >> (7 * l)) & 127];
+      const int signs = tab.signs[(aux >> (7 * l)) & 127];
       for (int i = 0; i < 2; i++) {
         const int j = 2 * (k % 4) + i;
-        const int g = (int)((g_iq3xxs_grid[qs[2 * l + j / 4]] >> (8 * (j % 4))) & 0xFF);
+        const int g = (int)((tab.iq3xxs[qs[2 * l + j / 4]] >> (8 * (j % 4))) & 0xFF);
         w[2 * s + i] = (2 * sc + 1) * (((signs >> j) & 1) ? -g : g);
       }
     }
@@ -238,8 +260,9 @@ struct IQ3_XXS {
 };
 struct IQ4_XS {
   static constexpr int kBytes = 136;
+  static constexpr bool kTables = false;
   static constexpr bool kMins = false;
-  static __device__ __forceinline__ float lane(const uint8_t* b, int k, int* w) {
+  static __device__ __forceinline__ float lane(const uint8_t* b, int k, int* w, const IqTables& tab) {
     const int sh = b[2] | b[3] << 8;
     for (int s = 0; s < 8; s++) {
       const int ls = ((b[4 + s / 2] >> (4 * (s % 2))) & 0xF) | ((sh >> (2 * s)) & 3) << 4;

@@ -17,6 +17,8 @@ namespace {
 
 constexpr int kRowsPerBlock = 16;  // weight rows per thread block: 16 rows x 16 lanes = 256 threads
 constexpr int kMaxT = 16;          // activation rows per launch (longer windows: several launches)
+constexpr int64_t kMaxIntBlocks = 4096;
+constexpr int64_t kRowsForR4 = (int64_t)kRowsPerBlock * 4 * 132 * 8;  // 67584 (tests/test_cuda_matmul.py)
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail<std::runtime_error>("cuda: ", what, ": ", cudaGetErrorString(e));
@@ -77,51 +79,62 @@ template <class D, int TT>
 __global__ void __launch_bounds__(256) k_int(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
                                              int64_t nb, const int8_t* __restrict__ q, const float* __restrict__ dx,
                                              int T, float* __restrict__ y, int64_t ldy) {
+  __shared__ IqTables tab;  // IQ2_XXS / IQ3_XXS: the grids, loaded once per thread block
+  if constexpr (D::kTables) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+      tab.iq2xxs[i] = g_iq2xxs_grid[i];
+      tab.iq3xxs[i] = g_iq3xxs_grid[i];
+      if (i < 128) tab.signs[i] = g_ksigns[i];
+    }
+    __syncthreads();
+  }
   const int k = threadIdx.x & 15;
-  const int64_t r = (int64_t)blockIdx.x * kRowsPerBlock + (threadIdx.x >> 4);
-  const bool live = r < rows;
-  const uint8_t* row = W + (live ? r : 0) * row_bytes;
-  const int64_t cols = nb * QK_K;
-  float L[TT], Lm[TT];
+  const int64_t cols = nb * QK_K, groups = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {  // groups of 16 rows, grid-stride
+    const int64_t r = g * kRowsPerBlock + (threadIdx.x >> 4);
+    const bool live = r < rows;
+    const uint8_t* row = W + (live ? r : 0) * row_bytes;
+    float L[TT], Lm[TT];
 #pragma unroll
-  for (int t = 0; t < TT; t++) L[t] = Lm[t] = 0.f;
-  for (int64_t b = 0; b < nb; b++) {
-    const uint8_t* blk = row + b * D::kBytes;
-    int w[16], mv[16];
-    const float d = D::lane(blk, k, w);
-    float dmin = 0.f;
-    if constexpr (D::kMins) dmin = D::mins(blk, k, mv);
+    for (int t = 0; t < TT; t++) L[t] = Lm[t] = 0.f;
+    for (int64_t b = 0; b < nb; b++) {
+      const uint8_t* blk = row + b * D::kBytes;
+      int w[16], mv[16];
+      const float d = D::lane(blk, k, w, tab);
+      float dmin = 0.f;
+      if constexpr (D::kMins) dmin = D::mins(blk, k, mv);
+#pragma unroll
+      for (int t = 0; t < TT; t++) {
+        if (t >= T) break;
+        // the lane's 16 activation values, stored contiguously by k_quantize: one 16-byte load
+        const int4 q16 = __ldg(reinterpret_cast<const int4*>(q + t * cols + b * QK_K + 16 * k));
+        const int8_t* qb = reinterpret_cast<const int8_t*>(&q16);
+        int P = 0, M = 0;
+#pragma unroll
+        for (int s = 0; s < 8; s++)
+#pragma unroll
+          for (int i = 0; i < 2; i++) {
+            const int qv = qb[2 * s + i];
+            P += w[2 * s + i] * qv;
+            if constexpr (D::kMins) M += mv[2 * s + i] * qv;
+          }
+        const float dxb = __ldg(dx + t * nb + b);
+        L[t] = fmaf(__fmul_rn(d, dxb), (float)P, L[t]);
+        if constexpr (D::kMins) {
+          M += __shfl_xor_sync(0xffffffffu, M, 8, 16);
+          M += __shfl_xor_sync(0xffffffffu, M, 4, 16);
+          M += __shfl_xor_sync(0xffffffffu, M, 2, 16);
+          M += __shfl_xor_sync(0xffffffffu, M, 1, 16);
+          Lm[t] = fmaf(__fmul_rn(dmin, dxb), (float)M, Lm[t]);
+        }
+      }
+    }
 #pragma unroll
     for (int t = 0; t < TT; t++) {
       if (t >= T) break;
-      // the lane's 16 activation values, stored contiguously by k_quantize: one 16-byte load
-      const int4 q16 = __ldg(reinterpret_cast<const int4*>(q + t * cols + b * QK_K + 16 * k));
-      const int8_t* qb = reinterpret_cast<const int8_t*>(&q16);
-      int P = 0, M = 0;
-#pragma unroll
-      for (int s = 0; s < 8; s++)
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-          const int qv = qb[2 * s + i];
-          P += w[2 * s + i] * qv;
-          if constexpr (D::kMins) M += mv[2 * s + i] * qv;
-        }
-      const float dxb = __ldg(dx + t * nb + b);
-      L[t] = fmaf(__fmul_rn(d, dxb), (float)P, L[t]);
-      if constexpr (D::kMins) {
-        M += __shfl_xor_sync(0xffffffffu, M, 8, 16);
-        M += __shfl_xor_sync(0xffffffffu, M, 4, 16);
-        M += __shfl_xor_sync(0xffffffffu, M, 2, 16);
-        M += __shfl_xor_sync(0xffffffffu, M, 1, 16);
-        Lm[t] = fmaf(__fmul_rn(dmin, dxb), (float)M, Lm[t]);
-      }
+      const float s = reduce16(L[t]);
+      if (k == 0 && live) y[t * ldy + r] = __fsub_rn(s, Lm[t]);
     }
-  }
-#pragma unroll
-  for (int t = 0; t < TT; t++) {
-    if (t >= T) break;
-    const float s = reduce16(L[t]);
-    if (k == 0 && live) y[t * ldy + r] = __fsub_rn(s, Lm[t]);
   }
 }
 
@@ -178,8 +191,9 @@ void launch_float_r(const MatView& W, const float* x, int64_t ldx, int T, float*
 }
 template <class D>
 void launch_float(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, cudaStream_t st) {
-  // 4 rows a thread once the grid still fills the card several times over (132 SMs x 8 blocks of 256 threads)
-  if (W.rows >= (int64_t)kRowsPerBlock * 4 * 132 * 8) launch_float_r<D, 4>(W, x, ldx, T, y, ldy, st);
+  // F32/F16/BF16: 4 rows a thread once the grid still fills the card several times over (132 SMs x 8 blocks of 256
+  // threads); the block types decode more per value and ran slower that way on the H200 (docs/BENCHMARKS.md)
+  if (D::kPlain && W.rows >= kRowsForR4) launch_float_r<D, 4>(W, x, ldx, T, y, ldy, st);
   else launch_float_r<D, 1>(W, x, ldx, T, y, ldy, st);
 }
 
@@ -190,7 +204,8 @@ void launch_int(const MatView& W, const float* x, int64_t ldx, int T, float* y, 
   int8_t* q = static_cast<int8_t*>(scratch);
   float* dx = reinterpret_cast<float*>(q + (size_t)T * W.cols);  // cols % 256 == 0: 4-byte aligned
   k_quantize<<<dim3((unsigned)nb, (unsigned)T), 256, 0, st>>>(x, ldx, nb, q, dx);
-  const dim3 grid((unsigned)((W.rows + kRowsPerBlock - 1) / kRowsPerBlock));
+  const int64_t groups = (W.rows + kRowsPerBlock - 1) / kRowsPerBlock;  // at most 4096 blocks, each over several
+  const dim3 grid((unsigned)(groups < kMaxIntBlocks ? groups : kMaxIntBlocks));  // groups (the IQ tables: once each)
   auto go = [&](auto kern) { kern<<<grid, 256, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy); };
   if (T == 1) go(k_int<D, 1>);
   else if (T == 2) go(k_int<D, 2>);
