@@ -14,8 +14,7 @@ add_library(strata_core STATIC ${CORE_SOURCES})
 target_include_directories(strata_core PUBLIC ${STRATA_ROOT}/csrc)
 target_link_libraries(strata_core PUBLIC Threads::Threads)
 # Exactness: no fast-math, no implicit FMA contraction; kernels use explicit FMA where they mean it.
-target_compile_options(strata_core PRIVATE ${STRATA_CORE_OPT} -ffp-contract=off -fno-fast-math -Wall -Wextra
-                       -Wno-unused-parameter)
+target_compile_options(strata_core PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:${STRATA_CORE_OPT};-ffp-contract=off;-fno-fast-math;-Wall;-Wextra;-Wno-unused-parameter>")
 foreach(src ${CORE_SOURCES})
   if(src MATCHES "_avx512\\.cpp$")
     set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS
@@ -27,3 +26,5 @@ foreach(src ${CORE_SOURCES})
     set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma;-mf16c;-mbmi2")
   endif()
 endforeach()
+
+include(${CMAKE_CURRENT_LIST_DIR}/strata_cuda.cmake)  # the CUDA backend: off unless asked (STRATA_CUDA)

@@ -10,6 +10,7 @@ void init_model(nb::module_& m);
 void init_sampling(nb::module_& m);
 void init_drafting(nb::module_& m);
 void init_steering(nb::module_& m);
+void init_cuda(nb::module_& m);  // the backend interface, CUDA (issue 19)
 
 NB_MODULE(_core, m) {
   m.doc() = "strata C++ core: GGUF loading, Qwen3-Next on the CPU, the window transaction, sampling";
@@ -20,4 +21,5 @@ NB_MODULE(_core, m) {
   init_model(m);
   init_drafting(m);
   init_steering(m);
+  init_cuda(m);
 }

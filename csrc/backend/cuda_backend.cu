@@ -1,0 +1,215 @@
+// The CUDA backend: one device, one stream, weights and activations in device memory (cudaMalloc). Products and
+// norms run on the card (kernels/cuda/); the other operations of the interface are not on the GPU yet and refuse
+// with a RuntimeError naming the operation. Every CUDA call's status is checked, every launch's too.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda_bench.h"
+#include "kernels/cuda/matmul_cuda.h"
+#include "util/common.h"
+
+namespace strata {
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail<std::runtime_error>("cuda: ", what, ": ", cudaGetErrorString(e));
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n) {
+      cudaGetLastError();
+      fail<std::runtime_error>("cuda backend: no usable CUDA device ", device, " (", cuda_info(), ")");
+    }
+    check(cudaSetDevice(device), "cudaSetDevice");
+    cudaDeviceProp p;
+    check(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
+    name_ = cat("cuda:", device, " (", p.name, ")");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    static std::once_flag tables[64];
+    std::call_once(tables[device % 64], [] { cuda::init_tables(); });
+  }
+  ~CudaBackend() override {
+    cudaSetDevice(device_);
+    if (scratch_) cudaFree(scratch_);
+    cudaStreamDestroy(stream_);
+  }
+  std::string name() const override { return name_; }
+  cudaStream_t stream() const { return stream_; }
+  void use() { check(cudaSetDevice(device_), "cudaSetDevice"); }
+
+  void* alloc(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    use();
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      fail<std::runtime_error>("cuda backend: cannot allocate ", bytes, " bytes on ", name_, ": ", cudaGetErrorString(e));
+    }
+    return p;
+  }
+  void release(void* p) override {
+    if (p) cudaFree(p);
+  }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    use();
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
+    sync();
+  }
+  void download(void* dst, const void* src, size_t bytes) override {
+    use();
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
+    sync();
+  }
+  void sync() override { check(cudaStreamSynchronize(stream_), "stream synchronize"); }
+
+  void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy) override {
+    use();
+    cuda::matmul(W, x, ldx, T, y, ldy, scratch(cuda::matmul_scratch_bytes(W.type, T, W.cols)), stream_);
+  }
+  void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y,
+               int64_t ldy) override {
+    use();
+    cuda::rmsnorm(x, ldx, w, n, T, eps, y, ldy, stream_);
+  }
+  void dn_rows(float*, float*, const DnRow*, int, int, int64_t, int64_t) override { not_yet("dn_rows"); }
+  void attend(const AttendArgs&) override { not_yet("attend"); }
+  void moe_route(const float*, int, int64_t, int, int32_t*, float*) override { not_yet("moe_route"); }
+  void sample_rows(const float*, int, int64_t, const SamplingParams&, const int32_t*, int64_t, const int32_t*, int64_t,
+                   int32_t*) override {
+    not_yet("sample_rows");
+  }
+
+ private:
+  [[noreturn]] void not_yet(const char* op) {
+    fail<std::runtime_error>("cuda backend: ", op, " is not on the GPU yet (issue 19); use the CPU backend");
+  }
+  // Grow-only device scratch (the quantized activation rows). Only grown between operations: the stream is
+  // synchronized first, so no running kernel still reads the old buffer.
+  void* scratch(size_t bytes) {
+    if (bytes > scratch_bytes_) {
+      sync();
+      if (scratch_) cudaFree(scratch_);
+      scratch_ = nullptr;
+      scratch_ = alloc(bytes);
+      scratch_bytes_ = bytes;
+    }
+    return scratch_;
+  }
+  int device_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+};
+
+CudaBackend& as_cuda(Backend& b) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c) fail<std::invalid_argument>("cuda timing: backend ", b.name(), " is not the CUDA backend");
+  return *c;
+}
+
+__global__ void k_empty() {}
+
+// Times `one(i)` for i in [0, per_pass) per pass, `reps` passes after a warm-up pass: per-call seconds.
+template <class F>
+CudaTiming time_passes(CudaBackend& c, int per_pass, int reps, F&& one) {
+  STRATA_CHECK(per_pass >= 1 && reps >= 1, "cuda timing: per_pass = ", per_pass, ", reps = ", reps);
+  c.use();
+  for (int i = 0; i < per_pass; i++) one(i);
+  c.sync();
+  cudaEvent_t a, b;
+  check(cudaEventCreate(&a), "cudaEventCreate");
+  check(cudaEventCreate(&b), "cudaEventCreate");
+  std::vector<double> s;
+  for (int r = 0; r < reps; r++) {
+    check(cudaEventRecord(a, c.stream()), "cudaEventRecord");
+    for (int i = 0; i < per_pass; i++) one(i);
+    check(cudaEventRecord(b, c.stream()), "cudaEventRecord");
+    check(cudaEventSynchronize(b), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+    s.push_back(ms * 1e-3 / per_pass);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(s.begin(), s.end());
+  return {s[s.size() / 2], s[0]};
+}
+
+}  // namespace
+
+bool cuda_available() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) cudaGetLastError();
+  return e == cudaSuccess && n > 0;
+}
+
+std::string cuda_info() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return cat("no usable CUDA device: ", cudaGetErrorString(e));
+  }
+  int rt = 0, drv = 0;
+  cudaRuntimeGetVersion(&rt);
+  cudaDriverGetVersion(&drv);
+  std::string out = cat("CUDA runtime ", rt / 1000, ".", rt % 1000 / 10, ", driver ", drv / 1000, ".", drv % 1000 / 10);
+  for (int d = 0; d < n; d++) {
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, d) != cudaSuccess) continue;
+    out += cat("\n", d, ": ", p.name, ", sm_", p.major, p.minor, ", ", p.multiProcessorCount, " SMs, ",
+               p.totalGlobalMem >> 30, " GiB, L2 ", p.l2CacheSize >> 20, " MiB");
+  }
+  return out;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
+
+CudaTiming cuda_time_matmul(Backend& be, uint32_t type, int64_t rows, int64_t cols, const uint8_t* w, int nmat,
+                            const float* x, int T, float* y, int reps) {
+  CudaBackend& c = as_cuda(be);
+  const size_t rb = row_bytes(type, cols);
+  return time_passes(c, nmat, reps, [&](int i) {
+    const MatView W{w + (size_t)i * rb * rows, type, rows, cols, rb};
+    c.matmul(W, x, cols, T, y, rows);
+  });
+}
+
+CudaTiming cuda_time_launch(Backend& be, int reps) {
+  CudaBackend& c = as_cuda(be);
+  return time_passes(c, 1000, reps, [&](int) {
+    k_empty<<<1, 32, 0, c.stream()>>>();
+    check(cudaGetLastError(), "launch of the empty kernel");
+  });
+}
+
+CudaTiming cuda_time_copy(Backend& be, size_t bytes, int reps) {
+  CudaBackend& c = as_cuda(be);
+  void* a = c.alloc(bytes);
+  void* b = c.alloc(bytes);
+  check(cudaMemsetAsync(a, 1, bytes, c.stream()), "memset");
+  CudaTiming t;
+  try {
+    t = time_passes(c, 4, reps, [&](int) { check(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, c.stream()), "copy"); });
+  } catch (...) {
+    c.release(a);
+    c.release(b);
+    throw;
+  }
+  c.release(a);
+  c.release(b);
+  return t;
+}
+
+}  // namespace strata

@@ -1,0 +1,23 @@
+// Device-side timing for the GPU benches (bench/bench_cuda.py): CUDA events around back-to-back launches on the
+// backend's stream, after a warm-up. Every function needs the CUDA backend (RuntimeError otherwise).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace strata {
+
+struct CudaTiming {
+  double median_s = 0, min_s = 0;  // per product (or per launch, per copy)
+};
+// One product per weight in turn over nmat weights stored back to back from w (device memory, each rows x cols of
+// `type`), so that the 60 MB L2 does not flatter; median and min over `reps` passes of seconds per product.
+CudaTiming cuda_time_matmul(Backend& cuda, uint32_t type, int64_t rows, int64_t cols, const uint8_t* w, int nmat,
+                            const float* x, int T, float* y, int reps);
+// An empty kernel launched back to back: seconds per launch (the floor of any one-kernel-per-op design).
+CudaTiming cuda_time_launch(Backend& cuda, int reps);
+// A device-to-device copy of `bytes`: seconds per copy (the bandwidth ceiling: 2 * bytes / s).
+CudaTiming cuda_time_copy(Backend& cuda, size_t bytes, int reps);
+
+}  // namespace strata

@@ -1,0 +1,25 @@
+// The CUDA entry points of a build without CUDA (STRATA_CUDA=OFF, cmake/strata_cuda.cmake): they say so.
+#ifndef STRATA_HAS_CUDA
+#include "backend/backend.h"
+#include "backend/cuda_bench.h"
+#include "util/common.h"
+
+namespace strata {
+
+namespace {
+[[noreturn]] void no_cuda() {
+  fail<std::runtime_error>("strata was built without CUDA: rebuild with -Cmake.define.STRATA_CUDA=ON (needs nvcc)");
+}
+}  // namespace
+
+bool cuda_available() { return false; }
+std::string cuda_info() { return "built without CUDA (STRATA_CUDA=OFF)"; }
+std::unique_ptr<Backend> make_cuda_backend(int) { no_cuda(); }
+CudaTiming cuda_time_matmul(Backend&, uint32_t, int64_t, int64_t, const uint8_t*, int, const float*, int, float*, int) {
+  no_cuda();
+}
+CudaTiming cuda_time_launch(Backend&, int) { no_cuda(); }
+CudaTiming cuda_time_copy(Backend&, size_t, int) { no_cuda(); }
+
+}  // namespace strata
+#endif

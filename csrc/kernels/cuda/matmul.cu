@@ -1,0 +1,290 @@
+// CUDA T-row products and norms: see matmul_cuda.h for the contract, decode.cuh for the block formats.
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+
+#include "kernels/cuda/decode.cuh"
+#include "kernels/cuda/matmul_cuda.h"
+#include "kernels/iq_tables.h"
+#include "kernels/quants.h"
+#include "kernels/blocks32.h"
+#include "kernels/types.h"
+#include "util/common.h"
+
+namespace strata::cuda {
+
+namespace {
+
+constexpr int kRowsPerBlock = 16;  // weight rows per thread block: 16 rows x 16 lanes = 256 threads
+constexpr int kMaxT = 16;          // activation rows per launch (longer windows: several launches)
+constexpr int64_t kMaxIntBlocks = 4096;
+constexpr int64_t kRowsForR4 = (int64_t)kRowsPerBlock * 4 * 132 * 8;  // 67584 (tests/test_cuda_matmul.py)
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail<std::runtime_error>("cuda: ", what, ": ", cudaGetErrorString(e));
+}
+
+// matmul.h's tree over the 16 lanes of a row (lane j of the 16-thread group holds l[j]); lane 0 gets the sum.
+__device__ __forceinline__ float reduce16(float l) {
+  l = __fadd_rn(l, __shfl_down_sync(0xffffffffu, l, 8, 16));  // s8[j] = l[j] + l[j + 8]
+  l = __fadd_rn(l, __shfl_down_sync(0xffffffffu, l, 4, 16));  // s4[j] = s8[j] + s8[j + 4]
+  l = __fadd_rn(l, __shfl_down_sync(0xffffffffu, l, 2, 16));  // s2[j] = s4[j] + s4[j + 2]
+  return __fadd_rn(l, __shfl_down_sync(0xffffffffu, l, 1, 16));  // s2[0] + s2[1]
+}
+
+// Float activations: lane j accumulates columns c = j (mod 16) in increasing c, zero-padded to a multiple of 16.
+// Each thread holds lane j of R weight rows (R = 4 on large matrices: one load of x serves 4 rows; R = 1 keeps
+// small matrices spread over more threads). The launch shape never changes what a lane computes.
+template <class D, int TT, int R>
+__global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
+                                               int64_t cols, const float* __restrict__ x, int64_t ldx, int T,
+                                               float* __restrict__ y, int64_t ldy) {
+  const int lane = threadIdx.x & 15;
+  const int64_t r0 = ((int64_t)blockIdx.x * kRowsPerBlock + (threadIdx.x >> 4)) * R;
+  const uint8_t* row[R];
+#pragma unroll
+  for (int i = 0; i < R; i++) row[i] = W + (r0 + i < rows ? r0 + i : 0) * row_bytes;  // all threads shuffle
+  float acc[R][TT];
+#pragma unroll
+  for (int i = 0; i < R; i++)
+#pragma unroll
+    for (int t = 0; t < TT; t++) acc[i][t] = 0.f;
+  const int64_t padded = (cols + 15) / 16 * 16;
+  for (int64_t c = lane; c < padded; c += 16) {
+    const bool in = c < cols;
+    float w[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) w[i] = in ? D::value(row[i], c) : 0.f;
+#pragma unroll
+    for (int t = 0; t < TT; t++)
+      if (t < T) {
+        const float xv = in ? __ldg(x + t * ldx + c) : 0.f;
+#pragma unroll
+        for (int i = 0; i < R; i++) acc[i][t] = fmaf(w[i], xv, acc[i][t]);
+      }
+  }
+#pragma unroll
+  for (int i = 0; i < R; i++)
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+      if (t >= T) break;
+      const float s = reduce16(acc[i][t]);
+      if (lane == 0 && r0 + i < rows) y[t * ldy + r0 + i] = s;
+    }
+}
+
+// Int8 activations: per block b, lane k's exact integer sum P over its 16 values, then L = fma(d * dx, P, L);
+// with mins Lm = fma(dmin * dx, M, Lm), M = sum_v m(v) q[v] over the whole block (an integer: any order).
+template <class D, int TT>
+__global__ void __launch_bounds__(256) k_int(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
+                                             int64_t nb, const int8_t* __restrict__ q, const float* __restrict__ dx,
+                                             int T, float* __restrict__ y, int64_t ldy) {
+  __shared__ IqTables tab;  // IQ2_XXS / IQ3_XXS: the grids, loaded once per thread block
+  if constexpr (D::kTables) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+      tab.iq2xxs[i] = g_iq2xxs_grid[i];
+      tab.iq3xxs[i] = g_iq3xxs_grid[i];
+      if (i < 128) tab.signs[i] = g_ksigns[i];
+    }
+    __syncthreads();
+  }
+  const int k = threadIdx.x & 15;
+  const int64_t cols = nb * QK_K, groups = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {  // groups of 16 rows, grid-stride
+    const int64_t r = g * kRowsPerBlock + (threadIdx.x >> 4);
+    const bool live = r < rows;
+    const uint8_t* row = W + (live ? r : 0) * row_bytes;
+    float L[TT], Lm[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) L[t] = Lm[t] = 0.f;
+    for (int64_t b = 0; b < nb; b++) {
+      const uint8_t* blk = row + b * D::kBytes;
+      int w[16], mv[16];
+      const float d = D::lane(blk, k, w, tab);
+      float dmin = 0.f;
+      if constexpr (D::kMins) dmin = D::mins(blk, k, mv);
+#pragma unroll
+      for (int t = 0; t < TT; t++) {
+        if (t >= T) break;
+        // the lane's 16 activation values, stored contiguously by k_quantize: one 16-byte load
+        const int4 q16 = __ldg(reinterpret_cast<const int4*>(q + t * cols + b * QK_K + 16 * k));
+        const int8_t* qb = reinterpret_cast<const int8_t*>(&q16);
+        int P = 0, M = 0;
+#pragma unroll
+        for (int s = 0; s < 8; s++)
+#pragma unroll
+          for (int i = 0; i < 2; i++) {
+            const int qv = qb[2 * s + i];
+            P += w[2 * s + i] * qv;
+            if constexpr (D::kMins) M += mv[2 * s + i] * qv;
+          }
+        const float dxb = __ldg(dx + t * nb + b);
+        L[t] = fmaf(__fmul_rn(d, dxb), (float)P, L[t]);
+        if constexpr (D::kMins) {
+          M += __shfl_xor_sync(0xffffffffu, M, 8, 16);
+          M += __shfl_xor_sync(0xffffffffu, M, 4, 16);
+          M += __shfl_xor_sync(0xffffffffu, M, 2, 16);
+          M += __shfl_xor_sync(0xffffffffu, M, 1, 16);
+          Lm[t] = fmaf(__fmul_rn(dmin, dxb), (float)M, Lm[t]);
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+      if (t >= T) break;
+      const float s = reduce16(L[t]);
+      if (k == 0 && live) y[t * ldy + r] = __fsub_rn(s, Lm[t]);
+    }
+  }
+}
+
+// quantize_act_ref on the card: one thread block of 256 per (row t, block b). amax = max |x| (a max: any order),
+// iscale = 127 / amax, q = round-half-even(iscale * x), dx = amax / 127 (IEEE division, as on the CPU).
+// Stored lane-major: value v = 32 s + 2 k + i of block b at b * 256 + 16 k + 2 s + i, so that lane k of k_int
+// reads its 16 values with one 16-byte load.
+__global__ void __launch_bounds__(256) k_quantize(const float* __restrict__ x, int64_t ldx, int64_t nb,
+                                                  int8_t* __restrict__ q, float* __restrict__ dx) {
+  const int t = blockIdx.y;
+  const int64_t b = blockIdx.x;
+  const float v = x[t * ldx + b * QK_K + threadIdx.x];
+  float a = fabsf(v);
+  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  __shared__ float warp_max[8];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = a;
+  __syncthreads();
+  float amax = warp_max[0];
+  for (int i = 1; i < 8; i++) amax = fmaxf(amax, warp_max[i]);
+  const float iscale = amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f;
+  const int vi = threadIdx.x, lane_pos = 16 * ((vi % 32) / 2) + 2 * (vi / 32) + vi % 2;
+  q[t * nb * QK_K + b * QK_K + lane_pos] = (int8_t)rintf(__fmul_rn(iscale, v));
+  if (threadIdx.x == 0) dx[t * nb + b] = __fdiv_rn(amax, 127.f);
+}
+
+// ops.h rmsnorm: dot16's 16 lanes (l[j] += x*x over i = j mod 16, increasing i, no FMA) and its tree, then
+// r = 1 / sqrt(ss / n + eps), y = (x * r) * w. One warp per row; lanes 0..15 hold the 16 sums.
+__global__ void k_rmsnorm(const float* __restrict__ x, int64_t ldx, const float* __restrict__ w, int64_t n,
+                          float eps, float* __restrict__ y, int64_t ldy) {
+  const int t = blockIdx.x, lane = threadIdx.x;
+  const float* xr = x + t * ldx;
+  float l = 0.f;
+  if (lane < 16)
+    for (int64_t i = lane; i < n; i += 16) l = __fadd_rn(l, __fmul_rn(xr[i], xr[i]));
+  const float s8 = __fadd_rn(l, __shfl_down_sync(0xffffffffu, l, 8));
+  const float s4 = __fadd_rn(s8, __shfl_down_sync(0xffffffffu, s8, 4));
+  const float s4_1 = __shfl_sync(0xffffffffu, s4, 1), s4_2 = __shfl_sync(0xffffffffu, s4, 2),
+              s4_3 = __shfl_sync(0xffffffffu, s4, 3), s4_0 = __shfl_sync(0xffffffffu, s4, 0);
+  const float ss = __fadd_rn(__fadd_rn(s4_0, s4_2), __fadd_rn(s4_1, s4_3));
+  const float r = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)n), eps)));
+  for (int64_t i = lane; i < n; i += 32) y[t * ldy + i] = __fmul_rn(__fmul_rn(xr[i], r), w[i]);
+}
+
+template <class D, int R>
+void launch_float_r(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, cudaStream_t st) {
+  const int64_t per_block = (int64_t)kRowsPerBlock * R;
+  const dim3 grid((unsigned)((W.rows + per_block - 1) / per_block));
+  auto go = [&](auto kern) { kern<<<grid, 256, 0, st>>>(W.data, W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy); };
+  if (T == 1) go(k_float<D, 1, R>);
+  else if (T == 2) go(k_float<D, 2, R>);
+  else if (T <= 4) go(k_float<D, 4, R>);
+  else if (T <= 8) go(k_float<D, 8, R>);
+  else go(k_float<D, 16, R>);
+}
+template <class D>
+void launch_float(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, cudaStream_t st) {
+  // F32/F16/BF16: 4 rows a thread once the grid still fills the card several times over (132 SMs x 8 blocks of 256
+  // threads); the block types decode more per value and ran slower that way on the H200 (docs/BENCHMARKS.md)
+  if (D::kPlain && W.rows >= kRowsForR4) launch_float_r<D, 4>(W, x, ldx, T, y, ldy, st);
+  else launch_float_r<D, 1>(W, x, ldx, T, y, ldy, st);
+}
+
+template <class D>
+void launch_int(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch,
+                cudaStream_t st) {
+  const int64_t nb = W.cols / QK_K;
+  int8_t* q = static_cast<int8_t*>(scratch);
+  float* dx = reinterpret_cast<float*>(q + (size_t)T * W.cols);  // cols % 256 == 0: 4-byte aligned
+  k_quantize<<<dim3((unsigned)nb, (unsigned)T), 256, 0, st>>>(x, ldx, nb, q, dx);
+  const int64_t groups = (W.rows + kRowsPerBlock - 1) / kRowsPerBlock;  // at most 4096 blocks, each over several
+  const dim3 grid((unsigned)(groups < kMaxIntBlocks ? groups : kMaxIntBlocks));  // groups (the IQ tables: once each)
+  auto go = [&](auto kern) { kern<<<grid, 256, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy); };
+  if (T == 1) go(k_int<D, 1>);
+  else if (T == 2) go(k_int<D, 2>);
+  else if (T <= 4) go(k_int<D, 4>);
+  else if (T <= 8) go(k_int<D, 8>);
+  else go(k_int<D, 16>);
+}
+
+// Calls f(D{}, is_int) for the decoder of `type`; false if the type has no CUDA kernel.
+template <class F>
+bool with_decoder(uint32_t type, F&& f) {
+  switch (type) {
+    case GGML_F32: f(F32{}, std::false_type{}); return true;
+    case GGML_F16: f(F16{}, std::false_type{}); return true;
+    case GGML_BF16: f(BF16{}, std::false_type{}); return true;
+    case GGML_Q8_0: f(Q8_0{}, std::false_type{}); return true;
+    case GGML_Q4_0: f(Q4_0{}, std::false_type{}); return true;
+    case GGML_Q4_1: f(Q4_1{}, std::false_type{}); return true;
+    case GGML_Q5_0: f(Q5_0{}, std::false_type{}); return true;
+    case GGML_Q5_1: f(Q5_1{}, std::false_type{}); return true;
+    case GGML_IQ4_NL: f(IQ4_NL{}, std::false_type{}); return true;
+    case GGML_MXFP4: f(MXFP4{}, std::false_type{}); return true;
+    case GGML_Q2_K: f(Q2_K{}, std::true_type{}); return true;
+    case GGML_Q3_K: f(Q3_K{}, std::true_type{}); return true;
+    case GGML_Q4_K: f(Q4_K{}, std::true_type{}); return true;
+    case GGML_Q5_K: f(Q5_K{}, std::true_type{}); return true;
+    case GGML_Q6_K: f(Q6_K{}, std::true_type{}); return true;
+    case GGML_IQ2_XXS: f(IQ2_XXS{}, std::true_type{}); return true;
+    case GGML_IQ3_XXS: f(IQ3_XXS{}, std::true_type{}); return true;
+    case GGML_IQ4_XS: f(IQ4_XS{}, std::true_type{}); return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+void init_tables() {
+  check(cudaMemcpyToSymbol(g_iq2xxs_grid, kIq2xxsGrid, sizeof(kIq2xxsGrid)), "copy the IQ2_XXS grid");
+  check(cudaMemcpyToSymbol(g_iq3xxs_grid, kIq3xxsGrid, sizeof(kIq3xxsGrid)), "copy the IQ3_XXS grid");
+  check(cudaMemcpyToSymbol(g_ksigns, kKsigns, sizeof(kKsigns)), "copy the IQ sign table");
+  check(cudaMemcpyToSymbol(g_iq4_values, kIq4Values, sizeof(kIq4Values)), "copy the IQ4 values");
+  check(cudaMemcpyToSymbol(g_mxfp4_values, kMxfp4Values, sizeof(kMxfp4Values)), "copy the MXFP4 values");
+}
+
+bool matmul_supported(uint32_t type) {
+  return with_decoder(type, [](auto, auto) {});
+}
+
+size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols) {
+  if (!int_act_type(type)) return 0;
+  const int Tp = T < kMaxT ? T : kMaxT;
+  return (size_t)Tp * cols + (size_t)Tp * (cols / QK_K) * sizeof(float);
+}
+
+void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch, void* stream) {
+  STRATA_CHECK(T >= 1 && W.rows >= 1 && W.cols >= 1, "cuda matmul: T = ", T, ", W is ", W.rows, " x ", W.cols);
+  STRATA_CHECK(!int_act_type(W.type) || W.cols % QK_K == 0, "cuda matmul: ", type_name(W.type), " needs cols % 256 == 0, got ",
+               W.cols);
+  STRATA_CHECK(ldx >= W.cols && ldy >= W.rows, "cuda matmul: ldx = ", ldx, " < cols or ldy = ", ldy, " < rows");
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  for (int t0 = 0; t0 < T; t0 += kMaxT) {  // passes of at most 16 rows: each row's value is the same in any pass
+    const int Tp = T - t0 < kMaxT ? T - t0 : kMaxT;
+    const float* xp = x + t0 * ldx;
+    float* yp = y + t0 * ldy;
+    const bool ok = with_decoder(W.type, [&](auto dec, auto is_int) {
+      using D = decltype(dec);
+      if constexpr (decltype(is_int)::value) launch_int<D>(W, xp, ldx, Tp, yp, ldy, scratch, st);
+      else launch_float<D>(W, xp, ldx, Tp, yp, ldy, st);
+    });
+    if (!ok) fail<std::invalid_argument>("cuda matmul: no CUDA kernel for weight type ", type_name(W.type));
+    check(cudaGetLastError(), "launch of the product kernel");
+  }
+}
+
+void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y, int64_t ldy,
+             void* stream) {
+  STRATA_CHECK(T >= 1 && n >= 1, "cuda rmsnorm: T = ", T, ", n = ", n);
+  k_rmsnorm<<<T, 32, 0, static_cast<cudaStream_t>(stream)>>>(x, ldx, w, n, eps, y, ldy);
+  check(cudaGetLastError(), "launch of the rmsnorm kernel");
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,28 @@
+// The CUDA T-row products (matmul.h's contract on the card): y[t * ldy + r] = sum_c W[r][c] * x[t * ldx + c],
+// W in its GGUF bytes in device memory, x and y device float32. Each output element is the same float32
+// operations as the CPU's scalar twin (matmul_ref.cpp / kquants_ref.cpp): 16 threads per weight row hold the 16
+// lanes, each lane accumulating its columns (int8-activation types: its per-block lane sums) in increasing order
+// with fmaf, then the fixed tree of matmul.h through warp shuffles. No atomics, no reduction that depends on the
+// launch shape, so a T-row call equals T one-row calls and the CPU result, bit for bit.
+// Int8-activation types first quantize x per 256-block on the card, exactly as quantize_act_ref.
+// Plain C++ header (no CUDA types): included by the backend and nothing else.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/matmul.h"
+
+namespace strata::cuda {
+
+void init_tables();  // the decoders' lookup tables onto the current device (once per device)
+// Bytes of scratch (device) that matmul() needs for T rows of `cols` columns of weight type `type`.
+size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols);
+// Issued on `stream` (a cudaStream_t); returns at once. Throws std::invalid_argument for an unsupported type.
+void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch,
+            void* stream);
+// T rows of n: ops.h rmsnorm.
+void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y, int64_t ldy,
+             void* stream);
+bool matmul_supported(uint32_t type);
+
+}  // namespace strata::cuda

@@ -1,0 +1,27 @@
+"""Shared by the backend and CUDA tests and bench/bench_cuda.py: random valid weights of any type the engine computes
+with (synth's generator: real GGUF block bytes), and the skip mark for tests that need a CUDA device."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from strata_py import _core, synth
+
+# every type with a CUDA kernel (csrc/kernels/cuda/decode.cuh); the rest of the CPU's types refuse on the GPU
+CUDA_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4",
+              "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ3_XXS", "IQ4_XS"]
+NOT_ON_CUDA = ["IQ1_S", "IQ1_M", "IQ2_XS", "IQ2_S", "IQ3_S"]
+
+needs_cuda = pytest.mark.skipif(not _core.cuda_available(), reason=f"needs a CUDA device: {_core.cuda_info()}")
+
+
+def weights(rng: np.random.Generator, typ: str, rows: int, cols: int) -> np.ndarray:
+    """rows x cols random valid weights of ggml type `typ` as their GGUF bytes (uint8, flat)."""
+    w = synth._weight(rng, (rows, cols), QT[typ])
+    return np.ascontiguousarray(w).view(np.uint8).ravel()
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    """float32 bit patterns, so that equality means bit for bit (signed zeros and NaN payloads included)."""
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)

@@ -1,0 +1,85 @@
+"""CUDA T-row products and norms (csrc/kernels/cuda/) on the device, against the CPU: every type's product equals the
+CPU's scalar `_ref` twin bit for bit (the kernels compute matmul.h's lane order with the same float32 operations;
+int8-activation types quantize the rows on the card exactly as quantize_act_ref), so the tolerance is zero; a T-row
+call equals T one-row calls bit for bit, for T across the 16-row pass boundary; rmsnorm equals ops.h's. Fresh random
+inputs on every run, outputs compared as bit patterns. Skipped where no CUDA device is usable (CI)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cuda_util import CUDA_TYPES, NOT_ON_CUDA, bits, needs_cuda, weights
+from strata_py import _core
+
+pytestmark = needs_cuda
+
+FLOAT = {"F32", "F16", "BF16"}
+
+
+def _shape(rng, typ):
+    """Rows not a multiple of the 16 rows of a thread block; float types also with a column tail (cols % 16 != 0)."""
+    rows = int(rng.integers(1, 70))
+    cols = int(rng.choice([16 * 37 + 5, 2048])) if typ in FLOAT else int(rng.choice([256, 768, 2048]))
+    return rows, cols
+
+
+@pytest.mark.parametrize("typ", CUDA_TYPES)
+def test_product_equals_cpu_ref(typ):
+    rng = np.random.default_rng()
+    for _ in range(3):
+        rows, cols = _shape(rng, typ)
+        w = weights(rng, typ, rows, cols)
+        T = int(rng.integers(1, 20))
+        x = (rng.standard_normal((T, cols)) * rng.uniform(0.01, 100)).astype(np.float32)
+        x[0, : min(256, cols)] = 0.0  # an all-zero block (dx = 0)
+        got = _core.backend_matmul("cuda", w, typ, rows, cols, x)
+        want = _core.matmul(w, typ, rows, cols, x, isa="scalar")
+        assert got.shape == (T, rows)
+        np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{typ} {rows}x{cols} T={T}")
+
+
+@pytest.mark.parametrize("typ", ["F16", "Q8_0", "Q4_K", "Q6_K", "IQ2_XXS", "IQ3_XXS"])
+def test_t_rows_equal_one_row(typ):
+    rng = np.random.default_rng()
+    rows, cols = 300, 2048
+    w = weights(rng, typ, rows, cols)
+    x = rng.standard_normal((18, cols)).astype(np.float32)
+    one = np.stack([_core.backend_matmul("cuda", w, typ, rows, cols, x[t:t + 1])[0] for t in range(18)])
+    for T in (2, 3, 4, 5, 8, 9, 16, 17, 18):
+        got = _core.backend_matmul("cuda", w, typ, rows, cols, x[:T])
+        np.testing.assert_array_equal(bits(got), bits(one[:T]), err_msg=f"{typ} T={T}")
+
+
+@pytest.mark.parametrize("typ", ["F32", "BF16", "Q8_0", "Q4_K", "IQ2_XXS", "IQ3_XXS"])
+def test_large_matrices_equal_cpu_ref(typ):
+    """The launch shapes of large matrices (csrc/kernels/cuda/matmul.cu): >= 67584 rows run float types 4 rows a
+    thread, > 65536 rows run int8-activation types' 4096 thread blocks over several 16-row groups each."""
+    rng = np.random.default_rng()
+    rows, cols = 70001, (83 if typ in FLOAT else 256)
+    w = weights(rng, typ, rows, cols)
+    x = rng.standard_normal((3, cols)).astype(np.float32)
+    np.testing.assert_array_equal(bits(_core.backend_matmul("cuda", w, typ, rows, cols, x)),
+                                  bits(_core.matmul(w, typ, rows, cols, x, isa="scalar")))
+
+
+@pytest.mark.parametrize("n", [2048, 300, 7])
+def test_rmsnorm_equals_cpu(n):
+    rng = np.random.default_rng()
+    x = (rng.standard_normal((5, n)) * rng.uniform(0.01, 100)).astype(np.float32)
+    w = rng.standard_normal(n).astype(np.float32)
+    np.testing.assert_array_equal(bits(_core.backend_rmsnorm("cuda", x, w, 1e-6)),
+                                  bits(_core.backend_rmsnorm("cpu", x, w, 1e-6)))
+
+
+@pytest.mark.parametrize("typ", NOT_ON_CUDA)
+def test_types_without_a_kernel_refuse(typ):
+    rng = np.random.default_rng()
+    w = weights(rng, typ, 4, 256)
+    with pytest.raises(ValueError, match=f"no CUDA kernel for weight type {typ}"):
+        _core.backend_matmul("cuda", w, typ, 4, 256, np.ones((1, 256), np.float32))
+
+
+def test_device_name_and_launch_timing():
+    assert "cuda:0" in _core.backend_name("cuda")
+    timing = _core.cuda_bench_launch(reps=3)
+    assert 0 < timing[1] <= timing[0] < 1e-3

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA GPU (the lent H200), in one call: build strata with the CUDA backend, run the GPU
+# tests and the GPU benchmark, and write a short table and a JSON (issue 19).
+#
+#   tools/gpu_check.sh OUT [COMMIT] [GGUF_WHEEL]
+#
+# OUT gets build.log, tests.log, junit.xml, bench_cuda.json, nvidia-smi.txt, gpu_check.txt (the table) and
+# gpu-h200.json (the issue's keys, null for what is not measured yet; commit it as docs/results/gpu-h200.json).
+# COMMIT: the source's commit, for the JSON (default: git rev-parse HEAD, where the tree is a checkout).
+# GGUF_WHEEL: a gguf wheel to install when `import gguf` fails (the lent machine has no gguf and no network).
+# The compiler is /usr/bin/g++ unless CXX says otherwise: the g++ first on the lent machine's PATH links libstdc++
+# statically and the extension then crashes at its first std::ostringstream (../shared/DEVICE.md).
+set -uo pipefail
+OUT=$(mkdir -p "${1:?usage: tools/gpu_check.sh OUT [COMMIT] [GGUF_WHEEL]}" && cd "$1" && pwd)
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+COMMIT=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+PY=${PYTHON:-python3}
+SITE=/tmp/strata-gpu-site
+# Not ${CXX:-...}: the lent machine's environment may name its wrapper already.
+if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc CUDAHOSTCXX=/usr/bin/g++; fi
+export CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
+echo "compilers: CXX=${CXX:-} CC=${CC:-} CUDAHOSTCXX=${CUDAHOSTCXX:-} ($(${CXX:-g++} --version | head -1))"
+mkdir -p "$SITE"
+if ! $PY -c "import gguf" 2>/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --target "$SITE" "${3:?gguf is missing: pass a gguf wheel}" || exit 1
+fi
+
+t0=$(date +%s)
+$PY -m pip install -v --no-build-isolation --no-deps --target "$SITE" --upgrade -Ccmake.define.STRATA_CUDA=ON \
+  -Cbuild-dir=/tmp/strata-gpu-build . >"$OUT/build.log" 2>&1
+build_rc=$?
+build_s=$(( $(date +%s) - t0 ))
+echo "build: rc $build_rc in ${build_s} s (log: build.log)"
+[ $build_rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
+export PYTHONPATH=$SITE
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
+grep -E "strata: CUDA|Linking|static-libstdc" "$OUT/build.log" | cut -c1-300 | tail -4
+if ! $PY -c "from strata_py import _core; print(_core.cuda_info())"; then  # a crash here: show where
+  command -v cuda-gdb >/dev/null && cuda-gdb -batch -ex run -ex bt --args $PY -c \
+    "from strata_py import _core; print(_core.cuda_info())" 2>&1 | tail -25
+  exit 1
+fi
+
+t0=$(date +%s)
+$PY -m pytest -q -p no:cacheprovider tests/test_cuda_*.py tests/test_backend.py --junitxml="$OUT/junit.xml" \
+  >"$OUT/tests.log" 2>&1
+tests_rc=$?
+tests_s=$(( $(date +%s) - t0 ))
+tail -15 "$OUT/tests.log"
+
+PYTHONUNBUFFERED=1 $PY bench/bench_cuda.py --json "$OUT/bench_cuda.json"
+bench_rc=$?
+
+$PY - "$OUT" "$COMMIT" "$build_s" "$tests_rc" "$tests_s" <<'PYEOF'
+"""gpu-h200.json (issue 19's keys) and gpu_check.txt from junit.xml and bench_cuda.json."""
+import json, sys, time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+out, commit, build_s, tests_rc, tests_s = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+suite = ET.parse(out / "junit.xml").getroot()
+suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+n, fail, err, skip = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+cases = {c.get("name"): c for c in suite.iter("testcase")}
+def passed(prefix):
+    sel = [c for name, c in cases.items() if name.startswith(prefix)]
+    return bool(sel) and all(len(c) == 0 for c in sel)
+bench = json.loads((out / "bench_cuda.json").read_text()) if (out / "bench_cuda.json").exists() else {}
+prods = bench.get("products", [])
+def c_ratio(shape, typ, t):
+    for p in prods:
+        if p["shape"] == shape and p["type"] == typ:
+            return p["c_over_c1"][p["T"].index(t)]
+    return None
+res = {
+    "date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit, "device": bench.get("device"),
+    # the issue's keys: null until the whole forward runs on the GPU (issue 19, later milestones)
+    "decode_ratio_vs_llamacpp": None, "hbm_floor_fraction": None, "c4_over_c1_real80b": None,
+    "c4_over_c1_default": None, "c16_over_c1_default": None, "edit_speedup": None, "mtp_speedup": None,
+    "stream25_ratio_vs_llamacpp": None, "windows_bit_identical": None,
+    # what exists now: the products and norms
+    "products_equal_cpu_ref": passed("test_product_equals_cpu_ref"),
+    "products_t_rows_equal_one_row": passed("test_t_rows_equal_one_row"),
+    "rmsnorm_equals_cpu": passed("test_rmsnorm_equals_cpu"),
+    "tests": {"total": n, "failed": fail + err, "skipped": skip, "seconds": tests_s, "rc": tests_rc},
+    "build_seconds": build_s, "copy_gbs": bench.get("copy_gbs"), "launch_us": bench.get("launch_us"),
+    "product_c4_over_c1_expert_iq2_xxs": c_ratio("expert_gate", "IQ2_XXS", 4),
+    "product_c16_over_c1_expert_iq2_xxs": c_ratio("expert_gate", "IQ2_XXS", 16),
+    "product_gbs": {f"{p['type']}/{p['shape']}": dict(zip(map(str, p["T"]), (round(g, 1) for g in p["gbs"])))
+                    for p in prods},
+}
+(out / "gpu-h200.json").write_text(json.dumps(res, indent=1) + "\n")
+lines = [f"strata gpu_check {res['date']} commit {commit[:12]}", str(res["device"]),
+         f"build {build_s} s; tests: {n} run, {fail + err} failed, {skip} skipped ({tests_s} s)",
+         f"products == CPU _ref bit for bit: {res['products_equal_cpu_ref']}; T rows == 1 row: "
+         f"{res['products_t_rows_equal_one_row']}; rmsnorm == CPU: {res['rmsnorm_equals_cpu']}"]
+if bench:
+    lines.append(f"copy {bench['copy_gbs']:.0f} GB/s, launch {bench['launch_us']:.2f} us")
+    lines.append(f"{'type':8} {'shape':14} " + " ".join(f"{'T=' + str(t):>7}" for t in prods[0]["T"]) + "  GB/s")
+    lines += [f"{p['type']:8} {p['shape']:14} " + " ".join(f"{g:7.0f}" for g in p["gbs"]) for p in prods]
+(out / "gpu_check.txt").write_text("\n".join(lines) + "\n")
+print("\n".join(lines[:5]))
+PYEOF
+[ $tests_rc -eq 0 ] && [ $bench_rc -eq 0 ]
