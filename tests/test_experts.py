@@ -244,3 +244,22 @@ def test_cli_stats_include_experts(many_gguf, tmp_path, capsys):
     assert sd["experts"]["lookups"] > 0
     err = capsys.readouterr().err
     assert "experts.hit_rate" in err
+
+
+def test_streams_of_models_loaded_one_after_another(tmp_path):
+    """The predictor's per-thread record belongs to one stream: a model with more layers loaded after another
+    one was freed (its stream often lands at the freed stream's address) must not index the old record past
+    its end (a heap overflow the gguf fuzz corpus found when replayed in one process; ASan in
+    test_sanitizers.py turns a regression into a report). Each model's greedy output equals its resident twin's."""
+    from strata_py import synth
+    synth.SIZES.setdefault("micro-l8", dict(synth.SIZES["micro"], n_layer=8))
+    small = synth.write("micro", tmp_path / "micro.gguf", "f32", seed=1)
+    large = synth.write("micro-l8", tmp_path / "micro-l8.gguf", "f32", seed=2)
+    want = {p: _gen(Model.load(p, threads=1), [1, 2, 3], max_tokens=6, temperature=0.0, draft="none")[0]
+            for p in (small, large)}
+    for _ in range(6):
+        for p in (small, large):
+            m = Model.load(p, threads=1, cache_mib=_min_mib(p), prefetch=True)
+            assert m.streaming
+            assert _gen(m, [1, 2, 3], max_tokens=6, temperature=0.0, draft="none")[0] == want[p]
+            del m

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <numeric>
@@ -24,11 +25,15 @@ size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 const char* kPartName[3] = {"gate", "up", "down"};
 
 // What the predictor said about each layer, per decoding thread (a session runs its window on one thread).
+// The owner is the stream's serial number, not its address: a stream freed and another allocated at the same
+// address (a model unloaded, another with more layers loaded on the same thread) would otherwise index the
+// old stream's by_layer past its end (found by replaying the gguf fuzz corpus in one process).
 struct Predictions {
-  const ExpertStream* owner = nullptr;
+  uint64_t owner = 0;
   std::vector<std::vector<int32_t>> by_layer;
 };
 thread_local Predictions t_pred;
+std::atomic<uint64_t> g_stream_serial{0};
 }  // namespace
 
 int64_t ExpertStream::slot_bytes_for(const HParams& hp, const Weights& w) {
@@ -44,7 +49,7 @@ int64_t ExpertStream::slot_bytes_for(const HParams& hp, const Weights& w) {
 }
 
 ExpertStream::ExpertStream(const GgufFile& f, const HParams& hp, const Weights& w, const ExpertOptions& o)
-    : opt_(o), path_(f.path()), L_(hp.n_layer), E_(hp.n_expert), k_(hp.n_expert_used), H_(hp.n_embd) {
+    : opt_(o), path_(f.path()), serial_(++g_stream_serial), L_(hp.n_layer), E_(hp.n_expert), k_(hp.n_expert_used), H_(hp.n_embd) {
   STRATA_CHECK(o.cache_mib >= 0, "bad option cache_mib=", o.cache_mib, ": must be >= 0 (or -1 / 'full')");
   STRATA_CHECK(o.io_threads >= 1 && o.io_threads <= 64, "bad option io_threads=", o.io_threads, ": must be 1..64");
   STRATA_CHECK(o.protect >= -1 && o.protect <= k_ && o.draft_protect >= -1 && o.draft_protect <= k_,
@@ -299,8 +304,8 @@ void ExpertStream::prefetch(ThreadPool& pool, int layer, const float* x, int T) 
         seen[top[t][j]] = 1;
         order.push_back(top[t][j]);
       }
-  if (t_pred.owner != this) {
-    t_pred.owner = this;
+  if (t_pred.owner != serial_) {
+    t_pred.owner = serial_;
     t_pred.by_layer.assign(L_, {});
   }
   t_pred.by_layer[layer + 1] = order;
@@ -311,7 +316,7 @@ void ExpertStream::prefetch(ThreadPool& pool, int layer, const float* x, int T) 
 }
 
 void ExpertStream::score_prediction(int layer, const std::vector<int32_t>& uni) {
-  if (t_pred.owner != this || t_pred.by_layer[layer].empty()) return;
+  if (t_pred.owner != serial_ || t_pred.by_layer[layer].empty()) return;
   std::vector<int32_t>& p = t_pred.by_layer[layer];
   uint64_t hit = 0;
   for (int32_t e : p) hit += std::binary_search(uni.begin(), uni.end(), e) ? 1 : 0;

@@ -120,6 +120,7 @@ class ExpertStream {
 
   ExpertOptions opt_;
   std::string path_;
+  uint64_t serial_ = 0;  // unique per stream in this process (the predictor's per-thread record names it)
   int64_t L_ = 0, E_ = 0, k_ = 0, H_ = 0;
   std::vector<const MoeWeights*> layers_;
   std::vector<std::array<Part, 3>> parts_;  // per layer: gate, up, down
