@@ -30,7 +30,7 @@
 namespace strata {
 
 struct ModelOptions {
-  int threads = 0;       // 0 = physical cores
+  int threads = 0;       // 0 = default_threads(): physical cores, at most the CPUs this process may use
   std::string mtp_path;  // a separate MTP-only GGUF (llama.cpp --mtp output); overrides a built-in block
   ExpertOptions experts; // cache_mib = -1: every expert resident (mapped); else streamed (experts/expert_stream.h)
 };

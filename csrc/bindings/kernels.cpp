@@ -97,7 +97,7 @@ void init_kernels(nb::module_& m) {
         // y is the second operand (u, z or g; conv: the transposed taps [K][cd] with x the history).
         const Isa want = parse_isa(isa);
         STRATA_CHECK((int)want <= (int)best_isa(), "rowop: this CPU lacks ", isa);
-        const RowOps& ops = want == Isa::AVX512 ? rowops_avx512() : rowops_base();
+        const RowOps& ops = rowops_for((int)want);
         std::vector<float> a(x.data(), x.data() + x.size());
         const int64_t n = (int64_t)a.size();
         if (name == "vexp") {
@@ -140,8 +140,7 @@ void init_kernels(nb::module_& m) {
         std::vector<float> sc((size_t)attend_scratch(a));
         const Isa want = parse_isa(isa);
         STRATA_CHECK((int)want <= (int)best_isa(), "attend: this CPU lacks ", isa);
-        if (want == Isa::AVX512) attend_avx512(a, sc.data());
-        else attend_ref(a, sc.data());
+        attend_on((int)want, a, sc.data());
         return o;
       },
       nb::arg("q"), nb::arg("nh"), nb::arg("k"), nb::arg("v"), nb::arg("n0"), nb::arg("scale"),

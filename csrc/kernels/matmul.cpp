@@ -8,6 +8,8 @@
 namespace strata {
 
 namespace {
+// Output rows per chunk boundary: whole register groups of the kernels and whole cache lines of y.
+constexpr int64_t kRowAlign = 16;
 Isa detect() {
   __builtin_cpu_init();
   // The AVX-512 files are compiled with F, BW, VL, DQ and VNNI (the compiler may emit any of them, VNNI
@@ -132,7 +134,7 @@ void matmul(ThreadPool& pool, const MatView& W, const float* x, int64_t ldx, int
     if (serial) {
       f(W, a, yp, ldy, 0, W.rows);
     } else {
-      pool.parallel_for(W.rows, [&](int64_t b, int64_t e, int) { f(W, a, yp, ldy, b, e); });
+      pool.parallel_for(W.rows, [&](int64_t b, int64_t e, int) { f(W, a, yp, ldy, b, e); }, kRowAlign);
     }
   }
 }
@@ -162,7 +164,7 @@ void matmul_many(ThreadPool& pool, const MatOut* outs, int n, const float* x, in
         if (lo < hi)
           fns[i](*outs[i].W, acts[i], outs[i].y + t0 * outs[i].ldy, outs[i].ldy, lo - start[i], hi - start[i]);
       }
-    });
+    }, kRowAlign);
   }
 }
 
