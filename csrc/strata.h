@@ -66,6 +66,9 @@ struct SessionOptions {
   int max_window = 8;      // largest verify window; longer runs are prompt windows (commit all)
   bool mtp = false;        // keep the MTP block's inputs so that mtp_draft() can draft
   FoldMode fold = FoldMode::Lazy;
+  // Prompt windows run the DeltaNet rows in the chunked form (state/deltanet_chunked.h: within float rounding
+  // of serial steps); false: the serial recurrence (bit-identical to T = 1 steps, slower on long prompts).
+  bool chunked_prefill = true;
 };
 
 // Committed state at one position, flushed (no pending fold). Restore is bit-identical.

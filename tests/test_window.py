@@ -96,7 +96,7 @@ def test_long_random_windows(tiny_q8_model, fold):
     probe = int(rng.integers(0, V))
     last = s.run([probe])[0]
     s.commit(1)
-    r = model.session(n_ctx=512)
+    r = model.session(n_ctx=512, max_window=W)  # the prompt runs as the same kind of window in both
     r.run(prompt)
     r.commit(len(prompt))
     for t in kept:

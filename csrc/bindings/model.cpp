@@ -311,20 +311,25 @@ void init_model(nb::module_& m) {
   nb::class_<Session>(m, "Session")
       .def(
           "__init__",
-          [](Session* s, std::shared_ptr<Model> model, int64_t n_ctx, int max_window, const std::string& fold, bool mtp) {
+          [](Session* s, std::shared_ptr<Model> model, int64_t n_ctx, int max_window, const std::string& fold, bool mtp,
+             const std::string& prefill) {
             SessionOptions o;
             o.mtp = mtp;
+            if (prefill != "chunked" && prefill != "serial")
+              fail<std::invalid_argument>("bad option prefill='", prefill, "': expected 'chunked' or 'serial'");
+            o.chunked_prefill = prefill == "chunked";
             o.n_ctx = n_ctx;
             o.max_window = max_window;
             o.fold = parse_fold(fold);
             new (s) Session(model, o);
           },
           nb::arg("model"), nb::arg("n_ctx") = 4096, nb::arg("max_window") = 8, nb::arg("fold") = "lazy",
-          nb::arg("mtp") = false)
+          nb::arg("mtp") = false, nb::arg("prefill") = "chunked")
       .def_prop_ro("position", &Session::position)
       .def_prop_ro("n_ctx", &Session::n_ctx)
       .def_prop_ro("max_window", [](const Session& s) { return s.options().max_window; })
       .def_prop_ro("fold", [](const Session& s) { return std::string(fold_name(s.options().fold)); })
+      .def_prop_ro("prefill", [](const Session& s) { return std::string(s.options().chunked_prefill ? "chunked" : "serial"); })
       .def_prop_ro("tokens", [](const Session& s) { return s.tokens(); })
       .def_prop_ro("pending_commit", &Session::pending_commit)
       .def_prop_ro("pending_fold", &Session::pending_fold)

@@ -14,8 +14,9 @@ class Model;
 void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const float* x, int T, int64_t pos0,
                      float* out);
 
-// How a DeltaNet window treats committed state (see deltanet_state.h).
-enum class DnMode { InPlace, Window, Partial };
+// How a DeltaNet window treats committed state (see deltanet_state.h); Chunked: in place, a prompt window's
+// rows in the chunked form (state/deltanet_chunked.h).
+enum class DnMode { InPlace, Window, Partial, Chunked };
 // Gated DeltaNet: x [T][H] (normed) -> out [T][H].
 void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st, const float* x, int T, DnMode mode,
                     float* out);

@@ -84,7 +84,8 @@ void forward(const Model& m, Session& s, const int32_t* tokens, int T, int64_t p
   for (int t = 0; t < T; t++)
     et->dequant(W.token_embd.data + (size_t)tokens[t] * W.token_embd.row_bytes, x.data() + (size_t)t * H, H);
 
-  const DnMode mode = in_place ? DnMode::InPlace : partial ? DnMode::Partial : DnMode::Window;
+  const DnMode mode = in_place ? (T > 1 && s.opt_.chunked_prefill ? DnMode::Chunked : DnMode::InPlace)
+                      : partial ? DnMode::Partial : DnMode::Window;
   for (int64_t il = 0; il < hp.n_layer; il++) {
     const LayerWeights& L = W.layers[il];
     for (int t = 0; t < T; t++) rmsnorm(x.data() + t * H, L.attn_norm.data(), H, hp.rms_eps, h.data() + t * H);
