@@ -3,10 +3,10 @@
 // contiguous dimension (the compiler vectorises it) and every value is a fixed sequence of float multiplies
 // and adds (-ffp-contract=off), so every build gives the same bits. Internal linkage, like dn_rows_impl.h.
 #pragma once
-#include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "kernels/rowops_impl.h"
 #include "state/deltanet_chunked.h"
 
 namespace strata {
@@ -56,8 +56,9 @@ void dn_chunked_impl(float* S, const DnSeq& s, int T, int64_t dk, int64_t dv) {
         axpy_n(ai, Kt + a * C, ki[a], i);       // j < i
         axpy_n(qi, Kt + a * C, qv[a], i + 1);   // j <= i
       }
-      for (int j = 0; j < i; j++) ai[j] = beta(i) * std::exp(G[i] - G[j]) * ai[j];   // L
-      for (int j = 0; j <= i; j++) qi[j] = std::exp(G[i] - G[j]) * qi[j];
+      const float bi = beta(i), Gi = G[i];
+      for (int j = 0; j < i; j++) ai[j] = bi * exp_inl(Gi - G[j]) * ai[j];   // L
+      for (int j = 0; j <= i; j++) qi[j] = exp_inl(Gi - G[j]) * qi[j];
     }
     // W = (I + L)^-1, row by row in place: W_i = e_i - sum_{j < i} L[i][j] W_j (row j of W is final)
     for (int i = 0; i < n; i++) {
@@ -79,7 +80,7 @@ void dn_chunked_impl(float* S, const DnSeq& s, int T, int64_t dk, int64_t dv) {
       for (int64_t j = 0; j < dv; j++) d[j] = 0.f;
       for (int j = 0; j <= i; j++) {
         const float w = A[i * C + j], bj = beta(j);
-        axpy_n(kb, k(j), w * (bj * std::exp(G[j])), dk);
+        axpy_n(kb, k(j), w * (bj * exp_inl(G[j])), dk);
         axpy_n(d, v(j), w * bj, dv);
       }
     }
@@ -89,7 +90,7 @@ void dn_chunked_impl(float* S, const DnSeq& s, int T, int64_t dk, int64_t dv) {
       float* o = s.o + (int64_t)(c0 + i) * s.ldo;
       const float* kb = Kb + i * dk;
       const float* qv = q(i);
-      const float gi = std::exp(G[i]);
+      const float gi = exp_inl(G[i]);
       for (int64_t j = 0; j < dv; j++) o[j] = 0.f;
       for (int64_t a = 0; a < dk; a++) {
         const float* Sa = S + a * dv;
@@ -103,9 +104,9 @@ void dn_chunked_impl(float* S, const DnSeq& s, int T, int64_t dk, int64_t dv) {
       for (int j = 0; j <= i; j++) axpy_n(o, D + j * dv, QK[i * C + j], dv);
     }
     // S = exp(G_last) S0 + sum_j exp(G_last - G_j) k_j d_j^T
-    const float gl = G[n - 1], decay = std::exp(gl);
+    const float gl = G[n - 1], decay = exp_inl(gl);
     for (int j = 0; j < n; j++) {
-      const float f = std::exp(gl - G[j]);
+      const float f = exp_inl(gl - G[j]);
       const float* kj = k(j);
       for (int64_t a = 0; a < dk; a++) Kd[j * dk + a] = f * kj[a];
     }
