@@ -67,8 +67,9 @@ struct SessionOptions {
   bool mtp = false;        // keep the MTP block's inputs so that mtp_draft() can draft
   FoldMode fold = FoldMode::Lazy;
   // Prompt windows run the DeltaNet rows in the chunked form (state/deltanet_chunked.h: within float rounding
-  // of serial steps); false: the serial recurrence (bit-identical to T = 1 steps, slower on long prompts).
-  bool chunked_prefill = true;
+  // of serial steps) instead of the serial recurrence (bit-identical to T = 1 steps). Off by default: on the
+  // CPUs measured (docs/BENCHMARKS.md, issue 17) the strip-mined recurrence is the faster of the two.
+  bool chunked_prefill = false;
 };
 
 // Committed state at one position, flushed (no pending fold). Restore is bit-identical.

@@ -102,7 +102,7 @@ def test_windows_equal_serial_after_chunked_prefill(hf_long):
     rng = np.random.default_rng(5)
     prompt = rng.integers(0, model.n_vocab, 2 * CHUNK + 9).tolist()
     seq = rng.integers(0, model.n_vocab, 17).tolist()
-    ref = model.session(n_ctx=256, max_window=16)
+    ref = model.session(n_ctx=256, max_window=16, prefill="chunked")
     ref.run(prompt)
     ref.commit(len(prompt))
     base = ref.checkpoint()
@@ -111,7 +111,7 @@ def test_windows_equal_serial_after_chunked_prefill(hf_long):
         logits.append(ref.run([t])[0].copy())
         ref.commit(1)
         states.append(ref.export_state())
-    s = model.session(n_ctx=256, max_window=16)
+    s = model.session(n_ctx=256, max_window=16, prefill="chunked")
     for T in (2, 5, 9, 16):
         for keep in (1, T // 2 + 1, T):
             s.restore(base)

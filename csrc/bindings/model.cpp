@@ -324,7 +324,7 @@ void init_model(nb::module_& m) {
             new (s) Session(model, o);
           },
           nb::arg("model"), nb::arg("n_ctx") = 4096, nb::arg("max_window") = 8, nb::arg("fold") = "lazy",
-          nb::arg("mtp") = false, nb::arg("prefill") = "chunked")
+          nb::arg("mtp") = false, nb::arg("prefill") = "serial")
       .def_prop_ro("position", &Session::position)
       .def_prop_ro("n_ctx", &Session::n_ctx)
       .def_prop_ro("max_window", [](const Session& s) { return s.options().max_window; })
