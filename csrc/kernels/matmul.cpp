@@ -75,6 +75,8 @@ RowsFn rows_fn(uint32_t type, Isa isa) {
       if (auto f = rows_fn_avx512(type)) return f;
       [[fallthrough]];
     case Isa::AVX2:
+      if (isa == Isa::AVX2)
+        if (auto f = rows_fn_kq8_avx2(type)) return f;
       if (auto f = rows_fn_kq_avx2(type)) return f;
       if (auto f = rows_fn_avx2(type)) return f;
       [[fallthrough]];
@@ -98,6 +100,7 @@ Act prepare_act(uint32_t type, const float* x, int64_t ldx, int T, int64_t cols,
                    : g_active == Isa::AVX2 ? quantize_act_avx2
                                            : quantize_act_ref;
     q(x, ldx, T, cols, buf, a.q);
+    if (g_active == Isa::AVX2) buf.fill_q8(a.q);  // the vpmaddubsw kernels (cpu/kquants8_avx2.cpp)
   }
   return a;
 }
