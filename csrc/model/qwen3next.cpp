@@ -50,7 +50,8 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
       fit("vocabulary (token_embd rows)", te->ne[1], h.n_vocab);
     m->w_.mtp = MtpWeights::load(*m->mtp_file_, h);
   }
-  m->pool_ = std::make_unique<ThreadPool>(opt.threads ? opt.threads : default_threads());
+  // the default thread count adapts to a busy machine (util/threads.h); an explicit count is used as given
+  m->pool_ = std::make_unique<ThreadPool>(opt.threads ? opt.threads : default_threads(), opt.threads == 0);
   // experts streamed through a bounded cache (engine spec 6); -1 keeps every expert in the mapping
   STRATA_CHECK(opt.experts.cache_mib >= -1, "bad option cache_mib=", opt.experts.cache_mib, ": expected MiB >= 0 or -1 (full)");
   STRATA_CHECK(!opt.experts.approximate || opt.experts.cache_mib != -1,

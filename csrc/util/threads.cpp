@@ -30,7 +30,7 @@ bool spin_until(P&& pred, double us) {
 }
 }  // namespace
 
-ThreadPool::ThreadPool(int nthreads) : nthreads_(nthreads < 1 ? 1 : nthreads) {
+ThreadPool::ThreadPool(int nthreads, bool adaptive) : nthreads_(nthreads < 1 ? 1 : nthreads), adaptive_(adaptive) {
   for (int i = 1; i < nthreads_; i++) threads_.emplace_back(&ThreadPool::worker, this, i);
 }
 
@@ -96,6 +96,42 @@ int64_t ThreadPool::run_chunks(uint32_t gen, int idx, double* us_per_chunk) {
   return ran;
 }
 
+namespace {
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+ThreadPool::Stats ThreadPool::stats() const { return stats_; }
+
+bool ThreadPool::serial_now(double now) {
+  if (serial_until_ms_ < 0) return false;
+  if (now < serial_until_ms_) return true;
+  serial_until_ms_ = -1;  // back off over: measure parallel regions again
+  stats_.serial = false;
+  win_wall_us_ = win_est_us_ = 0;
+  win_start_ms_ = now;
+  return false;
+}
+
+void ThreadPool::account(double wall_us, double est_us, double now) {
+  if (win_start_ms_ < 0) win_start_ms_ = now;
+  win_wall_us_ += wall_us;
+  win_est_us_ += est_us;
+  if (now - win_start_ms_ < kWindowMs) return;
+  stats_.windows++;
+  if (win_wall_us_ > (1 - kMinGain) * win_est_us_) {  // parallel did not pay: the caller alone for a while
+    stats_.fallbacks++;
+    stats_.serial = true;
+    serial_until_ms_ = now + backoff_ms_;
+    backoff_ms_ = backoff_ms_ * 2 < kMaxBackoffMs ? backoff_ms_ * 2 : kMaxBackoffMs;
+  } else {
+    backoff_ms_ = kBackoffMs;
+  }
+  win_wall_us_ = win_est_us_ = 0;
+  win_start_ms_ = now;
+}
+
 void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t align) {
   if (n <= 0) return;
   if (align < 1) align = 1;
@@ -105,6 +141,15 @@ void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t align) {
     return;
   }
   std::lock_guard<std::mutex> call(call_mu_);
+  const double t0 = adaptive_ ? now_ms() : 0;
+  if (adaptive_ && serial_now(t0)) {  // the same chunks, on the caller
+    for (int64_t c = 0; c < chunks; c++) {
+      int64_t b, e;
+      chunk_bounds(n, chunks, align, c, &b, &e);
+      fn(b, e, 0);
+    }
+    return;
+  }
   const uint32_t g = ++gen_;
   fn_.store(&fn, std::memory_order_relaxed);
   n_.store(n, std::memory_order_relaxed);
@@ -117,7 +162,7 @@ void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t align) {
     cv_.notify_all();
   }
   double us = 0;
-  run_chunks(g, 0, &us);
+  const int64_t mine = run_chunks(g, 0, &us);
   // The chunks still running belong to other threads. Poll for about as long as one chunk took here; past
   // that their thread has probably lost its core, so sleep: the idle core then runs it.
   auto all_done = [&] { return done_.load(std::memory_order_seq_cst) == chunks; };
@@ -129,6 +174,10 @@ void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t align) {
       done_cv_.wait(lk, all_done);
     }
     caller_waiting_.store(false, std::memory_order_relaxed);
+  }
+  if (adaptive_ && mine > 0) {
+    const double t1 = now_ms();
+    account((t1 - t0) * 1e3, us * (double)chunks, t1);
   }
   std::exception_ptr err;
   {

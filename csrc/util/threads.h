@@ -10,6 +10,13 @@
 // then sleeps on a condition variable; the caller waiting for chunks that others hold polls for about as
 // long as one of its own chunks took, then sleeps, which gives its core to the thread it waits for (the
 // scheduler moves a descheduled worker to the idle core).
+//
+// Adaptive (the default thread count, ModelOptions::threads = 0): when another program takes a core, a worker
+// that shares it is descheduled for whole time slices while it holds a chunk, and a parallel region can cost
+// more than the caller doing every chunk itself. The pool compares each window of about kWindowMs of parallel
+// regions with what they would have cost serially (the caller's time per chunk x chunks), and when parallel
+// did not win by kMinGain it runs regions on the caller alone for a back-off (kBackoffMs, doubling while
+// parallel keeps losing, at most kMaxBackoffMs), then measures again. Results never depend on it.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -25,7 +32,7 @@ namespace strata {
 class ThreadPool {
  public:
   using Fn = std::function<void(int64_t, int64_t, int)>;
-  explicit ThreadPool(int nthreads);
+  explicit ThreadPool(int nthreads, bool adaptive = false);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -44,6 +51,16 @@ class ThreadPool {
 
   static constexpr int kChunksPerThread = 4;
   static constexpr int kSpinUs = 50;
+  static constexpr double kWindowMs = 20, kMinGain = 0.05, kBackoffMs = 250, kMaxBackoffMs = 4000;
+
+  bool adaptive() const { return adaptive_; }
+  // Counters of the adaptive mode (tests, benches): windows measured, times it fell back to serial, and
+  // whether it is serial now.
+  struct Stats {
+    int64_t windows = 0, fallbacks = 0;
+    bool serial = false;
+  };
+  Stats stats() const;
 
  private:
   void worker(int idx);
@@ -51,7 +68,13 @@ class ThreadPool {
   // number of chunks this thread ran. The caller passes its own timing out (us per chunk) for its wait.
   int64_t run_chunks(uint32_t gen, int idx, double* us_per_chunk);
 
+  // the adaptive mode's bookkeeping (caller only, under call_mu_)
+  bool serial_now(double now_ms);
+  void account(double wall_us, double serial_est_us, double now_ms);
   int nthreads_;
+  bool adaptive_;
+  double win_wall_us_ = 0, win_est_us_ = 0, win_start_ms_ = -1, serial_until_ms_ = -1, backoff_ms_ = kBackoffMs;
+  Stats stats_;
   std::vector<std::thread> threads_;
   // The claim word: generation (high 32 bits) | next unclaimed chunk (low 32 bits). A worker claims chunk c
   // of generation g by a compare-exchange from (g, c) to (g, c + 1): claiming and joining are one step, so

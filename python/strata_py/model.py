@@ -85,7 +85,8 @@ class Model:
              io_threads: int = 4, prefetch: bool = True, prefetch_root_only: bool = False,
              routing: str = "natural", approx_protect: int | None = None, approx_bonus: float = 0.85,
              approx_draft_protect: int | None = None, approx_draft_bonus: float | None = None) -> "Model":
-        """Open a GGUF (default: the shipped model, checksum-verified). threads=None uses the physical cores.
+        """Open a GGUF (default: the shipped model, checksum-verified). threads=None uses the physical cores (at
+        most the CPUs this process may run on) and adapts to a busy machine (pool_stats()); an int is used as is.
         mtp: a separate MTP-only GGUF for the model (checked to fit: hidden size, vocabulary, expert shapes).
 
         Expert streaming (engine spec 6; csrc/experts/expert_stream.h): cache_mib=None or "full" keeps every
@@ -165,6 +166,11 @@ class Model:
         hit rate, evictions, prefetch issued/used/wasted and precision/recall, mean union per layer.
         {"streaming": False} when every expert is resident."""
         return self._core.expert_stats()
+
+    def pool_stats(self) -> dict:
+        """The thread pool: adaptive (the default thread count falls back to the calling thread alone while
+        parallel regions lose, e.g. to another program on a core), windows measured, fallbacks, serial now."""
+        return self._core.pool_stats()
 
     def reset_expert_stats(self) -> None:
         self._core.reset_expert_stats()
