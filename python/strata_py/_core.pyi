@@ -28,6 +28,11 @@ def allow_vbmi(on: bool) -> None:
 
 def active_isa() -> str: ...
 
+def limit_isa(cap: str) -> None:
+    """
+    Tests: behave as a CPU whose best path is min(this CPU's, cap) (best_isa, the active path, VNNI/VBMI follow).
+    """
+
 def force_isa(isa: str) -> None:
     """
     Select the kernel path (tests and benches). Raises if this CPU lacks it.
@@ -40,10 +45,10 @@ def dequantize(data: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu
 def quantize_act(x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = 'scalar') -> tuple:
     """(q[T][cols], dx[T][nb], bsum[T][nb*8]) as Python lists (tests)."""
 
-def rowop(name: str, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], y: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = 'avx512') -> list[float]:
+def rowop(name: str, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], y: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = '') -> list[float]:
     """One rowops.h function (tests)."""
 
-def attend(q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], nh: int, k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], n0: int, scale: float, isa: str = 'avx512') -> list[float]:
+def attend(q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], nh: int, k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], n0: int, scale: float, isa: str = '') -> list[float]:
     """Causal attention of T rows x nh heads over shared cells (tests)."""
 
 def dn_rows(S: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], gates: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], n_src: int, read: bool = True, ref: bool = False) -> tuple[list[float], list[float], list[float]]:
@@ -51,10 +56,15 @@ def dn_rows(S: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order=
     The DeltaNet window recurrence of one head (dn_rows or its row-by-row twin), for tests.
     """
 
-def matmul(w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = 'avx512', threads: int = 1) -> Annotated[NDArray[numpy.float32], dict(shape=(None, None))]:
+def dn_chunked(S: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], gates: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = '') -> tuple[list[float], list[float]]:
+    """
+    The chunked gated delta rule over T rows of one head (state/deltanet_chunked.h), for tests.
+    """
+
+def matmul(w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = '', threads: int = 1) -> Annotated[NDArray[numpy.float32], dict(shape=(None, None))]:
     """y[T, rows] = x[T, cols] @ W^T on the chosen kernel path."""
 
-def bench_matmul(w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, nmat: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = 'avx512', threads: int = 1, reps: int = 3) -> float: ...
+def bench_matmul(w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, nmat: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = '', threads: int = 1, reps: int = 3) -> float: ...
 
 class SamplingParams:
     """
@@ -163,6 +173,11 @@ class Model:
     @property
     def threads(self) -> int: ...
 
+    def pool_stats(self) -> dict:
+        """
+        The thread pool's adaptive mode (util/threads.h): windows measured, fallbacks to serial, serial now.
+        """
+
     @property
     def fingerprint(self) -> int: ...
 
@@ -190,7 +205,7 @@ class Checkpoint:
     def position(self) -> int: ...
 
 class Session:
-    def __init__(self, model: Model, n_ctx: int = 4096, max_window: int = 8, fold: str = 'lazy', mtp: bool = False) -> None: ...
+    def __init__(self, model: Model, n_ctx: int = 4096, max_window: int = 8, fold: str = 'lazy', mtp: bool = False, prefill: str = 'serial') -> None: ...
 
     @property
     def position(self) -> int: ...
@@ -203,6 +218,9 @@ class Session:
 
     @property
     def fold(self) -> str: ...
+
+    @property
+    def prefill(self) -> str: ...
 
     @property
     def tokens(self) -> list[int]: ...
