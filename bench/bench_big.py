@@ -85,7 +85,22 @@ def worker_llama(a) -> dict:
     if a.llama_path:
         sys.path.insert(0, a.llama_path)
     import numpy as np
+    import llama_cpp.llama_cpp as lc
     from llama_cpp import Llama, llama_print_system_info
+    # A file larger than memory cannot be repacked (llama.cpp copies repackable weights into a CPU_REPACK
+    # buffer: 35 GB for the 45 GB Q4_K_M file, and the load fails); a llama.cpp user turns repacking off
+    # (--no-repack), which keeps every weight in the mapping.
+    with open("/proc/meminfo") as f:
+        avail = next(int(x.split()[1]) * 1024 for x in f if x.startswith("MemAvailable"))
+    repack = os.path.getsize(a.model) < avail
+    if not repack:
+        default_params = lc.llama_model_default_params
+
+        def no_repack():
+            p = default_params()
+            p.use_extra_bufts = False
+            return p
+        lc.llama_model_default_params = no_repack
     t = time.perf_counter()
     n = a.threads or None
     llm = Llama(a.model, n_threads=n, n_threads_batch=n, n_ctx=a.prompt + a.tokens + 8, n_batch=512,
@@ -105,7 +120,7 @@ def worker_llama(a) -> dict:
         tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
         steps.append(time.perf_counter() - t)
     io2 = proc_io()
-    return {"engine": "llama.cpp", "budget": "mmap", "load_s": load_s, "ttft_s": ttft,
+    return {"engine": "llama.cpp", "budget": "mmap", "repack": repack, "load_s": load_s, "ttft_s": ttft,
             "prefill_read_bytes": io1 - io0, "decode_read_bytes_per_token": (io2 - io1) / a.tokens,
             "s_per_token_median": statistics.median(steps), "s_per_token_mean": sum(steps) / len(steps),
             "peak_rss_bytes": peak_rss(), "threads": llm.n_threads,
