@@ -39,7 +39,7 @@ def bytes_per_token(path: str) -> int:
     """Weight bytes one T = 1 decode step reads: every matrix once, k of E experts, one embedding row."""
     r = gguf.GGUFReader(path)
     kv = {f.name: f for f in r.fields.values()}
-    arch = "qwen3next"
+    arch = bytes(kv["general.architecture"].parts[-1]).decode()
     E = int(kv[f"{arch}.expert_count"].parts[-1][0])
     k = int(kv[f"{arch}.expert_used_count"].parts[-1][0])
     total = 0

@@ -21,9 +21,13 @@
 #include "gguf/gguf.h"
 #include "model/hparams.h"
 #include "model/weights.h"
+#include "sampling/processor.h"
 #include "sampling/sampler.h"
+#include "state/checkpoint_file.h"
 #include "state/deltanet_state.h"
 #include "state/kv_cache.h"
+#include "state/ple_state.h"
+#include "state/qsa_state.h"
 #include "util/common.h"
 #include "util/threads.h"
 
@@ -33,7 +37,11 @@ struct ModelOptions {
   int threads = 0;       // 0 = default_threads(): physical cores, at most the CPUs this process may use
   std::string mtp_path;  // a separate MTP-only GGUF (llama.cpp --mtp output); overrides a built-in block
   ExpertOptions experts; // cache_mib = -1: every expert resident (mapped); else streamed (experts/expert_stream.h)
+  int64_t ple_map_mib = 4096;    // a PLE table larger than this is read by pread instead of through the mapping
+  bool dense_attention = false;  // benches only: qwen4exp QSA layers run dense (this changes the model)
 };
+
+class PleTable;
 
 class Model {
  public:
@@ -48,6 +56,12 @@ class Model {
   // The expert cache and its readers; null when every expert is resident. Internally synchronised: the
   // Model stays logically immutable (the cache changes speed, never output, unless routing is approximate).
   ExpertStream* experts() const { return experts_.get(); }
+  // Throws std::runtime_error naming the file when the model file (or the MTP file) changed or was
+  // truncated since load (GgufFile::check_intact); Session::run calls it before and after each forward.
+  void check_files() const;
+  // The qwen4exp PLE table reader; null without a PLE layer.
+  const PleTable* ple_table() const { return ple_.get(); }
+  ~Model();
 
  private:
   std::shared_ptr<GgufFile> file_;
@@ -57,6 +71,7 @@ class Model {
   std::unique_ptr<ThreadPool> pool_;
   uint64_t fingerprint_ = 0;
   std::unique_ptr<ExpertStream> experts_;
+  std::unique_ptr<PleTable> ple_;
 };
 
 enum class FoldMode { Lazy = 0, Eager = 1, Partial = 2 };
@@ -80,15 +95,28 @@ struct Checkpoint {
   std::vector<int32_t> tokens;
   std::vector<std::vector<float>> k, v;      // per attention layer: cells [0, position)
   std::vector<std::vector<float>> S, conv;   // per DeltaNet layer
+  std::vector<std::vector<float>> idx_raw, idx_pooled;  // per attention layer (QSA: cells / blocks below position)
+  std::vector<float> ple_conv;               // the PLE conv history
   // MTP drafting state (in-memory checkpoints only; it affects speed, never output)
   int64_t mtp_pos = 0;
   std::vector<float> mtp_k, mtp_v, mtp_backlog_h;
   std::vector<int32_t> mtp_backlog_tok;
+  // steering (sampling/processor.h): restore() rescans the committed tokens [steer_origin, position)
+  int64_t steer_origin = 0;
+  // Bytes held (a prefix cache's budget counts these): every array above. A new field goes in here too.
+  size_t nbytes() const {
+    size_t n = tokens.size() * sizeof(int32_t) + mtp_backlog_tok.size() * sizeof(int32_t);
+    for (const auto* vs : {&k, &v, &S, &conv, &idx_raw, &idx_pooled})
+      for (const auto& a : *vs) n += a.size() * sizeof(float);
+    return n + (ple_conv.size() + mtp_k.size() + mtp_v.size() + mtp_backlog_h.size()) * sizeof(float);
+  }
 };
 
 class Session {
  public:
   Session(std::shared_ptr<const Model> model, const SessionOptions& opt);
+  // Bytes of state a session with these options allocates (checked against RAM before it does).
+  static uint64_t state_bytes(const HParams& hp, const SessionOptions& opt);
 
   int64_t position() const { return pos_; }
   int64_t n_ctx() const { return opt_.n_ctx; }
@@ -121,17 +149,33 @@ class Session {
   const std::vector<float>& mtp_logits() const { return mtp_logits_; }  // [k][V] of the last mtp_draft
   // Finish: processors + choice for every row of the last run (needs all-row logits).
   std::vector<int32_t> sample(const SamplingParams& p) const;
+  // Steering (sampling/processor.h): with masks ([logits_rows()][mask_words] or null), each output row also
+  // gets the row's token mask; the session's steering processors apply to every row.
+  std::vector<int32_t> sample(const SamplingParams& p, const uint32_t* masks, int64_t mask_words) const;
+  // One row of the last run finished again with this token mask (lazy grammar checks for greedy decoding).
+  int32_t sample_row(const SamplingParams& p, int row, const uint32_t* mask, int64_t mask_words) const;
+  // The processors of the generation whose first output token is at position `origin` (null: none);
+  // their committed state is rebuilt from the committed tokens [origin, position).
+  void set_steering(std::shared_ptr<const Steering> steer, int64_t origin);
+  const Steering* steering() const { return steer_.get(); }
+  int64_t steer_origin() const { return steer_origin_; }
+  PhraseState steer_state() const { return steer_state_; }
   void commit(int keep);
 
   void flush();  // applies a pending lazy fold now
   Checkpoint checkpoint();
   void restore(const Checkpoint& cp);
-  void save(const std::string& path);
-  void load(const std::string& path);
+  void save(const std::string& path);  // write-then-rename; state/checkpoint_file.h
+  void load(const std::string& path);  // validated in full before anything is restored
+  CheckpointShape checkpoint_shape() const;  // what a checkpoint of this session must hold
   void reset();
 
   // Debug export of committed state (flushes a pending fold first).
   std::map<std::string, std::vector<float>> export_state();
+  // Tests: record each QSA layer's selected blocks per row of every later run; qsa_selected()[layer][row]
+  // is the last run's sorted block list of that row (empty: the row attended densely). Keys: main layer index.
+  void record_qsa(bool on);
+  std::map<int64_t, std::vector<std::vector<int32_t>>> qsa_selected() const;
 
   // Per-phase timing of the last run (seconds), for benches.
   double last_fold_seconds() const { return fold_s_; }
@@ -146,7 +190,9 @@ class Session {
   int64_t pos_ = 0;
   std::vector<int32_t> tokens_;
   std::vector<KvCache> kv_;            // per attention layer
+  std::vector<QsaState> qsa_;          // per attention layer (inactive unless the layer is QSA)
   std::vector<DeltaNetState> dn_;      // per DeltaNet layer
+  PleState ple_;                       // the PLE layer's conv history (inactive without one)
   std::vector<int> layer_slot_;        // layer -> index into kv_ or dn_
   // last window
   int last_T_ = 0;
@@ -166,6 +212,11 @@ class Session {
   std::vector<float> mtp_backlog_h_;     // [n][H] hidden states of rows mtp_pos_ .. mtp_pos_+n-1
   std::vector<int32_t> mtp_backlog_tok_; // the token after each backlog row (-1: not known yet)
   std::vector<float> mtp_logits_;
+  // steering: configuration, where the generation began, the processors' state after the committed tokens
+  std::shared_ptr<const Steering> steer_;
+  int64_t steer_origin_ = 0;
+  PhraseState steer_state_;
+  void steer_rescan();
 };
 
 // The MTP block (spec qwen3next.md 1.8) over T rows at positions pos0..: input rows are main hidden states

@@ -15,6 +15,8 @@ def pytest_configure(config):
     if isa:
         from strata_py import _core
         _core.limit_isa(isa)
+        import server_util  # the server and chat processes of the tests compute as this one does
+        server_util.ISA = isa
 
 
 def pytest_report_header(config):
@@ -44,3 +46,33 @@ def tiny_model(tiny_gguf):
 def tiny_q8_model(tiny_q8_gguf):
     from strata_py.model import Model
     return Model.load(tiny_q8_gguf, threads=2)
+
+
+# ---- server processes for tests/test_server_*.py (tests/server_util.py) -------------------------------------
+# Two real `python -m strata_py.serve` processes, started side by side on first use and stopped at the end:
+#   default: the shipped model, with Qwen3's chat template (tool calls in JSON), --draft auto
+#   tiny:    the synthetic tiny model with an MTP block, Qwen3-Coder's template (XML tool calls), an API key,
+#            CORS for one origin and a queue of 7
+_servers: dict = {}
+
+
+@pytest.fixture(scope="session")
+def _server_pool(tiny_q8_gguf):
+    from server_util import TEMPLATES, Server
+    _servers["default"] = Server("--chat-template-file", str(TEMPLATES / "qwen3.jinja"), "--checkpoint-gap", "16")
+    _servers["tiny"] = Server("--model", str(tiny_q8_gguf), "--chat-template-file", str(TEMPLATES / "qwen3-coder.jinja"),
+                              "--checkpoint-gap", "16", "--max-queue", "7", "--cors-origins", "http://example.org",
+                              api_key="sekret")
+    yield _servers
+    for s in _servers.values():
+        s.stop()
+
+
+@pytest.fixture(scope="session")
+def default_server(_server_pool):
+    return _server_pool["default"].ready()
+
+
+@pytest.fixture(scope="session")
+def tiny_server(_server_pool):
+    return _server_pool["tiny"].ready()

@@ -40,3 +40,14 @@ def tensor_f32(reader: gguf.GGUFReader, name: str) -> np.ndarray:
 def tensors_by_name(reader: gguf.GGUFReader) -> dict:
     """name -> ReaderTensor."""
     return {t.name: t for t in reader.tensors}
+
+
+def read_gguf(path) -> tuple[gguf.GGUFReader, dict, dict]:
+    """(reader, name -> ReaderTensor, metadata) of a GGUF file."""
+    r = gguf.GGUFReader(path)
+    return r, tensors_by_name(r), metadata_from_gguf_reader(r)
+
+
+def f32_array(t) -> np.ndarray:
+    """An F32 ReaderTensor's values in numpy order (ggml ne reversed)."""
+    return np.asarray(t.data, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])

@@ -82,13 +82,14 @@ def _perturb(model, gen: torch.Generator):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
 
 
-def _mtp_tensors(config, gen: torch.Generator) -> dict[str, torch.Tensor]:
+def _mtp_tensors(config, gen: torch.Generator, layer_cls=None) -> dict[str, torch.Tensor]:
     """Random mtp.* tensors shaped like Qwen3-Next's: fc [H, 2H], three norms [H], and mtp.layers.0 = one
-    full-attention decoder layer with MoE, experts under per-expert names (spec §1.7)."""
+    full-attention decoder layer with MoE, experts under per-expert names (spec §1.7). layer_cls: the decoder
+    layer class to shape it (default Qwen3NextDecoderLayer; Qwen3.5-MoE's has the same names)."""
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextDecoderLayer
     H, E, I = config.hidden_size, config.num_experts, config.moe_intermediate_size
     full = config.layer_types.index("full_attention")
-    layer = Qwen3NextDecoderLayer(config, full)
+    layer = (layer_cls or Qwen3NextDecoderLayer)(config, full)
     out: dict[str, torch.Tensor] = {}
     for name, p in layer.state_dict().items():
         if name == "mlp.experts.gate_up_proj":

@@ -15,6 +15,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from safetensors.torch import load_file, save_file
 
+from convert_util import ne_attention, ne_moe
 from gguf_util import metadata_from_gguf_reader, tensor_f32, tensors_by_name  # noqa: F401  (sets sys.path)
 from hf_tiny import TINY, make_tiny_hf, tiny_tokenizer_json
 
@@ -63,9 +64,7 @@ def expected_shapes(layout="current", mtp=True) -> dict[str, list[int]]:
     def block(b, full):
         ne.update({f"blk.{b}.attn_norm.weight": [H], f"blk.{b}.post_attention_norm.weight": [H]})
         if full:
-            ne.update({f"blk.{b}.attn_q.weight": [H, 2 * NH * HD], f"blk.{b}.attn_k.weight": [H, NKV * HD],
-                       f"blk.{b}.attn_v.weight": [H, NKV * HD], f"blk.{b}.attn_output.weight": [NH * HD, H],
-                       f"blk.{b}.attn_q_norm.weight": [HD], f"blk.{b}.attn_k_norm.weight": [HD]})
+            ne.update(ne_attention(b, H, NH, NKV, HD))
         else:
             if layout == "current":
                 ne.update({f"blk.{b}.attn_qkv.weight": [H, CONV], f"blk.{b}.attn_gate.weight": [H, VD]})
@@ -74,10 +73,7 @@ def expected_shapes(layout="current", mtp=True) -> dict[str, list[int]]:
             ne.update({f"blk.{b}.ssm_ba.weight": [H, 2 * NV], f"blk.{b}.ssm_conv1d.weight": [K, CONV],
                        f"blk.{b}.ssm_dt.bias": [NV], f"blk.{b}.ssm_a": [NV], f"blk.{b}.ssm_norm.weight": [DV],
                        f"blk.{b}.ssm_out.weight": [VD, H]})
-        ne.update({f"blk.{b}.ffn_gate_inp.weight": [H, E], f"blk.{b}.ffn_gate_exps.weight": [H, I, E],
-                   f"blk.{b}.ffn_up_exps.weight": [H, I, E], f"blk.{b}.ffn_down_exps.weight": [I, H, E],
-                   f"blk.{b}.ffn_gate_inp_shexp.weight": [H, 1], f"blk.{b}.ffn_gate_shexp.weight": [H, S],
-                   f"blk.{b}.ffn_up_shexp.weight": [H, S], f"blk.{b}.ffn_down_shexp.weight": [S, H]})
+        ne.update(ne_moe(b, H, E, I, S))
 
     for i in range(L):
         block(i, i in FULL)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hf_tiny import make_tiny_hf
+from hf_tiny_next import make_tiny_qwen4exp
 from strata_py import _core, synth
 from strata_py.convert import convert
 from strata_py.model import Model
@@ -33,10 +34,18 @@ def hf(tmp_path_factory):
     return convert(d, d / "tiny.gguf", "f32"), model
 
 
-def test_transformers_parity_on_each_path(hf, isa):
-    path, ref_model = hf
+@pytest.fixture(scope="module")
+def hf_qwen4exp(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hf-isa-q4")
+    model = make_tiny_qwen4exp(d / "hf", seed=6)
+    return convert(d / "hf", d / "tiny.gguf", "f32"), model
+
+
+@pytest.mark.parametrize("which", ["hf", "hf_qwen4exp"])
+def test_transformers_parity_on_each_path(request, which, isa):
+    path, ref_model = request.getfixturevalue(which)
     model = Model.load(path, threads=2)
-    ids = np.random.default_rng(2).integers(0, model.n_vocab, 40).tolist()
+    ids = np.random.default_rng(2).integers(0, model.n_vocab, 40).tolist()  # QSA sparse from position 11
     with torch.no_grad():
         ref = ref_model(torch.tensor([ids])).logits[0].float().numpy()
     s = model.session(n_ctx=64)

@@ -11,6 +11,7 @@
 #include "kernels/matmul.h"
 #include "kernels/quants.h"
 #include "kernels/rowops.h"
+#include "model/layers.h"
 #include "state/deltanet_chunked.h"
 #include "state/deltanet_state.h"
 #include "util/common.h"
@@ -127,17 +128,31 @@ void init_kernels(nb::module_& m) {
       },
       nb::arg("name"), nb::arg("x"), nb::arg("y"), nb::arg("isa") = "", "One rowops.h function (tests).");
   m.def(
+      "qsa_select",
+      [](std::vector<float> scores, int64_t kb) {
+        std::vector<int32_t> out;
+        qsa_select_blocks(scores.data(), (int64_t)scores.size(), kb, out);
+        return out;
+      },
+      nb::arg("scores"), nb::arg("kb"), "QSA's block selection rule (tests): kb best, ties to the lower index.");
+  m.def(
       "attend",
-      [](F2 q, int nh, F2 k, F2 v, int64_t n0, float scale, const std::string& isa) {
+      [](F2 q, int nh, F2 k, F2 v, int64_t n0, float scale, const std::string& isa, std::vector<int32_t> cells) {
         // Rows t = 0..T-1 of nh heads (q[T*nh][hd], row-major by row then head) over cells 0..n0+t-1 of
-        // k/v[n][hd] (tests); returns o[T*nh][hd] on the chosen path.
+        // k/v[n][hd] (tests); returns o[T*nh][hd] on the chosen path. cells (T = 1): attend to those cells
+        // of k/v instead (n0 must be their count).
         const int64_t nq = q.shape(0), hd = q.shape(1), n = k.shape(0);
         STRATA_CHECK(nh >= 1 && nq % nh == 0 && n0 >= 1 && (int64_t)k.shape(1) == hd && (int64_t)v.shape(0) == n &&
                          (int64_t)v.shape(1) == hd && n0 + nq / nh - 1 <= n,
                      "attend: shapes q[T*nh][hd], k[n][hd], v[n][hd], n0 + T - 1 <= n");
         const int T = (int)(nq / nh);
         std::vector<float> o((size_t)(nq * hd));
-        const AttendArgs a{q.data(), nh * hd, hd, T, nh, k.data(), v.data(), hd, n0, hd, scale, o.data(), nh * hd, hd};
+        AttendArgs a{q.data(), nh * hd, hd, T, nh, k.data(), v.data(), hd, n0, hd, scale, o.data(), nh * hd, hd};
+        if (!cells.empty()) {
+          STRATA_CHECK(T == 1 && (int64_t)cells.size() == n0, "attend: a cell list needs T = 1 and n0 = its length");
+          for (int32_t c : cells) STRATA_CHECK(c >= 0 && c < n, "attend: cell ", c, " outside k/v");
+          a.cells = cells.data();
+        }
         std::vector<float> sc((size_t)attend_scratch(a));
         const Isa want = parse_isa(isa);
         STRATA_CHECK((int)want <= (int)best_isa(), "attend: this CPU lacks ", isa);
@@ -145,7 +160,8 @@ void init_kernels(nb::module_& m) {
         return o;
       },
       nb::arg("q"), nb::arg("nh"), nb::arg("k"), nb::arg("v"), nb::arg("n0"), nb::arg("scale"),
-      nb::arg("isa") = "", "Causal attention of T rows x nh heads over shared cells (tests).");
+      nb::arg("isa") = "", nb::arg("cells") = std::vector<int32_t>{},
+      "Causal attention of T rows x nh heads over shared cells, or one row over a cell list (tests).");
   m.def(
       "dn_rows",
       [](F2 S, F2 k, F2 v, F2 q, F2 gates, int n_src, bool read, bool ref) {

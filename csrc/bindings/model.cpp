@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -15,7 +16,11 @@
 #include <random>
 #include <thread>
 
+#include "model/ple_table.h"
+#include "sampling/logprobs.h"
+#include "sampling/token_mask.h"
 #include "strata.h"
+#include "util/background.h"
 
 namespace nb = nanobind;
 using namespace strata;
@@ -30,6 +35,27 @@ static nb::ndarray<nb::numpy, T> to_numpy(const T* src, std::vector<size_t> shap
   if (n) std::memcpy(out, src, n * sizeof(T));
   nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<T*>(p); });
   return nb::ndarray<nb::numpy, T>(out, shape.size(), shape.data(), owner);
+}
+
+// Token masks for `rows` rows handed from Python: None, or a C-contiguous uint32 [rows, ceil(V / 32)] array.
+struct MaskRows {
+  nb::object keep;  // holds the array alive
+  const uint32_t* ptr = nullptr;
+  int64_t words = 0;
+};
+static MaskRows mask_rows(nb::handle masks, int64_t rows, int64_t V) {
+  MaskRows r;
+  if (masks.is_none()) return r;
+  using M = nb::ndarray<const uint32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+  M a;
+  if (!nb::try_cast<M>(masks, a))
+    fail<std::invalid_argument>("token masks: expected a C-contiguous uint32 array [", rows, ", ", mask_words(V), "]");
+  STRATA_CHECK((int64_t)a.shape(0) == rows && (int64_t)a.shape(1) == mask_words(V), "token masks: shape [", a.shape(0),
+               ", ", a.shape(1), "], the window needs [", rows, ", ", mask_words(V), "] (1 bit per token of ", V, ")");
+  r.keep = nb::borrow(masks);
+  r.ptr = a.data();
+  r.words = (int64_t)a.shape(1);
+  return r;
 }
 
 static FoldMode parse_fold(const std::string& s) {
@@ -65,6 +91,20 @@ static nb::dict config_dict(const HParams& h) {
   d["ssm_d_inner"] = h.ssm_d_inner;
   d["full_attention_interval"] = h.full_attn_interval;
   d["n_nextn"] = h.n_nextn;
+  d["arch"] = std::string(arch_name(h.arch));
+  if (h.arch == Arch::Qwen4Exp) {
+    d["hc"] = h.hc;
+    d["hc_rank"] = h.hc_rank;
+    d["qsa_heads"] = h.qsa.n_head;
+    d["qsa_head_dim"] = h.qsa.head_dim;
+    d["qsa_budget"] = h.qsa.budget;
+    d["qsa_ratio"] = h.qsa.ratio;
+    nb::list ratios;
+    for (int64_t r : h.qsa_ratio) ratios.append(r);
+    d["qsa_ratios"] = ratios;
+    d["ple_layer"] = h.ple.layer;
+    d["dn_gate"] = std::string(h.dn_gate_sigmoid ? "sigmoid" : "silu");
+  }
   nb::list rec;
   for (bool r : h.recurrent) rec.append(r);
   d["recurrent"] = rec;
@@ -272,10 +312,12 @@ void init_model(nb::module_& m) {
           "load",
           [](const std::string& path, int threads, const std::string& mtp_path, int64_t cache_mib, bool o_direct,
              int io_threads, bool prefetch, bool prefetch_root_only, bool approximate, int protect, float bonus,
-             int draft_protect, float draft_bonus) {
+             int draft_protect, float draft_bonus, int64_t ple_map_mib, bool dense_attention) {
             ModelOptions o;
             o.threads = threads;
             o.mtp_path = mtp_path;
+            o.ple_map_mib = ple_map_mib;
+            o.dense_attention = dense_attention;
             ExpertOptions& e = o.experts;
             e.cache_mib = cache_mib;
             e.o_direct = o_direct;
@@ -294,7 +336,8 @@ void init_model(nb::module_& m) {
           nb::arg("o_direct") = false, nb::arg("io_threads") = 4, nb::arg("prefetch") = true,
           nb::arg("prefetch_root_only") = false, nb::arg("approximate") = false, nb::arg("protect") = -1,
           nb::arg("bonus") = 0.85f, nb::arg("draft_protect") = -1, nb::arg("draft_bonus") = -1.f,
-          "Open, validate and map a qwen3next GGUF (and optionally a separate MTP-only GGUF). cache_mib >= 0\n"
+          nb::arg("ple_map_mib") = 4096, nb::arg("dense_attention") = false,
+          "Open, validate and map a qwen3next / qwen35moe / qwen4exp GGUF (and optionally a separate MTP-only GGUF). cache_mib >= 0\n"
           "streams experts through a cache of that size (-1: all resident); see csrc/experts/expert_stream.h.")
       .def_prop_ro("config", [](const Model& mo) { return config_dict(mo.hp()); })
       .def_prop_ro("threads", &Model::threads)
@@ -315,10 +358,13 @@ void init_model(nb::module_& m) {
       .def_prop_ro("has_mtp", [](const Model& mo) { return mo.weights().mtp.present; })
       .def_prop_ro("dn_layout", [](const Model& mo) {
         for (const auto& l : mo.weights().layers)
-          if (l.recurrent) return std::string(l.dn.legacy ? "legacy" : "current");
+          if (l.recurrent)
+            return std::string(l.dn.layout == DnLayout::Legacy ? "legacy" : l.dn.layout == DnLayout::Split ? "split" : "current");
         return std::string("none");
       })
       .def("summary", [](const Model& mo) { return mo.hp().summary(); })
+      .def_prop_ro("ple_pread", [](const Model& mo) { return mo.ple_table() && mo.ple_table()->uses_pread(); },
+                   "True when the PLE table is read by pread (larger than ple_map_mib) rather than the mapping.")
       .def("expert_stats", &expert_stats_dict, "Expert streaming counters since load or the last reset.")
       .def("reset_expert_stats", [](const Model& mo) {
         if (mo.experts()) mo.experts()->reset_stats();
@@ -331,10 +377,53 @@ void init_model(nb::module_& m) {
             mo.experts()->inject_fault(kind, count);
           },
           nb::arg("kind"), nb::arg("count") = 1,
-          "Test hook: the next `count` expert reads fail (kind 1: short read, 2: EIO, 0: clear).");
+          "Test hook: the next `count` expert reads fail (kind 1: short read, 2: EIO, 0: clear).")
+      .def(
+          "_touch_mapping",
+          [](const Model& mo) {
+            // reads one byte of every page of every tensor through the mapping, then checks the file
+            const GgufFile& f = mo.file();
+            uint64_t sum = 0;
+            {
+              nb::gil_scoped_release rel;
+              for (const auto& t : f.tensors())
+                for (uint64_t o = 0; o < t.nbytes; o += 4096) sum += ((const volatile uint8_t*)t.data)[o];
+            }
+            mo.check_files();
+            return sum;
+          },
+          "Test hook for the truncation guard (gguf/map_guard.h): touches every mapped tensor page, then "
+          "check_files(); a truncated file raises RuntimeError instead of SIGBUS.");
 
+  m.def(
+      "_inject_checkpoint_fault",
+      [](int err, uint64_t after_bytes, int op) { checkpoint_inject_fault(err, after_bytes, op); },
+      nb::arg("err"), nb::arg("after_bytes") = 0, nb::arg("op") = 0,
+      "Test hook: the next checkpoint save fails with errno `err` after `after_bytes` bytes (op 0) or at fsync "
+      "(op 1); err = 0 clears.");
+  m.def(
+      "_checkpoint_reseal",
+      [](nb::bytes b) {
+        std::string s(b.c_str(), b.size());
+        checkpoint_reseal(reinterpret_cast<uint8_t*>(s.data()), s.size());
+        return nb::bytes(s.data(), s.size());
+      },
+      nb::arg("data"), "Test/fuzz hook: the checkpoint image with its checksums recomputed (state/checkpoint_file.h).");
+  m.def(
+      "session_state_bytes",
+      [](const Model& mo, int64_t n_ctx, int max_window, bool mtp) {
+        SessionOptions o;
+        o.n_ctx = n_ctx;
+        o.max_window = max_window;
+        o.mtp = mtp;
+        return Session::state_bytes(mo.hp(), o);
+      },
+      nb::arg("model"), nb::arg("n_ctx"), nb::arg("max_window") = 8, nb::arg("mtp") = false,
+      "Bytes of state a session with these options allocates (checked against RAM before it does).");
   nb::class_<Checkpoint>(m, "Checkpoint")
-      .def_prop_ro("position", [](const Checkpoint& c) { return c.position; });
+      .def_prop_ro("position", [](const Checkpoint& c) { return c.position; })
+      .def_prop_ro("steer_origin", [](const Checkpoint& c) { return c.steer_origin; })
+      .def_prop_ro("nbytes", &Checkpoint::nbytes, "Bytes of state held (what a prefix cache budgets).");
 
   nb::class_<Session>(m, "Session")
       .def(
@@ -403,28 +492,102 @@ void init_model(nb::module_& m) {
       .def_prop_ro("mtp", [](const Session& s) { return s.options().mtp; })
       .def(
           "sample",
-          [](const Session& s, const SamplingParams& p) {
+          [](const Session& s, const SamplingParams& p, nb::object masks) {
+            MaskRows mr = mask_rows(masks, s.logits_rows(), s.logits_cols());
             std::vector<int32_t> out;
             {
               nb::gil_scoped_release rel;
-              out = s.sample(p);
+              out = s.sample(p, mr.ptr, mr.words);
             }
             return to_numpy<int32_t>(out.data(), {out.size()});
           },
-          nb::arg("params"))
+          nb::arg("params"), nb::arg("masks").none() = nb::none(),
+          "Finish the last run: int32 [rows]. masks: uint32 [rows, ceil(n_vocab / 32)] token masks (1 = allowed) or None.")
       .def(
           "run_sample",
-          [](Session& s, I32 tokens, const SamplingParams& p) {
-            // one crossing per window: run + finish, logits stay in C++
+          [](Session& s, I32 tokens, const SamplingParams& p, nb::object masks) {
+            // one crossing per window: run + finish, logits stay in C++. masks may be a callable returning the
+            // window's token masks: it runs on a helper thread (holding the GIL) while the forward runs here.
+            const int T = (int)tokens.shape(0);
             std::vector<int32_t> out;
-            {
+            if (!masks.is_none() && PyCallable_Check(masks.ptr())) {
+              thread_local Background helper;  // one per calling thread, reused every window
+              nb::object got;
+              std::string err;
+              {
+                nb::gil_scoped_release rel;
+                helper.start([&] {
+                  nb::gil_scoped_acquire gil;
+                  try {
+                    got = masks();
+                  } catch (const std::exception& e) {
+                    err = e.what();
+                  }
+                });
+                try {
+                  s.run(tokens.data(), T, false);
+                } catch (...) {
+                  helper.wait();
+                  throw;
+                }
+                helper.wait();
+              }
+              if (!err.empty())  // the window stays uncommitted: restore() or commit() it
+                throw std::runtime_error("token mask computation failed: " + err);
+              MaskRows mr = mask_rows(got, T, s.logits_cols());
               nb::gil_scoped_release rel;
-              s.run(tokens.data(), (int)tokens.shape(0), false);
-              out = s.sample(p);
+              out = s.sample(p, mr.ptr, mr.words);
+            } else {
+              MaskRows mr = mask_rows(masks, T, s.logits_cols());
+              nb::gil_scoped_release rel;
+              s.run(tokens.data(), T, false);
+              out = s.sample(p, mr.ptr, mr.words);
             }
             return to_numpy<int32_t>(out.data(), {out.size()});
           },
-          nb::arg("tokens"), nb::arg("params"), "run(tokens) then sample(params); returns the chosen token per row.")
+          nb::arg("tokens"), nb::arg("params"), nb::arg("masks").none() = nb::none(),
+          "run(tokens) then sample(params, masks); returns the chosen token per row. masks: None, uint32\n"
+          "[T, ceil(n_vocab / 32)], or a callable returning them (computed while the forward runs).")
+      .def(
+          "sample_row",
+          [](const Session& s, const SamplingParams& p, int row, nb::object mask) {
+            using M = nb::ndarray<const uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+            M a;
+            if (!nb::try_cast<M>(mask, a)) fail<std::invalid_argument>("sample_row: the mask must be a uint32 array");
+            nb::gil_scoped_release rel;
+            return s.sample_row(p, row, a.data(), (int64_t)a.shape(0));
+          },
+          nb::arg("params"), nb::arg("row"), nb::arg("mask"),
+          "Row `row` of the last run finished again with this token mask (uint32 [ceil(n_vocab / 32)]).")
+      .def(
+          "set_steering",
+          [](Session& s, std::shared_ptr<Steering> steer, int64_t origin) { s.set_steering(steer, origin); },
+          nb::arg("steering").none(), nb::arg("origin"),
+          "The processors of the generation whose first output token is at `origin` (None: none); the state is\n"
+          "rebuilt from the committed tokens [origin, position) (csrc/sampling/processor.h).")
+      .def_prop_ro("steer_origin", &Session::steer_origin)
+      .def_prop_ro("steer_state", [](const Session& s) {
+        const PhraseState st = s.steer_state();
+        return std::make_pair(st.node, (int)st.boundary);
+      })
+      .def(
+          "logprobs",
+          [](const Session& s, I32 tokens, int top_n) {
+            // rows 0..n-1 of the last run's logits (raw): log-probability of tokens[i] and the top_n alternatives
+            const size_t n = tokens.shape(0), V = (size_t)s.logits_cols();
+            STRATA_CHECK((int64_t)n <= s.logits_rows(), "logprobs(): ", n, " tokens but the last run kept logits of ",
+                         s.logits_rows(), " rows");
+            std::vector<float> lp(n), top_lp(n * (size_t)std::max(top_n, 0));
+            std::vector<int32_t> top_ids(top_lp.size());
+            token_logprobs(s.logits(), (int64_t)n, (int64_t)V, tokens.data(), top_n, lp.data(), top_ids.data(),
+                           top_lp.data());
+            const size_t k = (size_t)std::max(top_n, 0);
+            return nb::make_tuple(to_numpy<float>(lp.data(), {n}), to_numpy<int32_t>(top_ids.data(), {n, k}),
+                                  to_numpy<float>(top_lp.data(), {n, k}));
+          },
+          nb::arg("tokens"), nb::arg("top_n") = 0,
+          "Log-probabilities of tokens[i] under row i of the last run's raw logits, and the top_n most likely\n"
+          "ids per row with theirs (csrc/sampling/logprobs.h). Valid after commit until the next run.")
       .def("commit", &Session::commit, nb::arg("keep"))
       .def("flush", &Session::flush)
       .def("reset", &Session::reset)
@@ -432,6 +595,10 @@ void init_model(nb::module_& m) {
       .def("restore", &Session::restore, nb::arg("checkpoint"))
       .def("save", &Session::save, nb::arg("path"))
       .def("load", &Session::load, nb::arg("path"))
+      .def("record_qsa", &Session::record_qsa, nb::arg("on"),
+           "Tests: record the selected QSA blocks of every later run (qsa_selected()).")
+      .def("qsa_selected", &Session::qsa_selected,
+           "{layer: [row: sorted selected block ids, empty for a dense row]} of the last run (after record_qsa).")
       .def("export_state", [](Session& s) {
         nb::dict d;
         for (auto& [k, v] : s.export_state()) d[nb::str(k.data(), k.size())] = to_numpy<float>(v.data(), {v.size()});

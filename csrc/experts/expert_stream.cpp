@@ -13,6 +13,7 @@
 #include "model/hparams.h"
 #include "model/weights.h"
 #include "util/common.h"
+#include "util/memory.h"
 #include "util/threads.h"
 
 namespace strata {
@@ -65,12 +66,16 @@ ExpertStream::ExpertStream(const GgufFile& f, const HParams& hp, const Weights& 
     off += round_up(mx + kAlign - 1, kAlign);
   }
   const int64_t total = L_ * E_;
-  const int64_t want = (int64_t)((double)o.cache_mib * (1 << 20) / (double)sb);
+  const double want_d = (double)o.cache_mib * (1 << 20) / (double)sb;  // clamped before the cast: no overflow
+  const int64_t want = want_d >= (double)total ? total : (int64_t)want_d;
   const int64_t min_mib = (k_ * sb + (1 << 20) - 1) >> 20;
   if (want < k_)
     fail<std::invalid_argument>("bad option cache_mib=", o.cache_mib, ": ", path_, " needs at least ", min_mib,
                                 " MiB of expert cache (", k_, " experts of ", sb, " bytes: one row's experts), or 'full'");
   const int n_slots = (int)std::min(want, total);
+  // a budget above RAM is refused now, not by the OOM killer once the slots fill
+  check_fits_in_memory((uint64_t)n_slots * (uint64_t)sb,
+                       cat("bad option cache_mib=", o.cache_mib, ": an expert cache of ", n_slots, " slots of ", sb, " bytes"));
 
   for (int64_t il = 0; il < L_; il++) {
     const MoeWeights& m = w.layers[il].moe;

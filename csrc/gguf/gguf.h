@@ -1,5 +1,12 @@
 // GGUF v3 container: header, metadata, tensor table, memory-mapped data. File format only;
 // nothing here knows about any model architecture.
+//
+// Hostile files (docs/SECURITY.md): open() checks every count, length, dimension, product, byte size and
+// offset against the file size, against overflow and against gguf/limits.h before it allocates or reads,
+// and throws std::invalid_argument naming the file and the field. The mapping is guarded
+// (gguf/map_guard.h): if the file is truncated while mapped, reads past its new end see zeros instead of
+// killing the process with SIGBUS, and check_intact() turns that (or any change of size or mtime) into a
+// std::runtime_error naming the file.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -59,11 +66,23 @@ class GgufFile {
   // Typed accessors: throw naming the file and key when the key is missing or has the wrong type.
   int64_t get_int(const std::string& key) const;
   int64_t get_int(const std::string& key, int64_t dflt) const;
+  // An integer in [lo, hi] (architecture limits: layer, head, expert counts); throws naming the file,
+  // the key, the value and the range.
+  int64_t get_int_in(const std::string& key, int64_t lo, int64_t hi) const;
+  int64_t get_int_in(const std::string& key, int64_t lo, int64_t hi, int64_t dflt) const;
+  // An array of integers or bools (bools as 0/1); throws naming the element that is neither.
+  std::vector<int64_t> get_int_array(const std::string& key) const;
   double get_float(const std::string& key) const;
   double get_float(const std::string& key, double dflt) const;
   std::string get_string(const std::string& key) const;
   std::string get_string(const std::string& key, const std::string& dflt) const;
   const GgufValue& get(const std::string& key) const;
+
+  // "" while the file is as it was opened; else what changed (size, mtime, a read past a truncated end).
+  std::string changed() const;
+  // Throws std::runtime_error naming the file when changed() is not "" (call before and after reading
+  // weights from the mapping: a damaged read is then never used).
+  void check_intact() const;
 
  private:
   GgufFile() = default;
@@ -71,6 +90,8 @@ class GgufFile {
   int fd_ = -1;
   uint8_t* map_ = nullptr;
   uint64_t size_ = 0;
+  int64_t mtime_ns_ = 0;
+  int guard_ = -1;  // map_guard slot (-1: unguarded)
   uint32_t version_ = 0;
   uint32_t alignment_ = 32;
   uint64_t data_offset_ = 0;

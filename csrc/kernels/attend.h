@@ -24,6 +24,9 @@ struct AttendArgs {
   float scale;
   float* o;          // row t, head j at o + t * ldo_t + j * ldo_h
   int64_t ldo_t, ldo_h;
+  // Sparse attention (QSA, T = 1 only): the n attended cells are cells[0..n) (ascending) instead of 0..n-1;
+  // cell i's key at k + cells[i] * ldkv. The result equals the dense kernel's on those cells gathered in order.
+  const int32_t* cells = nullptr;
 };
 
 // Scratch: attend_scratch(a) floats.

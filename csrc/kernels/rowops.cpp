@@ -20,6 +20,7 @@ const RowOps& rowops_for(int isa) {
 
 static const RowOps& ops() { return rowops_for((int)active_isa()); }
 
+void silu_inplace(float* x, int64_t n) { ops().silu_inplace(x, n); }
 void silu_mul(float* g, const float* u, int64_t n) { ops().silu_mul(g, u, n); }
 void mul_silu(float* y, const float* z, int64_t n) { ops().mul_silu(y, z, n); }
 void mul_sigmoid(float* o, const float* g, int64_t n) { ops().mul_sigmoid(o, g, n); }

@@ -6,7 +6,9 @@
 
 namespace strata {
 
-// g <- silu(g) * u   (SwiGLU), silu(x) = x / (1 + exp(-x))
+// x <- silu(x), silu(x) = x / (1 + exp(-x))
+void silu_inplace(float* x, int64_t n);
+// g <- silu(g) * u   (SwiGLU)
 void silu_mul(float* g, const float* u, int64_t n);
 // y <- y * silu(z)
 void mul_silu(float* y, const float* z, int64_t n);

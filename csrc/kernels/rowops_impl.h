@@ -24,7 +24,12 @@ inline float exp_inl(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.f;
-  const int32_t bits = ((int32_t)n + 127) << 23;  // 2^n, n in [-126, 127]: a normal float
+  // 2^n, n in [-126, 127]: a normal float. The exponent bits come from n + 127 + 1.5 * 2^23 (exact), whose
+  // low mantissa bits are n + 127: no float-to-int conversion, so a NaN input (NaN weights) is not UB.
+  const float e = n + 12583039.f;
+  uint32_t bits;
+  std::memcpy(&bits, &e, 4);
+  bits = (bits - 0x4B400000u) << 23;
   float scale;
   std::memcpy(&scale, &bits, 4);
   return p * scale;

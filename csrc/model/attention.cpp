@@ -5,6 +5,8 @@
 #include <cmath>
 #include <vector>
 
+#include "model/attention.h"
+
 #include "kernels/attend.h"
 #include "kernels/rowops.h"
 #include "model/layers.h"
@@ -13,22 +15,21 @@
 
 namespace strata {
 
-void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const float* x, int T, int64_t pos0,
-                     float* out) {
+void attn_project(const Model& m, const AttnWeights& w, KvCache& kv, const float* x, int T, int64_t pos0, float* qg,
+                  const MatOut* extra, int n_extra) {
   const HParams& hp = m.hp();
-  const int64_t H = hp.n_embd, hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv, group = nh / nkv;
+  const int64_t H = hp.n_embd, hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv;
   STRATA_CHECK(T >= 1, "attention: T = ", T);
   STRATA_CHECK(pos0 + T <= kv.n_ctx, "attention: positions ", pos0, "..", pos0 + T - 1, " exceed the context ", kv.n_ctx);
   STRATA_CHECK(kv.width == nkv * hd, "attention: KV cell width ", kv.width, " != n_head_kv * head_dim = ", nkv * hd);
   STRATA_CHECK(w.wq.rows == nh * hd * 2 && w.wq.cols == H && w.wo.cols == nh * hd, "attention: weight shapes do not fit");
-  thread_local FBuf qg, kb, vb, att;
-  qg.resize((size_t)T * nh * hd * 2);   // [T][nh][q(hd) | gate(hd)]
+  STRATA_CHECK(n_extra >= 0 && n_extra <= 4, "attention: ", n_extra, " extra products");
+  thread_local FBuf kb, vb;
   kb.resize((size_t)T * nkv * hd);      // [T][nkv][hd]
   vb.resize((size_t)T * nkv * hd);
-  att.resize((size_t)T * nh * hd);      // [T][nh][hd]
-  ThreadPool& pool = m.pool();
-  const MatOut qkv[3] = {{&w.wq, qg.data(), nh * hd * 2}, {&w.wk, kb.data(), nkv * hd}, {&w.wv, vb.data(), nkv * hd}};
-  matmul_many(pool, qkv, 3, x, H, T);
+  MatOut outs[7] = {{&w.wq, qg, nh * hd * 2}, {&w.wk, kb.data(), nkv * hd}, {&w.wv, vb.data(), nkv * hd}};
+  for (int i = 0; i < n_extra; i++) outs[3 + i] = extra[i];
+  matmul_many(m.pool(), outs, 3 + n_extra, x, H, T);
 
   // norms + RoPE, then write this window's cells before any row reads
   std::vector<float> cs(hp.n_rot / 2), sn(hp.n_rot / 2);
@@ -36,7 +37,7 @@ void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const fl
     const int64_t pos = pos0 + t;
     rope_angles(hp.n_rot, pos, hp.rope_theta, cs.data(), sn.data());
     for (int64_t h = 0; h < nh; h++) {
-      float* q = qg.data() + ((size_t)t * nh + h) * hd * 2;
+      float* q = qg + ((size_t)t * nh + h) * hd * 2;
       rmsnorm(q, w.q_norm.data(), hd, hp.rms_eps, q);
       rope_neox(q, hp.n_rot, cs.data(), sn.data());
     }
@@ -48,6 +49,26 @@ void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const fl
     std::copy(kb.data() + (size_t)t * nkv * hd, kb.data() + (size_t)(t + 1) * nkv * hd, kv.k_at(pos));
     std::copy(vb.data() + (size_t)t * nkv * hd, vb.data() + (size_t)(t + 1) * nkv * hd, kv.v_at(pos));
   }
+}
+
+void attn_output(const Model& m, const AttnWeights& w, float* att, const float* qg, int T, float* out) {
+  const HParams& hp = m.hp();
+  const int64_t hd = hp.head_dim, nh = hp.n_head;
+  for (int t = 0; t < T; t++)
+    for (int64_t h = 0; h < nh; h++)
+      mul_sigmoid(att + ((size_t)t * nh + h) * hd, qg + ((size_t)t * nh + h) * hd * 2 + hd, hd);
+  matmul(m.pool(), w.wo, att, nh * hd, T, out, hp.n_embd);
+}
+
+void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const float* x, int T, int64_t pos0,
+                     float* out) {
+  const HParams& hp = m.hp();
+  const int64_t hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv, group = nh / nkv;
+  thread_local FBuf qg, att;
+  qg.resize((size_t)T * nh * hd * 2);   // [T][nh][q(hd) | gate(hd)]
+  att.resize((size_t)T * nh * hd);      // [T][nh][hd]
+  attn_project(m, w, kv, x, T, pos0, qg.data(), nullptr, 0);
+  ThreadPool& pool = m.pool();
 
   const float scale = 1.f / std::sqrt((float)hd);
   // thread_local buffers are per thread: hand the workers plain pointers
@@ -69,12 +90,9 @@ void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const fl
                             kv.width, pos0 + t0 + 1, hd, scale, o, nh * hd, hd};
       sc.resize((size_t)attend_scratch(args));
       attend(args, sc.data());
-      for (int64_t t = 0; t < tn; t++)
-        for (int64_t j = 0; j < group; j++)
-          mul_sigmoid(o + t * nh * hd + j * hd, q + t * nh * hd * 2 + j * 2 * hd + hd, hd);
     }
   });
-  matmul(pool, w.wo, att.data(), nh * hd, T, out, H);
+  attn_output(m, w, att.data(), qg.data(), T, out);
 }
 
 }  // namespace strata

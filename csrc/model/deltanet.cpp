@@ -1,7 +1,9 @@
-// Gated DeltaNet (spec qwen3next.md 1.5): projections (current attn_qkv + attn_gate, or legacy fused
-// ssm_in grouped per key head), causal depthwise conv + SiLU over q|k|v, l2norm(q, k), q / sqrt(dk),
-// g = ssm_a * softplus(a + dt_bias) (ssm_a = -exp(A_log)), beta = sigmoid(b), value head h reads key
-// head h / (nv / nk), the delta rule (deltanet_state.h), gated RMSNorm * silu(z), then ssm_out.
+// Gated DeltaNet (spec qwen3next.md 1.5, qwen4exp.md 1.4): projections (qwen3next's attn_qkv + attn_gate +
+// ssm_ba or the legacy fused ssm_in, both grouped per key head; or Qwen3.5's attn_qkv + attn_gate +
+// ssm_beta + ssm_alpha with value heads tiled, brought to the grouped order here), causal depthwise
+// conv + SiLU over q|k|v, l2norm(q, k), q / sqrt(dk), g = ssm_a * softplus(a + dt_bias)
+// (ssm_a = -exp(A_log)), beta = sigmoid(b), value head h reads key head h / (nv / nk), the delta rule
+// (deltanet_state.h), gated RMSNorm * silu(z) (qwen4exp: * sigmoid(z)), then ssm_out.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -36,9 +38,31 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
   y.resize((size_t)T * d_inner);
   ThreadPool& pool = m.pool();
 
-  if (!w.legacy) {
+  if (w.layout == DnLayout::Current) {
     const MatOut proj[3] = {{&w.wqkv, raw.data(), cd}, {&w.wgate, z.data(), d_inner}, {&w.ssm_ba, ba.data(), 2 * nv}};
     matmul_many(pool, proj, 3, x, H, T);
+  } else if (w.layout == DnLayout::Split) {
+    // the file's value heads are tiled (slot file_head[j] holds head j): v channels, z, b and a are brought
+    // to the grouped order [nk][b(r) | a(r)] of the other layouts
+    thread_local FBuf fz, fb, fa;
+    fz.resize((size_t)T * d_inner);
+    fb.resize((size_t)T * nv);
+    fa.resize((size_t)T * nv);
+    const MatOut proj[4] = {{&w.wqkv, raw.data(), cd}, {&w.wgate, fz.data(), d_inner}, {&w.ssm_beta, fb.data(), nv},
+                            {&w.ssm_alpha, fa.data(), nv}};
+    matmul_many(pool, proj, 4, x, H, T);
+    fused.resize((size_t)d_inner);
+    for (int t = 0; t < T; t++) {
+      float* v = raw.data() + (size_t)t * cd + 2 * key_dim;
+      std::memcpy(fused.data(), v, d_inner * sizeof(float));
+      for (int64_t j = 0; j < nv; j++) {
+        const int64_t sl = w.file_head[j];
+        std::memcpy(v + j * dv, fused.data() + sl * dv, dv * sizeof(float));
+        std::memcpy(z.data() + (size_t)t * d_inner + j * dv, fz.data() + (size_t)t * d_inner + sl * dv, dv * sizeof(float));
+        ba[(size_t)t * 2 * nv + (j / r) * 2 * r + j % r] = fb[(size_t)t * nv + sl];
+        ba[(size_t)t * 2 * nv + (j / r) * 2 * r + r + j % r] = fa[(size_t)t * nv + sl];
+      }
+    }
   } else {
     // ssm_in rows: per key head g: [q(dk) | k(dk) | v(r*dv) | z(r*dv)]; regroup into q_all | k_all | v_all and z
     const int64_t gw = 2 * dk + 2 * r * dv;
@@ -133,7 +157,8 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
         const size_t off = (size_t)t * d_inner + g * r * dv;
         for (int64_t j = 0; j < r; j++)
           rmsnorm(op + off + j * dv, w.norm.data(), dv, hp.rms_eps, yp + off + j * dv);
-        mul_silu(yp + off, zp + off, r * dv);
+        if (w.gate_sigmoid) mul_sigmoid(yp + off, zp + off, r * dv);
+        else mul_silu(yp + off, zp + off, r * dv);
       }
     }
   });
@@ -154,6 +179,15 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
     }
   }
 
+  if (w.layout == DnLayout::Split) {  // back to the file's value-head order for ssm_out's columns
+    fused.resize((size_t)T * d_inner);
+    for (int t = 0; t < T; t++)
+      for (int64_t j = 0; j < nv; j++)
+        std::memcpy(fused.data() + (size_t)t * d_inner + w.file_head[j] * dv, y.data() + (size_t)t * d_inner + j * dv,
+                    dv * sizeof(float));
+    matmul(pool, w.ssm_out, fused.data(), d_inner, T, out, H);
+    return;
+  }
   matmul(pool, w.ssm_out, y.data(), d_inner, T, out, H);
 }
 

@@ -264,6 +264,16 @@ int32_t pick_token(float* logits, int64_t n_vocab, const SamplingParams& p, int6
   return cand[n - 1].id;
 }
 
+void row_history(const int32_t* committed, int64_t n_committed, const int32_t* inputs, int row, int32_t last_n,
+                 std::vector<int32_t>& hist) {
+  // History of row i: committed ++ inputs[0..i]; only its last penalty_last_n tokens matter.
+  const int64_t n_in = row + 1;
+  const int64_t W = std::min<int64_t>(last_n, n_committed + n_in);
+  const int64_t from_committed = std::max<int64_t>(0, W - n_in);
+  hist.assign(committed + (n_committed - from_committed), committed + n_committed);
+  hist.insert(hist.end(), inputs + (n_in - (W - from_committed)), inputs + n_in);
+}
+
 void sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p, const int32_t* committed,
                  int64_t n_committed, const int32_t* inputs, int64_t pos0, int32_t* out) {
   STRATA_CHECK(T >= 0, "sample_rows: T must be >= 0, got ", T);
@@ -284,12 +294,7 @@ void sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingPara
     }
     std::copy(logits + (int64_t)i * n_vocab, logits + (int64_t)(i + 1) * n_vocab, row.begin());
     if (pen) {
-      // History of row i: committed ++ inputs[0..i]; only its last penalty_last_n tokens matter.
-      const int64_t n_in = i + 1;
-      const int64_t W = std::min<int64_t>(p.penalty_last_n, n_committed + n_in);
-      const int64_t from_committed = std::max<int64_t>(0, W - n_in);
-      hist.assign(committed + (n_committed - from_committed), committed + n_committed);
-      hist.insert(hist.end(), inputs + (n_in - (W - from_committed)), inputs + n_in);
+      row_history(committed, n_committed, inputs, i, p.penalty_last_n, hist);
       apply_penalties(row.data(), n_vocab, p, hist.data(), (int64_t)hist.size());
     }
     out[i] = pick_token(row.data(), n_vocab, p, pos0 + i + 1);

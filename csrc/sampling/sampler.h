@@ -39,6 +39,10 @@ int32_t argmax(const float* logits, int64_t n_vocab);
 // temperature -> top-k -> top-p -> min-p -> softmax -> inverse-CDF with uniform_at(seed, pos).
 int32_t pick_token(float* logits, int64_t n_vocab, const SamplingParams& p, int64_t pos);
 
+// The penalty history of window row `row`: the last last_n tokens of committed ++ inputs[0..row].
+void row_history(const int32_t* committed, int64_t n_committed, const int32_t* inputs, int row, int32_t last_n,
+                 std::vector<int32_t>& hist);
+
 // Window finish: out[i] for each of the T rows, row i at position pos0 + i + 1 with history
 // committed[0..n_committed) ++ inputs[0..i]. `logits` is not modified (rows are copied).
 void sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p, const int32_t* committed,

@@ -1,6 +1,9 @@
 // The window transaction (engine spec 2) and checkpoints. State types and their rollback contracts:
 //   KvCache (kv_cache.h): by counter.   DeltaNetState (deltanet_state.h): replay inputs + fold.
+//   QsaState (qsa_state.h): by counter.  PleState (ple_state.h): saved rows shifted in at commit.
 //   Sampler state: none kept; sample() derives penalties from committed tokens + this window's inputs.
+//   Steering (sampling/processor.h): state after the committed tokens; sample() steps a copy over the
+//   window's inputs, commit() steps it over the kept ones, restore() rescans from the origin.
 //
 // run / commit as a state machine:
 //   1. run(T): refuse if a commit is pending. A pending lazy fold is applied per layer inside the
@@ -11,10 +14,12 @@
 //      kept rows now (Eager) or record them for the next run (Lazy / Partial: keep-1 rows from row 1).
 //   4. position += keep; committed tokens += the first keep inputs.
 #include <algorithm>
-#include <cstdio>
-#include <fstream>
 
+#include "state/checkpoint_file.h"
 #include "strata.h"
+#include "sampling/steer.h"
+#include "sampling/token_mask.h"
+#include "util/memory.h"
 
 namespace strata {
 
@@ -26,6 +31,8 @@ Session::Session(std::shared_ptr<const Model> model, const SessionOptions& opt) 
                ": must be in 1..64");
   if (opt_.mtp && !model_->weights().mtp.present)
     fail<std::invalid_argument>("bad option mtp=True: ", model_->file().path(), " has no MTP block (blk.N.nextn.*)");
+  // the state's size, before any of it is allocated: a context far above RAM is an error, not a kill
+  check_fits_in_memory(state_bytes(hp, opt_), cat("a session with n_ctx=", opt_.n_ctx, " (KV cache and DeltaNet state)"));
   if (opt_.mtp) mtp_kv_.init(opt_.n_ctx + 16, hp.n_head_kv * hp.head_dim);
   layer_slot_.resize(hp.n_layer);
   for (int64_t il = 0; il < hp.n_layer; il++) {
@@ -37,8 +44,23 @@ Session::Session(std::shared_ptr<const Model> model, const SessionOptions& opt) 
       layer_slot_[il] = (int)kv_.size();
       kv_.emplace_back();
       kv_.back().init(opt_.n_ctx, hp.n_head_kv * hp.head_dim);
+      qsa_.emplace_back();
+      if (hp.is_qsa(il)) qsa_.back().init(opt_.n_ctx, hp.qsa.head_dim, hp.qsa.ratio);
     }
   }
+  if (hp.ple.layer >= 0) ple_.init(hp.hc * hp.n_embd, hp.ple.history(), opt_.max_window);
+}
+
+uint64_t Session::state_bytes(const HParams& hp, const SessionOptions& opt) {
+  const uint64_t width = (uint64_t)(hp.n_head_kv * hp.head_dim), nk = hp.ssm_n_group, nv = hp.ssm_dt_rank;
+  const uint64_t dn = 2 * nv * hp.dk() * hp.dv() + (hp.ssm_d_conv - 1) * hp.conv_dim() +
+                      (uint64_t)opt.max_window * (nk * hp.dk() + nv * hp.dv() + 2 * nv + hp.conv_dim());
+  uint64_t floats = (uint64_t)hp.n_attn_layers() * 2 * opt.n_ctx * width + (uint64_t)hp.n_dn_layers() * dn +
+                    (opt.mtp ? 2 * (opt.n_ctx + 16) * width : 0);
+  for (int64_t il = 0; il < hp.n_layer; il++)  // QSA index keys: raw per cell, pooled per block
+    if (hp.is_qsa(il)) floats += (uint64_t)(opt.n_ctx + opt.n_ctx / hp.qsa.ratio + 1) * hp.qsa.head_dim;
+  if (hp.ple.layer >= 0) floats += (uint64_t)(hp.ple.history() + opt.max_window) * hp.hc * hp.n_embd;
+  return floats * 4;
 }
 
 const float* Session::run(const int32_t* tokens, int T, bool last_only) {
@@ -60,10 +82,12 @@ const float* Session::run(const int32_t* tokens, int T, bool last_only) {
   logits_.resize((size_t)n_out * hp.n_vocab);
   hidden_.resize((size_t)T * hp.n_embd);
   fold_s_ = 0;
+  model_->check_files();  // before anything changes: a changed file leaves the session as it was
   flush();  // the lazy fold of the last window's kept rows, before this run overwrites their saved inputs
   if (opt_.mtp && !mtp_backlog_tok_.empty() && mtp_backlog_tok_.back() < 0) mtp_backlog_tok_.back() = tokens[0];
   try {
     forward(*model_, *this, tokens, T, pos_, in_place, partial, last_only, logits_.data(), hidden_.data());
+    model_->check_files();  // a truncation during the forward read zeros (gguf/map_guard.h): discard it
   } catch (const std::exception& e) {
     // A failure inside the forward (e.g. a streamed expert read) stops at some layer. A verify window has
     // only written scratch (S_work, KV cells past the position): the session stays usable and the window
@@ -84,11 +108,38 @@ const float* Session::run(const int32_t* tokens, int T, bool last_only) {
   return logits_.data();
 }
 
-std::vector<int32_t> Session::sample(const SamplingParams& p) const {
+std::vector<int32_t> Session::sample(const SamplingParams& p) const { return sample(p, nullptr, 0); }
+
+std::vector<int32_t> Session::sample(const SamplingParams& p, const uint32_t* masks, int64_t words) const {
   if (last_T_ == 0) fail<std::logic_error>("sample(): no window to finish (call run first)");
   if (last_last_only_ && last_T_ > 1)
     fail<std::logic_error>("sample(): the last run kept only the last row's logits; run with all rows to sample each");
   p.validate();
+  const int64_t V = model_->hp().n_vocab;
+  if (masks)
+    STRATA_CHECK(words == mask_words(V), "sample(): token masks of ", words, " words per row; the vocabulary of ", V,
+                 " tokens needs ", mask_words(V));
+  if (steer_ || masks) {  // steering: each row's phrase state, stepped over the inputs from the committed one
+    std::vector<PhraseState> st(last_T_);
+    PhraseState cur = steer_state_;
+    for (int i = 0; i < last_T_; i++) {
+      if (steer_ && pos_ + i >= steer_origin_) cur = steer_->step(cur, last_tokens_[i]);
+      st[i] = cur;
+    }
+    SteerRows sr{steer_.get(), steer_ ? st.data() : nullptr, masks};
+    std::vector<int32_t> out(last_rows_);
+    if (last_last_only_) {
+      std::vector<int32_t> hist(tokens_);
+      hist.insert(hist.end(), last_tokens_.begin(), last_tokens_.end() - 1);
+      if (steer_) sr.states = st.data() + last_T_ - 1;
+      steer_rows(logits_.data(), 1, V, p, sr, hist.data(), (int64_t)hist.size(), last_tokens_.data() + last_T_ - 1,
+                 pos_ + last_T_ - 1, out.data());
+      return out;
+    }
+    steer_rows(logits_.data(), last_T_, V, p, sr, tokens_.data(), (int64_t)tokens_.size(), last_tokens_.data(), pos_,
+               out.data());
+    return out;
+  }
   std::vector<int32_t> out(last_T_);
   if (last_last_only_) {  // one row: the last input, at position pos_ + T - 1
     std::vector<int32_t> hist(tokens_);
@@ -100,6 +151,24 @@ std::vector<int32_t> Session::sample(const SamplingParams& p) const {
   }
   sample_rows(logits_.data(), last_T_, model_->hp().n_vocab, p, tokens_.data(), (int64_t)tokens_.size(),
               last_tokens_.data(), pos_, out.data());
+  return out;
+}
+
+int32_t Session::sample_row(const SamplingParams& p, int row, const uint32_t* mask, int64_t words) const {
+  if (last_T_ == 0) fail<std::logic_error>("sample_row(): no window to finish (call run first)");
+  if (last_last_only_) fail<std::logic_error>("sample_row(): the last run kept only the last row's logits");
+  STRATA_CHECK(row >= 0 && row < last_T_, "sample_row(): row ", row, " outside 0..", last_T_ - 1);
+  const int64_t V = model_->hp().n_vocab;
+  STRATA_CHECK(mask && words == mask_words(V), "sample_row(): a token mask of ", mask_words(V), " words is needed");
+  PhraseState cur = steer_state_;
+  for (int i = 0; i <= row; i++)
+    if (steer_ && pos_ + i >= steer_origin_) cur = steer_->step(cur, last_tokens_[i]);
+  std::vector<int32_t> hist(tokens_);
+  hist.insert(hist.end(), last_tokens_.begin(), last_tokens_.begin() + row);
+  SteerRows sr{steer_.get(), steer_ ? &cur : nullptr, mask};
+  int32_t out = -1;
+  steer_rows(logits_.data() + (size_t)row * V, 1, V, p, sr, hist.data(), (int64_t)hist.size(),
+             last_tokens_.data() + row, pos_ + row, &out);
   return out;
 }
 
@@ -121,14 +190,35 @@ void Session::commit(int keep) {
       pend_n_ = n;
     }
   }
+  if (!last_in_place_ && ple_.active()) ple_.commit_rows(keep);
   if (opt_.mtp) {  // the MTP block consumes (hidden of row i, token i+1) for every committed row
     const int64_t H = model_->hp().n_embd;
     mtp_backlog_h_.insert(mtp_backlog_h_.end(), hidden_.begin(), hidden_.begin() + (size_t)keep * H);
     for (int i = 0; i < keep; i++) mtp_backlog_tok_.push_back(i + 1 < keep ? last_tokens_[i + 1] : -1);
   }
   tokens_.insert(tokens_.end(), last_tokens_.begin(), last_tokens_.begin() + keep);
+  if (steer_ && steer_->stateful())  // the processors' state follows the kept rows only (processor.h)
+    for (int i = 0; i < keep; i++)
+      if (pos_ + i >= steer_origin_) steer_state_ = steer_->step(steer_state_, last_tokens_[i]);
   pos_ += keep;
   last_T_ = 0;
+}
+
+void Session::set_steering(std::shared_ptr<const Steering> steer, int64_t origin) {
+  if (last_T_ > 0) fail<std::logic_error>("set_steering() while a commit is pending");
+  STRATA_CHECK(origin >= 0, "set_steering(): origin ", origin, " must be >= 0");
+  if (steer)
+    STRATA_CHECK(steer->n_vocab == model_->hp().n_vocab, "set_steering(): the steering was built for ", steer->n_vocab,
+                 " tokens, the model has ", model_->hp().n_vocab);
+  steer_ = std::move(steer);
+  steer_origin_ = origin;
+  steer_rescan();
+}
+
+void Session::steer_rescan() {
+  steer_state_ = PhraseState{};
+  if (steer_ && steer_->stateful())
+    for (int64_t q = steer_origin_; q < pos_; q++) steer_state_ = steer_->step(steer_state_, tokens_[q]);
 }
 
 std::vector<int32_t> Session::mtp_draft(int32_t root, int k, int64_t max_backlog) {
@@ -159,6 +249,7 @@ std::vector<int32_t> Session::mtp_draft(int32_t root, int k, int64_t max_backlog
     const int32_t b = argmax(logits.data(), hp.n_vocab);
     return b < 0 ? 0 : b;  // all NaN: any token is a valid (rejected) draft
   };
+  model_->check_files();
   std::vector<float> h_last = mtp_feed(n, logits.data());
   std::vector<int32_t> drafts{best()};
   mtp_logits_ = logits;
@@ -171,6 +262,7 @@ std::vector<int32_t> Session::mtp_draft(int32_t root, int k, int64_t max_backlog
     drafts.push_back(best());
     mtp_logits_.insert(mtp_logits_.end(), logits.begin(), logits.end());
   }
+  model_->check_files();  // drafts read from a truncated mapping are discarded (they never touch output)
   return drafts;
 }
 
@@ -218,6 +310,9 @@ void Session::reset() {
   last_T_ = 0;
   pend_n_ = 0;
   for (auto& st : dn_) st.reset();
+  ple_.reset();
+  steer_origin_ = 0;
+  steer_rescan();
 }
 
 Checkpoint Session::checkpoint() {
@@ -228,6 +323,7 @@ Checkpoint Session::checkpoint() {
   cp.n_ctx = opt_.n_ctx;
   cp.position = pos_;
   cp.tokens = tokens_;
+  cp.steer_origin = steer_origin_;
   for (auto& kv : kv_) {
     cp.k.emplace_back(kv.k.begin(), kv.k.begin() + (size_t)pos_ * kv.width);
     cp.v.emplace_back(kv.v.begin(), kv.v.begin() + (size_t)pos_ * kv.width);
@@ -236,6 +332,12 @@ Checkpoint Session::checkpoint() {
     cp.S.push_back(st.S);
     cp.conv.push_back(st.conv);
   }
+  for (auto& q : qsa_) {
+    cp.idx_raw.emplace_back(q.raw.begin(), q.raw.begin() + (q.active() ? (size_t)pos_ * q.dim : 0));
+    cp.idx_pooled.emplace_back(q.pooled.begin(),
+                               q.pooled.begin() + (q.active() ? (size_t)q.blocks_below(pos_) * q.dim : 0));
+  }
+  cp.ple_conv = ple_.conv;
   if (opt_.mtp) {
     cp.mtp_pos = mtp_pos_;
     cp.mtp_k.assign(mtp_kv_.k.begin(), mtp_kv_.k.begin() + (size_t)mtp_pos_ * mtp_kv_.width);
@@ -260,6 +362,17 @@ void Session::restore(const Checkpoint& cp) {
   for (size_t i = 0; i < dn_.size(); i++)
     STRATA_CHECK(cp.S[i].size() == dn_[i].S.size() && cp.conv[i].size() == dn_[i].conv.size(),
                  "restore(): checkpoint DeltaNet size mismatch in layer ", i);
+  STRATA_CHECK(cp.idx_raw.size() == qsa_.size() && cp.idx_pooled.size() == qsa_.size(),
+               "restore(): checkpoint QSA layout does not match this model");
+  for (size_t i = 0; i < qsa_.size(); i++) {
+    const QsaState& q = qsa_[i];
+    STRATA_CHECK(cp.idx_raw[i].size() == (q.active() ? (size_t)cp.position * q.dim : 0) &&
+                     cp.idx_pooled[i].size() == (q.active() ? (size_t)q.blocks_below(cp.position) * q.dim : 0),
+                 "restore(): checkpoint QSA index-key size mismatch in attention layer ", i);
+  }
+  STRATA_CHECK(cp.ple_conv.size() == ple_.conv.size(), "restore(): checkpoint PLE history size ", cp.ple_conv.size(),
+               " does not match this model's ", ple_.conv.size());
+  STRATA_CHECK(cp.steer_origin >= 0, "restore(): checkpoint steering origin ", cp.steer_origin, " is negative");
   for (size_t i = 0; i < kv_.size(); i++) {
     std::copy(cp.k[i].begin(), cp.k[i].end(), kv_[i].k.begin());
     std::copy(cp.v[i].begin(), cp.v[i].end(), kv_[i].v.begin());
@@ -269,15 +382,26 @@ void Session::restore(const Checkpoint& cp) {
     dn_[i].conv = cp.conv[i];
     dn_[i].work_rows = 0;
   }
+  for (size_t i = 0; i < qsa_.size(); i++) {
+    std::copy(cp.idx_raw[i].begin(), cp.idx_raw[i].end(), qsa_[i].raw.begin());
+    std::copy(cp.idx_pooled[i].begin(), cp.idx_pooled[i].end(), qsa_[i].pooled.begin());
+  }
+  ple_.conv = cp.ple_conv;
+  ple_.n_rows = 0;
   pos_ = cp.position;
   tokens_ = cp.tokens;
+  steer_origin_ = cp.steer_origin;
+  steer_rescan();
   last_T_ = 0;
   pend_n_ = 0;
   broken_.clear();
   if (opt_.mtp) {
     // MTP drafts only change speed, never output. A checkpoint without MTP state (from a file, or a
     // session without mtp) leaves the block with empty history up to the restored position.
-    const bool have = cp.mtp_pos + (int64_t)cp.mtp_backlog_tok.size() == cp.position && !cp.mtp_k.empty();
+    // (a checkpoint taken before the block ran, mtp_pos 0, holds its whole history as backlog: that is state too)
+    const int64_t nb = (int64_t)cp.mtp_backlog_tok.size();
+    const bool have = cp.mtp_pos + nb == cp.position && cp.mtp_k.size() == (size_t)cp.mtp_pos * mtp_kv_.width &&
+                      cp.mtp_backlog_h.size() == (size_t)nb * model_->hp().n_embd && (cp.mtp_pos > 0 || nb > 0);
     std::fill(mtp_kv_.k.begin(), mtp_kv_.k.end(), 0.f);
     std::fill(mtp_kv_.v.begin(), mtp_kv_.v.end(), 0.f);
     if (have && cp.mtp_k.size() <= mtp_kv_.k.size()) {
@@ -294,115 +418,28 @@ void Session::restore(const Checkpoint& cp) {
   }
 }
 
-namespace {
-constexpr char kCpMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'C', 'P'};
-constexpr uint32_t kCpVersion = 1;
-uint64_t fnv(uint64_t h, const void* p, size_t n) {
-  const uint8_t* b = static_cast<const uint8_t*>(p);
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-struct Writer {
-  std::string buf;
-  template <class T>
-  void pod(const T& v) { buf.append(reinterpret_cast<const char*>(&v), sizeof v); }
-  template <class T>
-  void vec(const std::vector<T>& v) {
-    pod<uint64_t>(v.size());
-    buf.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+CheckpointShape Session::checkpoint_shape() const {
+  CheckpointShape sh;
+  sh.fingerprint = model_->fingerprint();
+  sh.n_ctx = opt_.n_ctx;
+  for (const auto& kv : kv_) sh.kv_width.push_back(kv.width);
+  for (const auto& q : qsa_) {
+    sh.qsa_dim.push_back(q.active() ? q.dim : 0);
+    sh.qsa_ratio.push_back(q.ratio);
   }
-};
-struct Reader {
-  const std::string& buf;
-  const std::string& path;
-  size_t off = 0;
-  void need(size_t n) {
-    if (n > buf.size() - off) fail<std::invalid_argument>(path, ": damaged checkpoint (truncated at byte ", off, ")");
+  for (const auto& st : dn_) {
+    sh.dn_S.push_back((int64_t)st.S.size());
+    sh.dn_conv.push_back((int64_t)st.conv.size());
   }
-  template <class T>
-  T pod() {
-    need(sizeof(T));
-    T v;
-    std::memcpy(&v, buf.data() + off, sizeof v);
-    off += sizeof v;
-    return v;
-  }
-  template <class T>
-  std::vector<T> vec() {
-    uint64_t n = pod<uint64_t>();
-    if (n > buf.size()) fail<std::invalid_argument>(path, ": damaged checkpoint (bad array length)");
-    need(n * sizeof(T));
-    std::vector<T> v(n);
-    std::memcpy(v.data(), buf.data() + off, n * sizeof(T));
-    off += n * sizeof(T);
-    return v;
-  }
-};
-}  // namespace
-
-void Session::save(const std::string& path) {
-  Checkpoint cp = checkpoint();
-  Writer w;
-  w.buf.append(kCpMagic, 8);
-  w.pod(kCpVersion);
-  w.pod(cp.fingerprint);
-  w.pod(cp.n_ctx);
-  w.pod(cp.position);
-  w.vec(cp.tokens);
-  w.pod<uint64_t>(cp.k.size());
-  for (size_t i = 0; i < cp.k.size(); i++) {
-    w.vec(cp.k[i]);
-    w.vec(cp.v[i]);
-  }
-  w.pod<uint64_t>(cp.S.size());
-  for (size_t i = 0; i < cp.S.size(); i++) {
-    w.vec(cp.S[i]);
-    w.vec(cp.conv[i]);
-  }
-  const uint64_t sum = fnv(1469598103934665603ull, w.buf.data(), w.buf.size());
-  w.pod(sum);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) fail<std::runtime_error>(path, ": cannot write checkpoint");
-    f.write(w.buf.data(), (std::streamsize)w.buf.size());
-    if (!f) fail<std::runtime_error>(path, ": write failed");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail<std::runtime_error>(path, ": cannot rename ", tmp);
+  sh.ple_conv = (int64_t)ple_.conv.size();
+  return sh;
 }
 
-void Session::load(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail<std::invalid_argument>(path, ": cannot open checkpoint");
-  std::string buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (buf.size() < 8 + 4 + 8 + 8 || std::memcmp(buf.data(), kCpMagic, 8) != 0)
-    fail<std::invalid_argument>(path, ": not a strata checkpoint (bad magic)");
-  const uint64_t want = fnv(1469598103934665603ull, buf.data(), buf.size() - 8);
-  uint64_t got;
-  std::memcpy(&got, buf.data() + buf.size() - 8, 8);
-  if (want != got) fail<std::invalid_argument>(path, ": damaged checkpoint (checksum mismatch)");
-  Reader r{buf, path, 8};
-  const uint32_t ver = r.pod<uint32_t>();
-  if (ver != kCpVersion) fail<std::invalid_argument>(path, ": checkpoint version ", ver, " (expected ", kCpVersion, ")");
-  Checkpoint cp;
-  cp.fingerprint = r.pod<uint64_t>();
-  if (cp.fingerprint != model_->fingerprint())
-    fail<std::invalid_argument>(path, ": checkpoint was saved from a different model");
-  cp.n_ctx = r.pod<int64_t>();
-  cp.position = r.pod<int64_t>();
-  cp.tokens = r.vec<int32_t>();
-  const uint64_t nk = r.pod<uint64_t>();
-  for (uint64_t i = 0; i < nk && i < 4096; i++) {
-    cp.k.push_back(r.vec<float>());
-    cp.v.push_back(r.vec<float>());
-  }
-  const uint64_t ns = r.pod<uint64_t>();
-  for (uint64_t i = 0; i < ns && i < 4096; i++) {
-    cp.S.push_back(r.vec<float>());
-    cp.conv.push_back(r.vec<float>());
-  }
-  restore(cp);
-}
+// File I/O and its validation: state/checkpoint_file.h. A failed save leaves the session untouched (it only
+// reads state); a failed load leaves it as it was (restore() runs only on a fully validated checkpoint).
+void Session::save(const std::string& path) { write_checkpoint_file(path, checkpoint(), checkpoint_shape()); }
+
+void Session::load(const std::string& path) { restore(read_checkpoint_file(path, checkpoint_shape())); }
 
 std::map<std::string, std::vector<float>> Session::export_state() {
   if (last_T_ > 0) fail<std::logic_error>("export_state() while a commit is pending");
@@ -419,8 +456,29 @@ std::map<std::string, std::vector<float>> Session::export_state() {
       const KvCache& kv = kv_[layer_slot_[il]];
       out[p + "k"].assign(kv.k.begin(), kv.k.begin() + (size_t)pos_ * kv.width);
       out[p + "v"].assign(kv.v.begin(), kv.v.begin() + (size_t)pos_ * kv.width);
+      const QsaState& q = qsa_[layer_slot_[il]];
+      if (q.active()) {
+        out[p + "idx_raw"].assign(q.raw.begin(), q.raw.begin() + (size_t)pos_ * q.dim);
+        out[p + "idx_pooled"].assign(q.pooled.begin(), q.pooled.begin() + (size_t)q.blocks_below(pos_) * q.dim);
+      }
     }
+    if (il == hp.ple.layer) out[p + "ple_conv"] = ple_.conv;
   }
+  return out;
+}
+
+void Session::record_qsa(bool on) {
+  for (auto& q : qsa_) {
+    q.record = on;
+    q.selected.clear();
+  }
+}
+
+std::map<int64_t, std::vector<std::vector<int32_t>>> Session::qsa_selected() const {
+  std::map<int64_t, std::vector<std::vector<int32_t>>> out;
+  const HParams& hp = model_->hp();
+  for (int64_t il = 0; il < hp.n_layer; il++)
+    if (!hp.recurrent[il] && qsa_[layer_slot_[il]].active()) out[il] = qsa_[layer_slot_[il]].selected;
   return out;
 }
 

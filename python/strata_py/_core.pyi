@@ -3,7 +3,7 @@ strata C++ core: GGUF loading, Qwen3-Next on the CPU, the window transaction, sa
 """
 
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Final
 
 import numpy
 from numpy.typing import NDArray
@@ -48,8 +48,13 @@ def quantize_act(x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), o
 def rowop(name: str, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], y: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = '') -> list[float]:
     """One rowops.h function (tests)."""
 
-def attend(q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], nh: int, k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], n0: int, scale: float, isa: str = '') -> list[float]:
-    """Causal attention of T rows x nh heads over shared cells (tests)."""
+def qsa_select(scores: Sequence[float], kb: int) -> list[int]:
+    """QSA's block selection rule (tests): kb best, ties to the lower index."""
+
+def attend(q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], nh: int, k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], n0: int, scale: float, isa: str = '', cells: Sequence[int] = []) -> list[float]:
+    """
+    Causal attention of T rows x nh heads over shared cells, or one row over a cell list (tests).
+    """
 
 def dn_rows(S: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], gates: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], n_src: int, read: bool = True, ref: bool = False) -> tuple[list[float], list[float], list[float]]:
     """
@@ -161,9 +166,9 @@ def expert_cache_stress(slots: int, keys: int, threads: int, iters: int, max_n: 
 
 class Model:
     @staticmethod
-    def load(path: str, threads: int = 0, mtp_path: str = '', cache_mib: int = -1, o_direct: bool = False, io_threads: int = 4, prefetch: bool = True, prefetch_root_only: bool = False, approximate: bool = False, protect: int = -1, bonus: float = 0.8500000238418579, draft_protect: int = -1, draft_bonus: float = -1.0) -> Model:
+    def load(path: str, threads: int = 0, mtp_path: str = '', cache_mib: int = -1, o_direct: bool = False, io_threads: int = 4, prefetch: bool = True, prefetch_root_only: bool = False, approximate: bool = False, protect: int = -1, bonus: float = 0.8500000238418579, draft_protect: int = -1, draft_bonus: float = -1.0, ple_map_mib: int = 4096, dense_attention: bool = False) -> Model:
         """
-        Open, validate and map a qwen3next GGUF (and optionally a separate MTP-only GGUF). cache_mib >= 0
+        Open, validate and map a qwen3next / qwen35moe / qwen4exp GGUF (and optionally a separate MTP-only GGUF). cache_mib >= 0
         streams experts through a cache of that size (-1: all resident); see csrc/experts/expert_stream.h.
         """
 
@@ -192,6 +197,12 @@ class Model:
 
     def summary(self) -> str: ...
 
+    @property
+    def ple_pread(self) -> bool:
+        """
+        True when the PLE table is read by pread (larger than ple_map_mib) rather than the mapping.
+        """
+
     def expert_stats(self) -> dict:
         """Expert streaming counters since load or the last reset."""
 
@@ -200,9 +211,21 @@ class Model:
     @property
     def streaming(self) -> bool: ...
 
+def session_state_bytes(model: Model, n_ctx: int, max_window: int = 8, mtp: bool = False) -> int:
+    """
+    Bytes of state a session with these options allocates (checked against RAM before it does).
+    """
+
 class Checkpoint:
     @property
     def position(self) -> int: ...
+
+    @property
+    def steer_origin(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of state held (what a prefix cache budgets)."""
 
 class Session:
     def __init__(self, model: Model, n_ctx: int = 4096, max_window: int = 8, fold: str = 'lazy', mtp: bool = False, prefill: str = 'serial') -> None: ...
@@ -257,10 +280,39 @@ class Session:
     @property
     def mtp(self) -> bool: ...
 
-    def sample(self, params: SamplingParams) -> NDArray[numpy.int32]: ...
+    def sample(self, params: SamplingParams, masks: object | None = None) -> NDArray[numpy.int32]:
+        """
+        Finish the last run: int32 [rows]. masks: uint32 [rows, ceil(n_vocab / 32)] token masks (1 = allowed) or None.
+        """
 
-    def run_sample(self, tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], params: SamplingParams) -> NDArray[numpy.int32]:
-        """run(tokens) then sample(params); returns the chosen token per row."""
+    def run_sample(self, tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], params: SamplingParams, masks: object | None = None) -> NDArray[numpy.int32]:
+        """
+        run(tokens) then sample(params, masks); returns the chosen token per row. masks: None, uint32
+        [T, ceil(n_vocab / 32)], or a callable returning them (computed while the forward runs).
+        """
+
+    def sample_row(self, params: SamplingParams, row: int, mask: object) -> int:
+        """
+        Row `row` of the last run finished again with this token mask (uint32 [ceil(n_vocab / 32)]).
+        """
+
+    def set_steering(self, steering: Steering | None, origin: int) -> None:
+        """
+        The processors of the generation whose first output token is at `origin` (None: none); the state is
+        rebuilt from the committed tokens [origin, position) (csrc/sampling/processor.h).
+        """
+
+    @property
+    def steer_origin(self) -> int: ...
+
+    @property
+    def steer_state(self) -> tuple[int, int]: ...
+
+    def logprobs(self, tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], top_n: int = 0) -> tuple:
+        """
+        Log-probabilities of tokens[i] under row i of the last run's raw logits, and the top_n most likely
+        ids per row with theirs (csrc/sampling/logprobs.h). Valid after commit until the next run.
+        """
 
     def commit(self, keep: int) -> None: ...
 
@@ -275,6 +327,16 @@ class Session:
     def save(self, path: str) -> None: ...
 
     def load(self, path: str) -> None: ...
+
+    def record_qsa(self, on: bool) -> None:
+        """
+        Tests: record the selected QSA blocks of every later run (qsa_selected()).
+        """
+
+    def qsa_selected(self) -> dict[int, list[list[int]]]:
+        """
+        {layer: [row: sorted selected block ids, empty for a dense row]} of the last run (after record_qsa).
+        """
 
     def export_state(self) -> dict: ...
 
@@ -366,3 +428,61 @@ class GlobalSuffixIndex:
 
     @property
     def max_match(self) -> int: ...
+
+class PhraseAutomaton:
+    """
+    Aho-Corasick automaton over token ids for anti-slop phrase penalties (csrc/sampling/phrase_automaton.h).
+    """
+
+    def __init__(self, patterns: Sequence[Sequence[int]], strengths: Sequence[float], flags: Annotated[NDArray[numpy.uint8], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> None:
+        """
+        patterns: token-id sequences; strengths (> 0, inf = ban); flags: uint8 [n_vocab] PhraseTokenFlag bits.
+        """
+
+    def step(self, state: tuple[int, int], token: int) -> tuple[int, int]:
+        """The state (node, boundary) after `token`."""
+
+    def penalties(self, state: tuple[int, int]) -> tuple[Annotated[NDArray[numpy.int32], dict(shape=(None,))], Annotated[NDArray[numpy.float32], dict(shape=(None,))]]:
+        """
+        (ids, penalties) of the row whose state is (node, boundary); inf = banned.
+        """
+
+    @property
+    def n_nodes(self) -> int: ...
+
+    @property
+    def n_patterns(self) -> int: ...
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    @property
+    def dense(self) -> bool:
+        """
+        Whether the static part of the penalties is applied densely (many single-token phrases).
+        """
+
+    BAN_RAMP: Final[float] = ...
+    """(arg: object, /) -> float"""
+
+class Steering:
+    """One generation's C++ logit processors (csrc/sampling/processor.h)."""
+
+    def __init__(self, n_vocab: int, bias_ids: Sequence[int], bias_values: Sequence[float], phrases: PhraseAutomaton | None = None) -> None: ...
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    @property
+    def has_phrases(self) -> bool: ...
+
+def apply_token_mask(logits: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], mask: Annotated[NDArray[numpy.uint32], dict(shape=(None,), order='C', device='cpu', writable=False)], ref: bool = False) -> Annotated[NDArray[numpy.float32], dict(shape=(None,))]:
+    """Masked copy of logits [V] (-inf where the bit is 0); ref: scalar twin."""
+
+def masked_argmax(logits: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], mask: Annotated[NDArray[numpy.uint32], dict(shape=(None,), order='C', device='cpu', writable=False)], ref: bool = False) -> int:
+    """
+    Lowest id among the largest allowed non-NaN logits (-1: none); ref: twin.
+    """
+
+def masked_argmax_sub(logits: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], sub: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], mask: Annotated[NDArray[numpy.uint32], dict(shape=(None,), order='C', device='cpu', writable=False)], ref: bool = False) -> int:
+    """masked_argmax of logits - sub (not written); ref: twin."""

@@ -33,6 +33,13 @@ class GenerationConfig:
     fixed_t: int = 0             # 0 = the length controller chooses T; >0 = always this T (experiments)
     stop_at_eos: bool = True
     extra: dict = field(default_factory=dict)
+    # steering (issue 15; python/strata_py/steering/, csrc/sampling/processor.h): exact under speculation
+    stop: list = field(default_factory=list)          # list[str]: text-level stop strings (not emitted)
+    logit_bias: dict = field(default_factory=dict)    # dict[int, float]: token id -> added to its logit (-inf bans)
+    ban_phrases: list = field(default_factory=list)   # list[(phrase, strength)]: anti-slop; float("inf") bans
+    json_schema: dict | None = None                   # a JSON Schema; {"type": "object"} = OpenAI's json_object
+    regex: str | None = None                          # the whole output matches this regular expression
+    grammar: str | None = None                        # a Lark grammar (llguidance's dialect) for the output
 
     def validate(self) -> "GenerationConfig":
         def bad(name, why):
@@ -59,6 +66,8 @@ class GenerationConfig:
             bad("min_match", "must be >= 1")
         if self.fixed_t < 0:
             bad("fixed_t", "must be >= 0")
+        from .steering.options import validate_steering  # the steering fields' own checks
+        validate_steering(self, bad)
         return self
 
     @property

@@ -1,4 +1,5 @@
-"""Hugging Face Qwen3-Next checkpoint <-> GGUF in llama.cpp's `qwen3next` layout (spec §2, §4).
+"""Hugging Face Qwen3-Next checkpoint <-> GGUF in llama.cpp's `qwen3next` layout (spec §2, §4); Qwen3.5-MoE
+(`qwen35moe`) and Qwen4-Exp (`qwen4exp`) checkpoints go to convert_qwen35.py / convert_qwen4exp.py (by model_type).
 
     python -m strata_py.convert HF_DIR OUT.gguf --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl|mxfp4
                                 [--layout current|legacy] [--no-mtp] [--mtp-only]
@@ -32,13 +33,14 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from .tokenizer import CONTROL, NORMAL, UNUSED, USER_DEFINED, GPT2_REGEX, QWEN2_REGEX, QWEN2_REGEX_EXPANDED
+from .tokenizer import (CONTROL, NORMAL, UNUSED, USER_DEFINED, GPT2_REGEX, QWEN2_REGEX, QWEN2_REGEX_EXPANDED,
+                        QWEN35_REGEX, QWEN35_REGEX_EXPANDED)
 
 log = logging.getLogger("strata.convert")
 
@@ -51,6 +53,26 @@ FILE_TYPES = {"f32": _LFT.ALL_F32, "f16": _LFT.MOSTLY_F16, "bf16": _LFT.MOSTLY_B
               "iq4_nl": _LFT.MOSTLY_IQ4_NL, "mxfp4": _LFT.MOSTLY_MXFP4_MOE}
 LAYOUTS = ("current", "legacy")
 ALIGNMENT = 32  # GGUF default; written explicitly as general.alignment
+
+
+# ------------------------------------------------------------------------------------------------
+# the other architectures (issue 14) live in their own modules, chosen by config.json's model_type
+# (HF -> GGUF) or general.architecture (GGUF -> HF); this file keeps the shared machinery and qwen3next.
+# ------------------------------------------------------------------------------------------------
+
+OTHER_ARCHS = {"qwen35moe": "convert_qwen35", "qwen4exp": "convert_qwen4exp"}
+OTHER_MODEL_TYPES = {"qwen3_5_moe_text": "qwen35moe", "qwen3_5_moe": "qwen35moe",
+                     "qwen4_exp_text": "qwen4exp", "qwen4_exp": "qwen4exp"}
+
+
+def _other(arch: str):
+    import importlib
+    return importlib.import_module(f".{OTHER_ARCHS[arch]}", __package__)
+
+
+def _file_architecture(path: Path) -> str | None:
+    f = gguf.GGUFReader(path).fields.get("general.architecture")
+    return None if f is None else f.contents()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -120,7 +142,7 @@ def read_hparams(cfg: dict) -> Hparams:
 
     mt = cfg.get("model_type")
     if mt is not None and mt != "qwen3_next":
-        bad("model_type", "expected 'qwen3_next'")
+        bad("model_type", f"expected one of {', '.join(['qwen3_next', *OTHER_MODEL_TYPES])}")
     for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("norm_topk_prob", True),
                       ("decoder_sparse_step", 1)):
         if key in cfg and cfg[key] != want:
@@ -254,8 +276,9 @@ def _looks_special(t: str) -> bool:
 
 
 def detect_pre_tokenizer(pt: dict | None) -> str:
-    """Map a tokenizer.json `pre_tokenizer` to llama.cpp's `tokenizer.ggml.pre`: 'qwen2' for Split(Qwen2 regex) +
-    ByteLevel(no regex), 'gpt-2' for ByteLevel with GPT-2's regex (built in or as a Split). Anything else raises."""
+    """Map a tokenizer.json `pre_tokenizer` to llama.cpp's `tokenizer.ggml.pre`: 'qwen2' / 'qwen35' for
+    Split(Qwen2 / Qwen3.5 regex) + ByteLevel(no regex), 'gpt-2' for ByteLevel with GPT-2's regex (built in or as a
+    Split). Anything else raises."""
     if pt is None:
         raise ValueError("tokenizer.json: no pre_tokenizer (expected Qwen2's Split+ByteLevel or GPT-2's ByteLevel)")
     items = pt.get("pretokenizers", []) if pt.get("type") == "Sequence" else [pt]
@@ -278,9 +301,12 @@ def detect_pre_tokenizer(pt: dict | None) -> str:
         raise ValueError(f"tokenizer.json: unsupported Split/ByteLevel combination for pattern {rx!r}")
     if rx in (QWEN2_REGEX, QWEN2_REGEX_EXPANDED):
         return "qwen2"
+    if rx in (QWEN35_REGEX, QWEN35_REGEX_EXPANDED):
+        return "qwen35"
     if rx == GPT2_REGEX:
         return "gpt-2"
-    raise ValueError(f"tokenizer.json: unsupported pre-tokenizer regex {rx!r} (known: Qwen2's, GPT-2's)")
+    raise ValueError(f"tokenizer.json: unsupported pre-tokenizer regex {rx!r} (known: Qwen2's, Qwen3.5's, "
+                     f"GPT-2's)")
 
 
 def read_vocab(hf_dir: Path, hp: Hparams) -> dict:
@@ -375,6 +401,9 @@ class _Out:
     qtype: QT
     make: Callable[[], np.ndarray]  # float32 array of `shape`
     source: str                     # HF tensor(s) it comes from, for messages
+    # optional: float32 pieces of `shape` along axis 0, in order (tables too large to hold whole; `make` unused)
+    chunks: Callable[[], Iterable[np.ndarray]] | None = None
+    raw: bool = False  # chunks are already encoded as qtype (synthetic blocks): their bytes are written as they are
 
 
 _NEVER_QUANTIZE = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight")
@@ -467,17 +496,22 @@ class _Planner:
         b = f"blk.{bid}"
         self.norm(f"{b}.attn_norm.weight", f"{pre}input_layernorm.weight", H)
         if full_attention:
-            q_out, kv_out = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
-            self.plain(f"{b}.attn_q.weight", f"{pre}self_attn.q_proj.weight", (2 * q_out, H))
-            self.plain(f"{b}.attn_k.weight", f"{pre}self_attn.k_proj.weight", (kv_out, H))
-            self.plain(f"{b}.attn_v.weight", f"{pre}self_attn.v_proj.weight", (kv_out, H))
-            self.plain(f"{b}.attn_output.weight", f"{pre}self_attn.o_proj.weight", (H, q_out))
-            self.norm(f"{b}.attn_q_norm.weight", f"{pre}self_attn.q_norm.weight", hp.head_dim)
-            self.norm(f"{b}.attn_k_norm.weight", f"{pre}self_attn.k_norm.weight", hp.head_dim)
+            self.attention(b, pre + "self_attn.")
         else:
             self.deltanet(b, pre + "linear_attn.")
         self.norm(f"{b}.post_attention_norm.weight", f"{pre}post_attention_layernorm.weight", H)
         self.moe(b, pre + "mlp.")
+
+    def attention(self, b: str, pre: str):
+        """Gated attention (q_proj rows per head [q | gate]), q/k norms +1."""
+        hp, H = self.hp, self.hp.n_embd
+        q_out, kv_out = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+        self.plain(f"{b}.attn_q.weight", f"{pre}q_proj.weight", (2 * q_out, H))
+        self.plain(f"{b}.attn_k.weight", f"{pre}k_proj.weight", (kv_out, H))
+        self.plain(f"{b}.attn_v.weight", f"{pre}v_proj.weight", (kv_out, H))
+        self.plain(f"{b}.attn_output.weight", f"{pre}o_proj.weight", (H, q_out))
+        self.norm(f"{b}.attn_q_norm.weight", f"{pre}q_norm.weight", hp.head_dim)
+        self.norm(f"{b}.attn_k_norm.weight", f"{pre}k_norm.weight", hp.head_dim)
 
     def deltanet(self, b: str, pre: str):
         hp, H = self.hp, self.hp.n_embd
@@ -552,8 +586,9 @@ def merge_qkvz(qkv: np.ndarray, gate: np.ndarray, hp: Hparams) -> np.ndarray:
 
 
 def plan(src: SafetensorsSource, hp: Hparams, out_type: str, layout: str = "current",
-         mtp: bool = True, mtp_only: bool = False) -> tuple[list[_Out], int]:
+         mtp: bool = True, mtp_only: bool = False, planner=None) -> tuple[list[_Out], int]:
     """Every output tensor in file order, and the number of MTP layers written (0 or 1).
+    planner: the _Planner class (qwen35moe passes its own, with the Qwen3.5 DeltaNet).
     Raises ValueError for a missing/misshapen tensor or an HF tensor that nothing maps."""
     if out_type not in OUT_TYPES:
         raise ValueError(f"unknown output type {out_type!r} (choose from {', '.join(OUT_TYPES)})")
@@ -561,7 +596,7 @@ def plan(src: SafetensorsSource, hp: Hparams, out_type: str, layout: str = "curr
         raise ValueError(f"unknown layout {layout!r} (choose from {', '.join(LAYOUTS)})")
     if mtp_only and not mtp:
         raise ValueError("--mtp-only and --no-mtp contradict each other")
-    p = _Planner(src, hp, out_type, layout)
+    p = (planner or _Planner)(src, hp, out_type, layout)
     H, V = hp.n_embd, hp.n_vocab
 
     mtp_layers = sorted({int(m.group(1)) for n in src.names() if (m := re.match(r"mtp\.layers\.(\d+)\.", n))})
@@ -604,9 +639,15 @@ def plan(src: SafetensorsSource, hp: Hparams, out_type: str, layout: str = "curr
 # writing
 # ------------------------------------------------------------------------------------------------
 
+class U64Array(list):
+    """A metadata list written as a GGUF uint64 array (int lists default to int32)."""
+
+
 def _add_metadata(w: gguf.GGUFWriter, md: dict):
     for key, v in md.items():
-        if isinstance(v, bool):
+        if isinstance(v, U64Array):
+            w.add_key_value(key, list(v), gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.UINT64)
+        elif isinstance(v, bool):
             w.add_bool(key, v)
         elif isinstance(v, int):
             w.add_uint32(key, v) if v >= 0 else w.add_int32(key, v)
@@ -623,9 +664,10 @@ def _add_metadata(w: gguf.GGUFWriter, md: dict):
             raise TypeError(f"metadata {key}: unsupported value type {type(v).__name__}")
 
 
-def model_metadata(hp: Hparams, out_type: str, name: str, n_mtp: int) -> dict:
-    """general.* and qwen3next.* keys (spec §2.1), in the order llama.cpp writes them."""
-    a = ARCH
+def model_metadata(hp: Hparams, out_type: str, name: str, n_mtp: int, arch: str = ARCH) -> dict:
+    """general.* and qwen3next.* keys (spec §2.1), in the order llama.cpp writes them (`arch`: the prefix, for
+    the architectures that build on these keys)."""
+    a = arch
     md = {
         "general.type": "model",
         "general.name": name,
@@ -686,6 +728,11 @@ def convert(hf_dir, out_path, out_type: str = "f32", layout: str = "current", mt
     if not cfg_path.exists():
         raise ValueError(f"{hf_dir}: config.json not found")
     cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    arch = OTHER_MODEL_TYPES.get(cfg.get("model_type"))
+    if arch is not None:
+        if layout != "current":
+            raise ValueError(f"--layout {layout!r}: only qwen3next has a legacy GDN layout, this is {arch}")
+        return _other(arch).convert(hf_dir, out_path, out_type, mtp=mtp, mtp_only=mtp_only)
     hp = read_hparams(cfg)
     src = SafetensorsSource(hf_dir)
     outs, n_mtp = plan(src, hp, out_type, layout, mtp, mtp_only)
@@ -694,8 +741,15 @@ def convert(hf_dir, out_path, out_type: str = "f32", layout: str = "current", mt
     md = model_metadata(hp, out_type, name, n_mtp)
     md.update(vocab_md)
 
+    write_gguf(out_path, ARCH, md, outs)
+    log.info("wrote %s: %d tensors, %s", out_path, len(outs), out_type)
+    return out_path
+
+
+def write_gguf(out_path: Path, arch: str, md: dict, outs: list[_Out]) -> None:
+    """Write metadata `md` and the planned tensors `outs` (in order) to out_path, atomically (OUT.tmp, renamed)."""
     tmp = out_path.with_name(out_path.name + ".tmp")
-    w = gguf.GGUFWriter(tmp, ARCH)
+    w = gguf.GGUFWriter(tmp, arch)
 
     def write():
         w.data_alignment = ALIGNMENT
@@ -707,14 +761,39 @@ def convert(hf_dir, out_path, out_type: str = "f32", layout: str = "current", mt
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         for o in outs:
+            if o.chunks is not None:
+                _write_chunked(w, o)
+                continue
             a = o.make()
             if a.shape != o.shape:
                 raise ValueError(f"{o.name} (from {o.source}): produced shape {a.shape}, planned {o.shape}")
             w.write_tensor_data(_encode(a, o.qtype))
 
     write_atomically(w, tmp, out_path, write)
-    log.info("wrote %s: %d tensors, %s", out_path, len(outs), out_type)
-    return out_path
+
+
+def _write_chunked(w: gguf.GGUFWriter, o: _Out) -> None:
+    """Write one tensor piece by piece (row blocks along axis 0, each encoded alone: every type here has blocks
+    within a row), as GGUFWriter.write_tensor_data writes a whole one: aligned start, padding after."""
+    fout = w.fout[0]
+    if next(iter(w.tensors[0])) != o.name:  # tensor data must follow the order of the tensor infos
+        raise RuntimeError(f"{o.name}: written out of order")
+    ti = w.tensors[0].pop(o.name)
+    w.write_padding(fout, fout.tell())
+    rows = nbytes = 0
+    for a in o.chunks():
+        if not o.raw and (a.shape[1:] != o.shape[1:] or rows + a.shape[0] > o.shape[0]):
+            raise ValueError(f"{o.name} (from {o.source}): piece of shape {a.shape} after {rows} rows "
+                             f"does not fit the planned {o.shape}")
+        data = np.ascontiguousarray(a) if o.raw else _encode(a, o.qtype)
+        data.tofile(fout)
+        rows += a.shape[0]
+        nbytes += data.nbytes
+    if nbytes != ti.nbytes:
+        raise ValueError(f"{o.name} (from {o.source}): pieces give {nbytes} bytes ({rows} rows), planned "
+                         f"{ti.nbytes} for {o.shape} {o.qtype.name}")
+    w.write_padding(fout, ti.nbytes)
+    w.state = gguf.gguf_writer.WriterState.WEIGHTS
 
 
 # ------------------------------------------------------------------------------------------------
@@ -736,70 +815,127 @@ def _f32_repr(x: float) -> float:
     return float(str(np.float32(x)))
 
 
-def gguf_to_hf(gguf_path, out_dir) -> Path:
-    """Write an HF Qwen3-Next checkpoint (config.json, model.safetensors in fp32, tokenizer.json and
-    tokenizer_config.json when the tokenizer metadata is usable) equivalent to the GGUF: dequantized with
-    gguf.quants.dequantize, with every conversion transform undone. `mtp.*` tensors are included when present."""
-    from safetensors.numpy import save_file
+class GGUFSource:
+    """A GGUF read back for the reverse conversion: `md` (metadata), `key(k)` (an `{arch}.k` value, ValueError
+    naming the file and key when missing without a default), `get(name)` (float32, numpy order, dequantized
+    with gguf.quants.dequantize), `name in src`."""
 
-    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
-    r = gguf.GGUFReader(gguf_path)
-    md = gguf_metadata(r)
-    if md.get("general.architecture") != ARCH:
-        raise ValueError(f"{gguf_path}: general.architecture={md.get('general.architecture')!r}, expected {ARCH!r}")
-    tensors = {t.name: t for t in r.tensors}
+    def __init__(self, path, arch: str):
+        self.path = Path(path)
+        self.arch = arch
+        r = gguf.GGUFReader(self.path)
+        self.md = gguf_metadata(r)
+        if self.md.get("general.architecture") != arch:
+            raise ValueError(f"{self.path}: general.architecture={self.md.get('general.architecture')!r}, "
+                             f"expected {arch!r}")
+        self.tensors = {t.name: t for t in r.tensors}
 
-    def key(k, default=None):
-        full = f"{ARCH}.{k}"
-        if full not in md:
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def key(self, k: str, default=None):
+        full = f"{self.arch}.{k}"
+        if full not in self.md:
             if default is not None:
                 return default
-            raise ValueError(f"{gguf_path}: missing metadata {full}")
-        return md[full]
+            raise ValueError(f"{self.path}: missing metadata {full}")
+        return self.md[full]
 
-    def get(name) -> np.ndarray:
-        if name not in tensors:
-            raise ValueError(f"{gguf_path}: missing tensor {name!r}")
-        t = tensors[name]
+    def get(self, name: str) -> np.ndarray:
+        if name not in self.tensors:
+            raise ValueError(f"{self.path}: missing tensor {name!r}")
+        t = self.tensors[name]
         a = gguf.quants.dequantize(t.data, t.tensor_type)
         return np.ascontiguousarray(a.reshape(tuple(int(x) for x in reversed(t.shape))), dtype=np.float32)
 
-    n_mtp = int(key("nextn_predict_layers", 0))
-    n_layer = int(key("block_count")) - n_mtp
-    head_dim, nv = int(key("attention.key_length")), int(key("ssm.time_step_rank"))
-    interval = int(key("full_attention_interval", 4))
-    if "blk.0.attn_norm.weight" not in tensors:
-        raise ValueError(f"{gguf_path}: has no blk.0 tensors (an MTP-only GGUF cannot become a full HF model)")
-    emb = get("token_embd.weight")
-    hp = Hparams(
-        n_vocab=emb.shape[0], n_embd=int(key("embedding_length")), n_ff=int(key("feed_forward_length", 0)),
-        n_layer=n_layer, n_head=int(key("attention.head_count")), n_head_kv=int(key("attention.head_count_kv")),
-        head_dim=head_dim, n_ctx=int(key("context_length")), eps=_f32_repr(key("attention.layer_norm_rms_epsilon")),
-        rope_theta=_f32_repr(key("rope.freq_base")), rope_dim=int(key("rope.dimension_count")),
-        n_expert=int(key("expert_count")), n_expert_used=int(key("expert_used_count")),
-        n_ff_exp=int(key("expert_feed_forward_length")), n_ff_shexp=int(key("expert_shared_feed_forward_length")),
-        conv_kernel=int(key("ssm.conv_kernel")), nk=int(key("ssm.group_count")), nv=nv,
-        dk=int(key("ssm.state_size")), dv=int(key("ssm.inner_size")) // nv, interval=interval,
-        tie="output.weight" not in tensors,
-        bos_token_id=md.get("tokenizer.ggml.bos_token_id"), eos_token_id=md.get("tokenizer.ggml.eos_token_id"),
-        pad_token_id=md.get("tokenizer.ggml.padding_token_id"),
-    )
+    def hparams(self, n_layer: int, cls=None, **extra) -> Hparams:
+        """The Hparams fields every Qwen hybrid GGUF records (cls: an Hparams subclass, extra: its own fields)."""
+        key, md = self.key, self.md
+        nv = int(key("ssm.time_step_rank"))
+        return (cls or Hparams)(
+            n_vocab=int(self.tensors["token_embd.weight"].shape[1]), n_embd=int(key("embedding_length")),
+            n_ff=int(key("feed_forward_length", 0)), n_layer=n_layer, n_head=int(key("attention.head_count")),
+            n_head_kv=int(key("attention.head_count_kv")), head_dim=int(key("attention.key_length")),
+            n_ctx=int(key("context_length")), eps=_f32_repr(key("attention.layer_norm_rms_epsilon")),
+            rope_theta=_f32_repr(key("rope.freq_base")), rope_dim=int(key("rope.dimension_count")),
+            n_expert=int(key("expert_count")), n_expert_used=int(key("expert_used_count")),
+            n_ff_exp=int(key("expert_feed_forward_length")), n_ff_shexp=int(key("expert_shared_feed_forward_length")),
+            conv_kernel=int(key("ssm.conv_kernel")), nk=int(key("ssm.group_count")), nv=nv,
+            dk=int(key("ssm.state_size")), dv=int(key("ssm.inner_size")) // nv,
+            interval=int(key("full_attention_interval", 4)), tie="output.weight" not in self.tensors,
+            bos_token_id=md.get("tokenizer.ggml.bos_token_id"), eos_token_id=md.get("tokenizer.ggml.eos_token_id"),
+            pad_token_id=md.get("tokenizer.ggml.padding_token_id"), **extra)
 
-    sd: dict[str, np.ndarray] = {"model.embed_tokens.weight": emb}
-    minus1 = lambda a: a - np.float32(1.0)  # noqa: E731  undo the +1 folding
+
+def minus1(a: np.ndarray) -> np.ndarray:
+    """Undo the +1 folding of a zero-centred norm weight."""
+    return a - np.float32(1.0)
+
+
+def hf_attention(sd: dict, g: GGUFSource, b: str, pre: str):
+    """Gated attention of block b (q/k/v/o, q/k norms) back to HF names under `pre`."""
+    for hf, gg in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
+        sd[f"{pre}self_attn.{hf}.weight"] = g.get(f"{b}.{gg}.weight")
+    sd[f"{pre}self_attn.q_norm.weight"] = minus1(g.get(f"{b}.attn_q_norm.weight"))
+    sd[f"{pre}self_attn.k_norm.weight"] = minus1(g.get(f"{b}.attn_k_norm.weight"))
+
+
+def hf_moe(sd: dict, g: GGUFSource, b: str, m: str, H: int):
+    """Router, per-expert and shared-expert weights of block b back to HF names under `m` (…mlp.)."""
+    sd[m + "gate.weight"] = g.get(f"{b}.ffn_gate_inp.weight")
+    for part in ("gate", "up", "down"):
+        stacked = g.get(f"{b}.ffn_{part}_exps.weight")
+        for e in range(stacked.shape[0]):
+            sd[f"{m}experts.{e}.{part}_proj.weight"] = np.ascontiguousarray(stacked[e])
+        sd[f"{m}shared_expert.{part}_proj.weight"] = g.get(f"{b}.ffn_{part}_shexp.weight")
+    sd[m + "shared_expert_gate.weight"] = g.get(f"{b}.ffn_gate_inp_shexp.weight").reshape(1, H)
+
+
+def hf_mtp_head(sd: dict, g: GGUFSource, n: int):
+    """The nextn tensors of MTP block n back to mtp.fc and the three mtp norms."""
+    sd["mtp.fc.weight"] = g.get(f"blk.{n}.nextn.eh_proj.weight")
+    sd["mtp.pre_fc_norm_embedding.weight"] = minus1(g.get(f"blk.{n}.nextn.enorm.weight"))
+    sd["mtp.pre_fc_norm_hidden.weight"] = minus1(g.get(f"blk.{n}.nextn.hnorm.weight"))
+    sd["mtp.norm.weight"] = minus1(g.get(f"blk.{n}.nextn.shared_head_norm.weight"))
+
+
+def write_hf(out_dir: Path, cfg: dict, sd: dict, g: GGUFSource) -> Path:
+    """config.json, model.safetensors (as given) and the tokenizer files of a reverse conversion."""
+    from safetensors.numpy import save_file
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    save_file(sd, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    _write_hf_tokenizer(g.md, out_dir, g.path, g.arch)
+    return out_dir
+
+
+def gguf_to_hf(gguf_path, out_dir) -> Path:
+    """Write an HF checkpoint (config.json, model.safetensors in fp32, tokenizer.json and tokenizer_config.json
+    when the tokenizer metadata is usable) equivalent to the GGUF: dequantized with gguf.quants.dequantize, with
+    every conversion transform undone. `mtp.*` tensors are included when present. Qwen3-Next here; qwen35moe and
+    qwen4exp files go to their modules (by general.architecture)."""
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    arch = _file_architecture(gguf_path)
+    if arch in OTHER_ARCHS:
+        return _other(arch).gguf_to_hf(gguf_path, out_dir)
+    g = GGUFSource(gguf_path, ARCH)
+    n_mtp = int(g.key("nextn_predict_layers", 0))
+    n_layer = int(g.key("block_count")) - n_mtp
+    if "blk.0.attn_norm.weight" not in g:
+        raise ValueError(f"{gguf_path}: has no blk.0 tensors (an MTP-only GGUF cannot become a full HF model)")
+    hp = g.hparams(n_layer)
+    get = g.get
+    sd: dict[str, np.ndarray] = {"model.embed_tokens.weight": get("token_embd.weight")}
 
     def block(bid: int, pre: str, full_attention: bool):
         b = f"blk.{bid}"
         sd[f"{pre}input_layernorm.weight"] = minus1(get(f"{b}.attn_norm.weight"))
         sd[f"{pre}post_attention_layernorm.weight"] = minus1(get(f"{b}.post_attention_norm.weight"))
         if full_attention:
-            for hf, gg in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
-                sd[f"{pre}self_attn.{hf}.weight"] = get(f"{b}.{gg}.weight")
-            sd[f"{pre}self_attn.q_norm.weight"] = minus1(get(f"{b}.attn_q_norm.weight"))
-            sd[f"{pre}self_attn.k_norm.weight"] = minus1(get(f"{b}.attn_k_norm.weight"))
+            hf_attention(sd, g, b, pre)
         else:
             la = pre + "linear_attn."
-            if f"{b}.attn_qkv.weight" in tensors:
+            if f"{b}.attn_qkv.weight" in g:
                 sd[la + "in_proj_qkvz.weight"] = merge_qkvz(get(f"{b}.attn_qkv.weight"),
                                                             get(f"{b}.attn_gate.weight"), hp)
             else:
@@ -810,24 +946,13 @@ def gguf_to_hf(gguf_path, out_dir) -> Path:
             sd[la + "A_log"] = np.log(-get(f"{b}.ssm_a"))
             sd[la + "norm.weight"] = get(f"{b}.ssm_norm.weight")
             sd[la + "out_proj.weight"] = get(f"{b}.ssm_out.weight")
-        m = pre + "mlp."
-        sd[m + "gate.weight"] = get(f"{b}.ffn_gate_inp.weight")
-        for part in ("gate", "up", "down"):
-            stacked = get(f"{b}.ffn_{part}_exps.weight")
-            for e in range(stacked.shape[0]):
-                sd[f"{m}experts.{e}.{part}_proj.weight"] = np.ascontiguousarray(stacked[e])
-            sd[f"{m}shared_expert.{part}_proj.weight"] = get(f"{b}.ffn_{part}_shexp.weight")
-        sd[m + "shared_expert_gate.weight"] = get(f"{b}.ffn_gate_inp_shexp.weight").reshape(1, hp.n_embd)
+        hf_moe(sd, g, b, pre + "mlp.", hp.n_embd)
 
     for i in range(n_layer):
         block(i, f"model.layers.{i}.", hp.is_full_attention(i))
     if n_mtp:
-        n = n_layer
-        block(n, "mtp.layers.0.", True)
-        sd["mtp.fc.weight"] = get(f"blk.{n}.nextn.eh_proj.weight")
-        sd["mtp.pre_fc_norm_embedding.weight"] = minus1(get(f"blk.{n}.nextn.enorm.weight"))
-        sd["mtp.pre_fc_norm_hidden.weight"] = minus1(get(f"blk.{n}.nextn.hnorm.weight"))
-        sd["mtp.norm.weight"] = minus1(get(f"blk.{n}.nextn.shared_head_norm.weight"))
+        block(n_layer, "mtp.layers.0.", True)
+        hf_mtp_head(sd, g, n_layer)
     sd["model.norm.weight"] = minus1(get("output_norm.weight"))
     if not hp.tie:
         sd["lm_head.weight"] = get("output.weight")
@@ -836,10 +961,10 @@ def gguf_to_hf(gguf_path, out_dir) -> Path:
         "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "dtype": "float32",
         "vocab_size": hp.n_vocab, "hidden_size": hp.n_embd, "intermediate_size": hp.n_ff,
         "num_hidden_layers": n_layer, "num_attention_heads": hp.n_head, "num_key_value_heads": hp.n_head_kv,
-        "head_dim": head_dim, "hidden_act": "silu", "attention_bias": False,
+        "head_dim": hp.head_dim, "hidden_act": "silu", "attention_bias": False,
         "max_position_embeddings": hp.n_ctx, "rms_norm_eps": hp.eps,
         "rope_parameters": {"rope_type": "default", "rope_theta": hp.rope_theta,
-                            "partial_rotary_factor": hp.rope_dim / head_dim},
+                            "partial_rotary_factor": hp.rope_dim / hp.head_dim},
         "linear_conv_kernel_dim": hp.conv_kernel, "linear_key_head_dim": hp.dk, "linear_value_head_dim": hp.dv,
         "linear_num_key_heads": hp.nk, "linear_num_value_heads": hp.nv,
         "num_experts": hp.n_expert, "num_experts_per_tok": hp.n_expert_used, "norm_topk_prob": True,
@@ -851,14 +976,10 @@ def gguf_to_hf(gguf_path, out_dir) -> Path:
     }
     if n_mtp:
         cfg["mtp_num_hidden_layers"] = n_mtp
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    save_file(sd, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    _write_hf_tokenizer(md, out_dir, gguf_path)
-    return out_dir
+    return write_hf(out_dir, cfg, sd, g)
 
 
-def _write_hf_tokenizer(md: dict, out_dir: Path, gguf_path: Path):
+def _write_hf_tokenizer(md: dict, out_dir: Path, gguf_path: Path, arch: str = ARCH):
     from .tokenizer import Tokenizer
     try:
         tok = Tokenizer.from_metadata(md)
@@ -867,7 +988,7 @@ def _write_hf_tokenizer(md: dict, out_dir: Path, gguf_path: Path):
         return
     tok.hf_tokenizer.save(str(out_dir / "tokenizer.json"))
     tc: dict = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": tok.add_bos,
-                "model_max_length": int(md.get(f"{ARCH}.context_length", 0)) or None}
+                "model_max_length": int(md.get(f"{arch}.context_length", 0)) or None}
     for kind, i in (("bos", tok.bos_id), ("eos", tok.eos_id), ("pad", tok.pad_id)):
         tc[f"{kind}_token"] = tok.tokens[i] if i is not None else None
     if "tokenizer.chat_template" in md:
@@ -881,7 +1002,8 @@ def _write_hf_tokenizer(md: dict, out_dir: Path, gguf_path: Path):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m strata_py.convert",
-                                 description="Convert a Hugging Face Qwen3-Next checkpoint to a qwen3next GGUF.")
+                                 description="Convert a Hugging Face Qwen3-Next, Qwen3.5-MoE or Qwen4-Exp "
+                                             "checkpoint to a qwen3next / qwen35moe / qwen4exp GGUF.")
     ap.add_argument("hf_dir", help="directory with config.json, *.safetensors and tokenizer.json")
     ap.add_argument("out", help="output .gguf path (written atomically)")
     ap.add_argument("--type", dest="out_type", choices=sorted(OUT_TYPES), default="f32",

@@ -14,9 +14,10 @@ import json
 import sys
 from typing import Iterator
 
+from .cli_options import add_constraint_args, add_generation_args, add_model_args, generation_config, load_model
 from .config import GenerationConfig
 from .speculative import LoopStats, decode, prefill
-from .tokenizer import StreamDecoder
+from .steering import TextStream
 
 
 def _resolve(config: GenerationConfig | None, options: dict) -> GenerationConfig:
@@ -33,8 +34,12 @@ def make_proposer(model, cfg: GenerationConfig):
 
 
 def generate_ids(model, prompt_ids: list[int], config: GenerationConfig | None = None, *, stats: LoopStats | None = None,
-                 session=None, proposer=None, n_ctx: int | None = None, **options) -> Iterator[int]:
-    """Yield generated token ids for a tokenized prompt (plain or speculative decoding, same output)."""
+                 session=None, proposer=None, n_ctx: int | None = None, on_commit=None, steering=None,
+                 **options) -> Iterator[int]:
+    """Yield generated token ids for a tokenized prompt (plain or speculative decoding, same output).
+
+    A given session may already hold a prefix of the prompt (all but its last token at most: the server's
+    prefix reuse restores a checkpoint); only the rest is prefilled. on_commit, steering: see speculative.decode."""
     import time
 
     cfg = _resolve(config, options)
@@ -56,12 +61,16 @@ def generate_ids(model, prompt_ids: list[int], config: GenerationConfig | None =
     if len(ids) > session.n_ctx:
         raise ValueError(f"prompt of {len(ids)} tokens exceeds the context of {session.n_ctx} tokens")
     stats.prompt_tokens = len(ids)
+    held = session.position
+    if held and (held >= len(ids) or session.tokens != ids[:held]):
+        raise ValueError(f"the session holds {held} tokens that are not a prefix of the prompt's first {len(ids) - 1}")
+    stats.cached_tokens = held
     streaming = getattr(model, "streaming", False)
     if streaming:  # expert counters of this request: stats.experts (prefill + decode), stats.experts_decode
         from . import experts as _experts
         e0 = _experts.snapshot(model)
     t0 = time.perf_counter()
-    prefill(session, ids[:-1])
+    prefill(session, ids[held:-1])
     if getattr(proposer, "needs_mtp", False) and session.position > 0:
         session.mtp_prefill()  # the MTP block reads the prompt too: prefill work, not drafting
     stats.prefill_s = time.perf_counter() - t0
@@ -72,7 +81,7 @@ def generate_ids(model, prompt_ids: list[int], config: GenerationConfig | None =
     eog = set(tok.eog_ids) if cfg.stop_at_eos else set()
     choose = getattr(proposer, "choose_drafts", None)
     try:
-        yield from decode(session, ids[-1], cfg, eog, stats, proposer, choose)
+        yield from decode(session, ids[-1], cfg, eog, stats, proposer, choose, on_commit=on_commit, steering=steering)
     finally:
         finish = getattr(proposer, "finish", None)  # e.g. add the output to a global suffix index
         if finish is not None:
@@ -87,57 +96,35 @@ def generate(model, prompt: str, config: GenerationConfig | None = None, *, stat
              **options) -> Iterator[str]:
     """Yield text pieces continuing `prompt` (options: any GenerationConfig field, e.g. max_tokens=64).
 
-    End-of-generation tokens end the text and are not yielded. Pass a LoopStats to receive the metrics.
+    End-of-generation tokens end the text and are not yielded. A stop string (cfg.stop) ends it too and is
+    not yielded, and no piece ever shows bytes that could still start one. Pass a LoopStats to receive the
+    metrics.
     """
+    cfg = _resolve(config, options)
     ids = model.tokenizer.encode(prompt)
-    dec = StreamDecoder(model.tokenizer, skip_special=True)
+    dec = TextStream(model.tokenizer, cfg.stop, skip_special=True)
     eog = set(model.tokenizer.eog_ids)
-    for t in generate_ids(model, ids, config, stats=stats, **options):
+    for t in generate_ids(model, ids, cfg, stats=stats):
         if t in eog:
             break
         piece = dec.push(t)
         if piece:
             yield piece
+        if dec.stopped:
+            break
     tail = dec.flush()
     if tail:
         yield tail
 
 
 def _parser() -> argparse.ArgumentParser:
-    d = GenerationConfig()
     ap = argparse.ArgumentParser(prog="python -m strata_py.generate", description="Generate text with a Qwen3-Next GGUF.")
     ap.add_argument("prompt", nargs="?", help="prompt text (or --file, or standard input)")
-    ap.add_argument("--model", "-m", help="GGUF file (default: the model shipped in the package)")
     ap.add_argument("--file", "-f", help="read the prompt from this file")
-    ap.add_argument("--mtp", metavar="FILE", help="a separate MTP-only GGUF for --draft mtp / mtp+suffix")
-    ap.add_argument("--max-tokens", "-n", type=int, default=d.max_tokens)
-    ap.add_argument("--temperature", "--temp", type=float, default=d.temperature, help="0 = greedy")
-    ap.add_argument("--top-k", type=int, default=d.top_k)
-    ap.add_argument("--top-p", type=float, default=d.top_p)
-    ap.add_argument("--min-p", type=float, default=d.min_p)
-    ap.add_argument("--repetition-penalty", type=float, default=d.repetition_penalty)
-    ap.add_argument("--presence-penalty", type=float, default=d.presence_penalty)
-    ap.add_argument("--frequency-penalty", type=float, default=d.frequency_penalty)
-    ap.add_argument("--penalty-last-n", type=int, default=d.penalty_last_n)
-    ap.add_argument("--seed", type=int, default=d.seed)
-    ap.add_argument("--threads", "-t", type=int, default=None, help="default: physical cores")
+    add_model_args(ap)
+    add_generation_args(ap)
+    add_constraint_args(ap)
     ap.add_argument("--ctx", type=int, default=None, help="context size (default: prompt + max tokens, >= 4096)")
-    ap.add_argument("--draft", default=d.draft, help="speculative drafter: none, suffix, auto, mtp, mtp+suffix")
-    ap.add_argument("--max-draft", type=int, default=d.max_draft,
-                    help="most drafts per verify window (windows of up to 1 + N rows; auto chooses fewer when they do not pay)")
-    ap.add_argument("--min-match", type=int, default=d.min_match)
-    ap.add_argument("--cache-mib", default=None, metavar="N|full",
-                    help="stream experts from the file through a cache of N MiB (default: full = all resident)")
-    ap.add_argument("--o-direct", action="store_true", help="expert reads with O_DIRECT (bypass the page cache)")
-    ap.add_argument("--io-threads", type=int, default=4, help="expert reader threads (with --cache-mib)")
-    ap.add_argument("--no-prefetch", action="store_true", help="do not read the next layer's predicted experts ahead")
-    ap.add_argument("--prefetch-root-only", action="store_true", help="only row 0 of a window predicts experts")
-    ap.add_argument("--approximate-routing", action="store_true",
-                    help="APPROXIMATE cache-aware expert routing (MoCE; changes the output, needs --cache-mib)")
-    ap.add_argument("--approx-protect", type=int, default=None, help="natural top-j kept (row 0)")
-    ap.add_argument("--approx-bonus", type=float, default=0.85, help="resident experts' score x exp(bonus) (row 0)")
-    ap.add_argument("--approx-draft-protect", type=int, default=None, help="top-j kept for draft rows")
-    ap.add_argument("--approx-draft-bonus", type=float, default=None, help="bonus for draft rows")
     ap.add_argument("--stats", action="store_true", help="print speed and drafting metrics (stderr)")
     ap.add_argument("--stats-json", metavar="FILE", help="write the metrics as JSON")
     ap.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats) instead of streaming")
@@ -175,11 +162,7 @@ def _stats_table(stats: dict, model) -> None:
 def main(argv=None) -> int:
     a = _parser().parse_args(argv)
     try:
-        cfg = GenerationConfig(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
-                               min_p=a.min_p, repetition_penalty=a.repetition_penalty,
-                               presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty,
-                               penalty_last_n=a.penalty_last_n, seed=a.seed, draft=a.draft, max_draft=a.max_draft,
-                               min_match=a.min_match).validate()
+        cfg = generation_config(a)
         if a.prompt is not None and a.file:
             raise ValueError("give the prompt as an argument or with --file, not both")
         if a.file:
@@ -191,18 +174,7 @@ def main(argv=None) -> int:
             prompt = sys.stdin.read()
         else:
             raise ValueError("no prompt: pass it as an argument, with --file, or on standard input")
-        from .model import Model
-        cache_mib = None
-        if a.cache_mib is not None and a.cache_mib != "full":
-            try:
-                cache_mib = int(a.cache_mib)
-            except ValueError:
-                raise ValueError(f"bad option --cache-mib {a.cache_mib!r}: expected MiB or 'full'") from None
-        model = Model.load(a.model, threads=a.threads, mtp=a.mtp, cache_mib=cache_mib, o_direct=a.o_direct,
-                           io_threads=a.io_threads, prefetch=not a.no_prefetch, prefetch_root_only=a.prefetch_root_only,
-                           routing="approximate" if a.approximate_routing else "natural",
-                           approx_protect=a.approx_protect, approx_bonus=a.approx_bonus,
-                           approx_draft_protect=a.approx_draft_protect, approx_draft_bonus=a.approx_draft_bonus)
+        model = load_model(a)
     except (ValueError, FileNotFoundError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -216,8 +188,7 @@ def main(argv=None) -> int:
             sys.stdout.write(prompt)
             sys.stdout.flush()
         ids = model.tokenizer.encode(prompt)
-        from .tokenizer import StreamDecoder
-        dec = StreamDecoder(model.tokenizer, skip_special=True)
+        dec = TextStream(model.tokenizer, cfg.stop, skip_special=True)
         eog = set(model.tokenizer.eog_ids)
         token_ids: list[int] = []
         proposer = make_proposer(model, cfg)
@@ -231,6 +202,8 @@ def main(argv=None) -> int:
                 if not a.json:
                     sys.stdout.write(piece)
                     sys.stdout.flush()
+            if dec.stopped:
+                break
         tail = dec.flush()
         if tail:
             pieces.append(tail)

@@ -72,7 +72,7 @@ def sampling_params(cfg: GenerationConfig) -> "_core.SamplingParams":
 
 
 class Model:
-    """A loaded, validated qwen3next GGUF with its tokenizer. Immutable; sessions share it."""
+    """A loaded, validated GGUF (qwen3next, qwen35moe or qwen4exp) with its tokenizer. Immutable; sessions share it."""
 
     def __init__(self, core: "_core.Model", tokenizer: Tokenizer, path: Path):
         self._core = core
@@ -84,7 +84,8 @@ class Model:
              mtp: str | Path | None = None, cache_mib: int | str | None = None, o_direct: bool = False,
              io_threads: int = 4, prefetch: bool = True, prefetch_root_only: bool = False,
              routing: str = "natural", approx_protect: int | None = None, approx_bonus: float = 0.85,
-             approx_draft_protect: int | None = None, approx_draft_bonus: float | None = None) -> "Model":
+             approx_draft_protect: int | None = None, approx_draft_bonus: float | None = None,
+             ple_map_mib: int = 4096, _dense_attention: bool = False) -> "Model":
         """Open a GGUF (default: the shipped model, checksum-verified). threads=None uses the physical cores (at
         most the CPUs this process may run on) and adapts to a busy machine (pool_stats()); an int is used as is.
         mtp: a separate MTP-only GGUF for the model (checked to fit: hidden size, vocabulary, expert shapes).
@@ -103,6 +104,10 @@ class Model:
         approx_draft_*). It CHANGES the model's output (it is not lossless) and makes speculative windows
         differ from serial decoding, because residency differs between the two.
 
+        ple_map_mib (qwen4exp): a PLE n-gram table larger than this many MiB is read row by row with pread instead
+        of through the file's mapping (the table is never read whole either way).
+        _dense_attention (benches only): qwen4exp's QSA layers attend densely. This changes the model.
+
         Raises ValueError naming the file, tensor or key for a malformed or unsupported file.
         """
         if threads is not None and threads < 1:
@@ -113,6 +118,8 @@ class Model:
             mib = cache_mib
         else:
             raise ValueError(f"bad option cache_mib={cache_mib!r}: expected an int >= 0 (MiB) or 'full'")
+        if not isinstance(ple_map_mib, int) or isinstance(ple_map_mib, bool) or ple_map_mib < 0:
+            raise ValueError(f"bad option ple_map_mib={ple_map_mib!r}: expected an int >= 0 (MiB)")
         if routing not in ("natural", "approximate"):
             raise ValueError(f"bad option routing={routing!r}: expected 'natural' or 'approximate'")
         if path is None:
@@ -129,10 +136,14 @@ class Model:
                                 int(io_threads), bool(prefetch), bool(prefetch_root_only), routing == "approximate",
                                 -1 if approx_protect is None else int(approx_protect), float(approx_bonus),
                                 -1 if approx_draft_protect is None else int(approx_draft_protect),
-                                -1.0 if approx_draft_bonus is None else float(approx_draft_bonus))
-        tok = Tokenizer.from_metadata(_core.gguf_metadata(str(path)))
-        if tok.n_vocab > core.config["n_vocab"]:
-            raise ValueError(f"{path}: tokenizer has {tok.n_vocab} tokens but token_embd has {core.config['n_vocab']} rows")
+                                -1.0 if approx_draft_bonus is None else float(approx_draft_bonus),
+                                int(ple_map_mib), bool(_dense_attention))
+        try:  # the vocabulary is bounded by the model's token_embd before the tokenizer is built from it
+            tok = Tokenizer.from_metadata(_core.gguf_metadata(str(path)), max_vocab=core.config["n_vocab"])
+        except ValueError as e:
+            if str(path) in str(e):
+                raise
+            raise ValueError(f"{path}: {e}") from e
         return cls(core, tok, path)
 
     @property
@@ -233,6 +244,11 @@ class Session:
         """The committed token ids."""
         return self._core.tokens
 
+    @property
+    def steer_origin(self) -> int:
+        """Where the current generation's output began (steering, issue 15): decode(..., origin=this) continues it."""
+        return self._core.steer_origin
+
     def run(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
         """Process `tokens` as rows at the current position; float32 logits [T, n_vocab] (raw, before any
         logit processor), or [1, n_vocab] for the last row with last_only. T <= max_window is a verify
@@ -272,6 +288,12 @@ class Session:
         """Post-final-norm hidden states of the last run's output rows [rows, n_embd]."""
         return self._core.hidden()
 
+    def logprobs(self, tokens: Sequence[int], top_n: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """After a window (valid until the next run): log-probability of tokens[i] under row i's raw logits
+        (before any logit processor), and the top_n most likely ids per row with theirs: (lp [n], ids [n, top_n],
+        lps [n, top_n])."""
+        return self._core.logprobs(np.asarray(tokens, dtype=np.int32), int(top_n))
+
     def checkpoint(self):
         """In-memory snapshot of the committed state (a pending lazy fold is applied first)."""
         return self._core.checkpoint()
@@ -284,9 +306,21 @@ class Session:
         """Write the committed state to a file (atomically); Model.load_session reads it back."""
         self._core.save(str(path))
 
+    def load(self, path: str | Path) -> None:
+        """Replace this session's state with a file written by save (refused if from another model or damaged)."""
+        self._core.load(str(path))
+
     def export_state(self) -> dict[str, np.ndarray]:
         """Debug export: per layer `layer.N.k`/`.v` (KV cells below the position) or `.S`/`.conv`."""
         return self._core.export_state()
 
     def reset(self) -> None:
         self._core.reset()
+
+    def record_qsa(self, on: bool = True) -> None:
+        """Tests: record the blocks each QSA layer selects in every later run (qsa_selected())."""
+        self._core.record_qsa(bool(on))
+
+    def qsa_selected(self) -> dict[int, list[list[int]]]:
+        """After record_qsa: {layer: [per row of the last run: its selected block ids, ascending; [] = dense]}."""
+        return self._core.qsa_selected()

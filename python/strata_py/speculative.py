@@ -35,6 +35,7 @@ class Proposer(Protocol):
 class LoopStats:
     """Counters of one request (engine spec 8); times in seconds."""
     prompt_tokens: int = 0
+    cached_tokens: int = 0     # prompt tokens the session already held (prefix reuse): not prefilled
     prefill_s: float = 0.0
     generated: int = 0
     decode_s: float = 0.0
@@ -56,6 +57,7 @@ class LoopStats:
         steady_ms, steady_tok = sum(self.step_ms[w:]), sum(self.window_tokens[w:])
         return {
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "prefill_s": self.prefill_s,
             "prefill_tok_s": self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0,
             "generated_tokens": self.generated,
@@ -98,18 +100,56 @@ def prefill(session, ids: Sequence[int], chunk: int = 512) -> None:
         session.commit(len(part))
 
 
+# Greedy decoding under a grammar checks each row's unconstrained choice and computes a full mask only where
+# the grammar refuses it (same tokens as always masking: GrammarMatcher.fix_greedy). A module constant, not an
+# option: the benches and tests turn it off to compare the two.
+LAZY_GREEDY_MASKS = True
+
+
+def overlap_masks(model) -> bool:
+    """Whether a window's grammar masks are computed while its forward runs: only when a core is free for
+    them (on a machine whose cores all run the forward, the two would only slow each other)."""
+    import os
+
+    return (os.cpu_count() or 1) > model.threads
+
+
 def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: LoopStats,
-           proposer: Proposer | None = None, choose_drafts: Callable[[int], int] | None = None) -> Iterator[int]:
-    """Yield emitted token ids until max_tokens, an end-of-generation token, or the context is full.
+           proposer: Proposer | None = None, choose_drafts: Callable[[int], int] | None = None, *,
+           origin: int | None = None, steering=None,
+           on_commit: Callable[[list[int], int], None] | None = None) -> Iterator[int]:
+    """Yield emitted token ids until max_tokens, an end-of-generation token, a stop string, or the context is full.
 
     choose_drafts(available) -> how many drafts to ask for (the length controller); default: all available.
+    Steering (cfg.logit_bias, ban_phrases, json_schema / regex / grammar, stop; steering/__init__.py) applies
+    from `origin`, the position of the generation's first output token: None starts a new generation right
+    after `root` (session.position + 1); to continue a generation on a restored session pass
+    origin=session.steer_origin (the processors then rescan the committed output, exactly as uninterrupted).
+    `steering`: a prebuilt steering.Steering for cfg (else built here).
+    on_commit(out, keep): after each commit, before out[:keep] is yielded, while the window's logits are still
+    readable (Session.logprobs: the server's logprobs).
     """
     from .model import sampling_params  # (imports the C++ core; this module stays importable without it)
+    from .steering import Steering, TextStream
 
     max_window = session.max_window
     params = sampling_params(cfg)  # built once per request
     core = session._core
     record = getattr(proposer, "record_window", None)  # optional: window cost for a length controller
+    # --- steering (issue 15)
+    origin = session.position + 1 if origin is None else origin
+    steer = steering if steering is not None else Steering(session.model, cfg, max_window)
+    steer.attach(session, origin)
+    stops = TextStream(session.model.tokenizer, cfg.stop) if cfg.stop else None
+    if stops is not None:  # a resumed generation: the output so far may hold the start of a stop string
+        for t in session.tokens[origin:] + ([root] if origin <= session.position else []):
+            stops.push(t)
+        if stops.stopped:
+            stats.stop = "stop"
+            return
+    overlap = steer.grammar is not None and overlap_masks(session.model)
+    lazy = cfg.temperature == 0 and LAZY_GREEDY_MASKS  # greedy: full masks only for rows the grammar refuses
+    # ---
     context = list(session.tokens) + [root]
     while stats.generated < cfg.max_tokens:
         room = min(cfg.max_tokens - stats.generated, session.n_ctx - session.position, max_window)
@@ -124,9 +164,27 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
                 drafts = list(proposer.propose(context, want))[:want]
         inputs = [root] + drafts
         t0 = time.perf_counter()
-        out = core.run_sample(np.asarray(inputs, dtype=np.int32), params).tolist()
+        if steer.grammar is not None and lazy:  # greedy: check each row's choice, mask only where refused
+            out = core.run_sample(np.asarray(inputs, dtype=np.int32), params, None).tolist()
+            out = steer.grammar.fix_greedy(inputs, session.position, out,
+                                           lambda i, mask: core.sample_row(params, i, mask))
+        else:
+            masks = None
+            if steer.grammar is not None:  # computed during the forward (a callable) or before it
+                masks = (steer.mask_fn if overlap else steer.masks)(inputs, session.position)
+            out = core.run_sample(np.asarray(inputs, dtype=np.int32), params, masks).tolist()
         keep = accept(inputs, out, eog)
+        stopped = False
+        if stops is not None:  # a stop string cuts the prefix right after the token completing it
+            for j in range(keep):
+                stops.push(out[j])
+                if stops.stopped:
+                    keep, stopped = j + 1, True
+                    break
         core.commit(keep)
+        steer.commit(keep)
+        if on_commit is not None:
+            on_commit(out, keep)
         t1 = time.perf_counter()
         dt = t1 - t0
         stats.decode_s += t1 - t_start
@@ -148,6 +206,9 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
             if tok in eog and cfg.stop_at_eos:
                 stats.stop = "eog"
                 return
+        if stopped:
+            stats.stop = "stop"
+            return
         context.extend(out[:keep])
         root = out[keep - 1]
     stats.stop = "max_tokens"

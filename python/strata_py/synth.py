@@ -6,11 +6,11 @@ TYPE: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, q2_k, q3_k, q
 iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq4_xs, or q4_k_m (Q4_K with Q6_K for output, attn_v and every other
 layer's ffn_down, like llama-quantize's Q4_K_M mix).
 
-Sizes: `tiny` (tests), `bench` (hidden 1024, 24 layers 3:1, 128 experts top-8 + shared expert), `stream`
-(the bench shape with as many experts as make `--expert-gib` GiB of expert weights), `80b` (Qwen3-Next-80B-A3B's
-real dimensions: 48 layers, hidden 2048, 512 experts top-10, vocab 151 936; `--type q4_k_m` ~45 GB,
-`--type iq2_xxs_m` ~25 GB). `--layers N` / `--experts N` override a size's layer / expert count (e.g. a 4-layer
-real-dimension file). Tensors are generated while the file is written, a large one in slices
+Sizes: `micro` (fuzzing seeds), `tiny` (tests), `bench` (hidden 1024, 24 layers 3:1, 128 experts top-8 + shared
+expert), `stream` (the bench shape with as many experts as make `--expert-gib` GiB of expert weights), `80b`
+(Qwen3-Next-80B-A3B's real dimensions: 48 layers, hidden 2048, 512 experts top-10, vocab 151 936; `--type q4_k_m`
+~45 GB, `--type iq2_xxs_m` ~25 GB). `--layers N` / `--experts N` override a size's layer / expert count (e.g. a
+4-layer real-dimension file). Tensors are generated while the file is written, a large one in slices
 (lazy_tensor.py), so a file larger than memory never is in memory. Weights are drawn
 directly as valid blocks of the target type (gguf-py has no K/IQ quantizer): a random fp16 scale and
 random codes. For K, IQ and the 32-value block types every byte pattern of the scales/codes/grid indices/sign
@@ -48,6 +48,9 @@ SIZES = {
                 n_ctx=262144),
 }
 SIZES["stream"] = dict(SIZES["bench"])
+# the smallest file that still has every tensor kind (~50 KB at q8_0): seeds for the fuzzers (fuzz/)
+SIZES["micro"] = dict(n_vocab=272, n_embd=32, n_layer=4, n_head=2, n_head_kv=1, head_dim=16, rope_dim=8, n_expert=4,
+                      n_expert_used=2, n_ff_exp=32, n_ff_shexp=32, nk=1, nv=2, dk=16, dv=16, n_ctx=256)
 # the types convert.py writes (float, Q8_0 and the other 32-value blocks), plus the K and IQ quants
 TYPES = {**cv.OUT_TYPES, "q2_k": QT.Q2_K, "q3_k": QT.Q3_K, "q4_k": QT.Q4_K, "q5_k": QT.Q5_K, "q6_k": QT.Q6_K,
          "iq1_s": QT.IQ1_S, "iq1_m": QT.IQ1_M, "iq2_xxs": QT.IQ2_XXS, "iq2_xs": QT.IQ2_XS, "iq2_s": QT.IQ2_S,
@@ -320,7 +323,16 @@ def write(name: str, out_path, out_type: str = "q8_0", seed: int = 0, mtp: bool 
 
 
 def main(argv=None) -> int:
+    # ---- issue 14: qwen35moe / qwen4exp files come from synth_next.py (its own sizes and options) ----
+    from . import synth_next
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--arch", default="qwen3next")
+    if pre.parse_known_args(argv)[0].arch != "qwen3next":
+        return synth_next.main(argv)
+    # ----
     ap = argparse.ArgumentParser(prog="python -m strata_py.synth", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", choices=["qwen3next", *synth_next.ARCHS], default="qwen3next",
+                    help="qwen35moe / qwen4exp: see synth_next.py (`--arch qwen4exp --help`)")
     ap.add_argument("name", choices=sorted(SIZES))
     ap.add_argument("out")
     ap.add_argument("--type", default="q8_0", choices=sorted([*TYPES, *MIXES]))

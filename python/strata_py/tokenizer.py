@@ -6,6 +6,8 @@ from them, so encoding runs in Rust and matches the model's own tokenizer.json t
 
 Accepted `tokenizer.ggml.pre` values:
 - `qwen2`  Qwen2/Qwen3/Qwen3-Next: Split on the Qwen2 regex (digits one at a time), then byte-level.
+- `qwen35` Qwen3.5/3.6 and Qwen4-Exp: the Qwen2 regex with combining marks (category M) joining letter runs
+           (llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN35), then byte-level.
 - `gpt-2`  small byte-level BPE vocabularies (our test models): GPT-2's regex, then byte-level.
 Anything else is refused with a ValueError naming it. Unicode normalisation (Qwen's tokenizer.json has NFC)
 is not applied: the GGUF does not record it and llama.cpp does not apply it either.
@@ -32,8 +34,14 @@ QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[
 QWEN2_REGEX_EXPANDED = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
                         r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# Qwen3.5's: letters and combining marks form one run, and a mark never starts a punctuation run
+# (tokenizer.json's spelling; llama.cpp src/llama-vocab.cpp LLAMA_VOCAB_PRE_TYPE_QWEN35).
+QWEN35_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+                r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN35_REGEX_EXPANDED = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+"
+                         r"|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
-_PRE_REGEX = {"qwen2": QWEN2_REGEX, "gpt-2": GPT2_REGEX}
+_PRE_REGEX = {"qwen2": QWEN2_REGEX, "qwen35": QWEN35_REGEX, "gpt-2": GPT2_REGEX}
 
 # Token texts that end generation when present in the vocabulary (llama.cpp marks the same ones, spec §2.7).
 EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<|eot_id|>")
@@ -144,37 +152,48 @@ class Tokenizer:
         self._bytes: list[bytes | None] = [None] * n
 
     @classmethod
-    def from_metadata(cls, md: Mapping[str, object]) -> "Tokenizer":
+    def from_metadata(cls, md: Mapping[str, object], max_vocab: int | None = None) -> "Tokenizer":
         """Build from GGUF metadata: a mapping of key -> Python value (str, int, float, bool, list for arrays),
-        as `_core.gguf_metadata(path)` returns. Requires `tokenizer.ggml.model = gpt2`, `.pre` in {qwen2, gpt-2},
-        `.tokens` and `.merges`; `.token_type` defaults to all NORMAL."""
-        def get(key, default=None, required=False):
+        as `_core.gguf_metadata(path)` returns. Requires `tokenizer.ggml.model = gpt2`, `.pre` in {qwen2, qwen35, gpt-2},
+        `.tokens` and `.merges`; `.token_type` defaults to all NORMAL. Each value must have its type; with
+        `max_vocab` (the model's token_embd rows), more tokens than that are refused before anything is built."""
+        def get(key, kind, default=None, required=False):
+            # every value is checked for the type it must have (a hostile file may hold anything under a key);
+            # kind is (str | int | bool) or a list of one of them
             full = f"tokenizer.ggml.{key}"
             if full not in md:
                 if required:
                     raise ValueError(f"GGUF metadata has no {full}")
                 return default
-            return md[full]
+            v = md[full]
+            elem = kind[0] if isinstance(kind, list) else None
+            ok = (isinstance(v, list) and all(isinstance(x, elem) for x in v)) if elem else isinstance(v, kind)
+            if not ok or (kind is int and isinstance(v, bool)):
+                want = f"a list of {elem.__name__}" if elem else kind.__name__
+                raise ValueError(f"GGUF metadata {full} has the wrong type (expected {want})")
+            return v
 
-        model = get("model", required=True)
+        model = get("model", str, required=True)
         if model != "gpt2":
             raise ValueError(f"unsupported tokenizer.ggml.model {model!r} (only byte-level BPE 'gpt2')")
-        pre = get("pre", required=True)
+        pre = get("pre", str, required=True)
         if pre not in _PRE_REGEX:
             raise ValueError(f"unsupported tokenizer.ggml.pre {pre!r} (supported: {', '.join(_PRE_REGEX)})")
-        tokens = list(get("tokens", required=True))
-        types = get("token_type")
-        types = [NORMAL] * len(tokens) if types is None else [int(x) for x in types]
-        merges = list(get("merges", required=True))
+        tokens = get("tokens", [str], required=True)
+        if max_vocab is not None and len(tokens) > max_vocab:
+            raise ValueError(f"tokenizer.ggml.tokens has {len(tokens)} entries but the model has {max_vocab} "
+                             "token embeddings")
+        types = get("token_type", [int])
+        types = [NORMAL] * len(tokens) if types is None else types
+        merges = get("merges", [str], required=True)
 
         def opt_int(key):
-            v = get(key)
-            return None if v is None else int(v)
+            return get(key, int)
 
         return cls(tokens=tokens, token_types=types, merges=merges, pre=pre,
                    bos_id=opt_int("bos_token_id"), eos_id=opt_int("eos_token_id"),
                    pad_id=opt_int("padding_token_id"), eot_id=opt_int("eot_token_id"),
-                   add_bos=bool(get("add_bos_token", False)))
+                   add_bos=get("add_bos_token", bool, False))
 
     @property
     def hf_tokenizer(self) -> _HFTokenizer:

@@ -31,9 +31,13 @@ inline __m256 reduce8x8(const __m256* v) {
 
 alignas(32) const float kZeroCell[256] = {};  // stands in for cells past the last one
 
-template <int NC>  // NC = hd / 8
+template <int NC, bool kCells>  // NC = hd / 8; kCells: the attended cells are a.cells[0..n)
 void attend_t(const AttendArgs& args, float* sc) {
   const AttendArgs a = args;  // a copy: the stores below must not make the compiler reload the fields
+  auto cell = [&](int64_t c) -> int64_t {
+    if constexpr (kCells) return a.cells[c];
+    else return c;
+  };
   const int nq = a.T * a.nh;
   const int64_t nmax = a.n + a.T - 1, ld_sc = nmax + 16;
   auto qp = [&](int i) { return a.q + (i / a.nh) * a.ldq_t + (i % a.nh) * a.ldq_h; };
@@ -42,7 +46,6 @@ void attend_t(const AttendArgs& args, float* sc) {
   // scores: per block of 8 cells (fixed multiples of 8), every query that sees any of them
   const __m256 scale = _mm256_set1_ps(a.scale);
   for (int64_t c0 = 0; c0 < nmax; c0 += 8) {
-    const float* kbase = a.k + c0 * a.ldkv;
     for (int i = 0; i < nq; i++) {
       if (c0 >= ncells(i)) continue;
       const float* q = qp(i);
@@ -55,7 +58,7 @@ void attend_t(const AttendArgs& args, float* sc) {
         __m256 qv[kPart];
         for (int d = 0; d < kPart; d++) qv[d] = _mm256_loadu_ps(q + 8 * (d0 + d));
         for (int j = 0; j < 8; j++) {
-          const float* kj = (c0 + j < nmax ? kbase + j * a.ldkv : kZeroCell) + 8 * d0;
+          const float* kj = (c0 + j < nmax ? a.k + cell(c0 + j) * a.ldkv : kZeroCell) + 8 * d0;
           __m256 s = acc[j];
           for (int d = 0; d < kPart; d++) s = _mm256_fmadd_ps(qv[d], _mm256_loadu_ps(kj + 8 * d), s);
           acc[j] = s;
@@ -93,7 +96,7 @@ void attend_t(const AttendArgs& args, float* sc) {
         for (int d = 0; d < kO; d++) acc[d] = _mm256_loadu_ps(o + 8 * (d0 + d));
         for (int64_t c = c0; c < c1; c++) {
           const __m256 p = _mm256_set1_ps(s[c]);
-          const float* vp = a.v + c * a.ldkv + 8 * d0;
+          const float* vp = a.v + cell(c) * a.ldkv + 8 * d0;
           for (int d = 0; d < kO; d++) acc[d] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + 8 * d), acc[d]);
         }
         for (int d = 0; d < kO; d++) _mm256_storeu_ps(o + 8 * (d0 + d), acc[d]);
@@ -102,15 +105,21 @@ void attend_t(const AttendArgs& args, float* sc) {
   }
 }
 
+template <bool kCells>
+void attend_hd(const AttendArgs& a, float* sc) {
+  switch (a.hd) {
+    case 64: return attend_t<8, kCells>(a, sc);
+    case 128: return attend_t<16, kCells>(a, sc);
+    case 256: return attend_t<32, kCells>(a, sc);  // Qwen3-Next's head size
+    default: return attend_ref(a, sc);
+  }
+}
+
 }  // namespace
 
 void attend_avx2(const AttendArgs& a, float* sc) {
-  switch (a.hd) {
-    case 64: return attend_t<8>(a, sc);
-    case 128: return attend_t<16>(a, sc);
-    case 256: return attend_t<32>(a, sc);  // Qwen3-Next's head size
-    default: return attend_ref(a, sc);
-  }
+  if (a.cells) attend_hd<true>(a, sc);
+  else attend_hd<false>(a, sc);
 }
 
 }  // namespace strata

@@ -33,9 +33,13 @@ inline __m512 reduce16x16(__m512* v) {
 
 alignas(64) const float kZeroCell[256] = {};  // stands in for cells past the last one
 
-template <int NC>  // NC = hd / 16
+template <int NC, bool kCells>  // NC = hd / 16; kCells: the attended cells are a.cells[0..n)
 void attend_t(const AttendArgs& args, float* sc) {
   const AttendArgs a = args;  // a copy: the stores below must not make the compiler reload the fields
+  auto cell = [&](int64_t c) -> int64_t {
+    if constexpr (kCells) return a.cells[c];
+    else return c;
+  };
   const int nq = a.T * a.nh;
   const int64_t nmax = a.n + a.T - 1, ld_sc = nmax + 16;
   auto qp = [&](int i) { return a.q + (i / a.nh) * a.ldq_t + (i % a.nh) * a.ldq_h; };
@@ -44,7 +48,6 @@ void attend_t(const AttendArgs& args, float* sc) {
   // scores: per block of 16 cells (fixed multiples of 16), every query that sees any of them
   const __m512 scale = _mm512_set1_ps(a.scale);
   for (int64_t c0 = 0; c0 < nmax; c0 += 16) {
-    const float* kbase = a.k + c0 * a.ldkv;
     for (int i = 0; i < nq; i++) {
       if (c0 >= ncells(i)) continue;
       const float* q = qp(i);
@@ -57,7 +60,7 @@ void attend_t(const AttendArgs& args, float* sc) {
         __m512 qv[kPart];
         for (int d = 0; d < kPart; d++) qv[d] = _mm512_loadu_ps(q + 16 * (d0 + d));
         for (int j = 0; j < 16; j++) {
-          const float* kj = (c0 + j < nmax ? kbase + j * a.ldkv : kZeroCell) + 16 * d0;
+          const float* kj = (c0 + j < nmax ? a.k + cell(c0 + j) * a.ldkv : kZeroCell) + 16 * d0;
           __m512 s = acc[j];
           for (int d = 0; d < kPart; d++) s = _mm512_fmadd_ps(qv[d], _mm512_loadu_ps(kj + 16 * d), s);
           acc[j] = s;
@@ -93,7 +96,7 @@ void attend_t(const AttendArgs& args, float* sc) {
       for (int d = 0; d < NC; d++) acc[d] = _mm512_loadu_ps(o + 16 * d);
       for (int64_t c = c0; c < c1; c++) {
         const __m512 p = _mm512_set1_ps(s[c]);
-        const float* vp = a.v + c * a.ldkv;
+        const float* vp = a.v + cell(c) * a.ldkv;
         for (int d = 0; d < NC; d++) acc[d] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vp + 16 * d), acc[d]);
       }
       for (int d = 0; d < NC; d++) _mm512_storeu_ps(o + 16 * d, acc[d]);
@@ -101,15 +104,21 @@ void attend_t(const AttendArgs& args, float* sc) {
   }
 }
 
+template <bool kCells>
+void attend_hd(const AttendArgs& a, float* sc) {
+  switch (a.hd) {
+    case 64: return attend_t<4, kCells>(a, sc);
+    case 128: return attend_t<8, kCells>(a, sc);
+    case 256: return attend_t<16, kCells>(a, sc);  // Qwen3-Next's head size
+    default: return attend_ref(a, sc);
+  }
+}
+
 }  // namespace
 
 void attend_avx512(const AttendArgs& a, float* sc) {
-  switch (a.hd) {
-    case 64: return attend_t<4>(a, sc);
-    case 128: return attend_t<8>(a, sc);
-    case 256: return attend_t<16>(a, sc);  // Qwen3-Next's head size
-    default: return attend_ref(a, sc);
-  }
+  if (a.cells) attend_hd<true>(a, sc);
+  else attend_hd<false>(a, sc);
 }
 
 }  // namespace strata

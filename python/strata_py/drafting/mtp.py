@@ -92,7 +92,9 @@ class MtpDrafter:
             if sd:
                 self.suffix.withdraw()
         drafts: list[int] = []
-        if k > 0 and self.session.position > 0:  # the block drafts from committed rows
+        # the block drafts from committed rows it has not consumed (none right after restoring a checkpoint
+        # without MTP state, e.g. from a file: the next window's commit gives it one)
+        if k > 0 and self.session.position > self.session._core.mtp_position:
             backlog = min(self.session.position - self.session._core.mtp_position, RESYNC)
             t1 = time.perf_counter()
             drafts = self.session.mtp_draft(int(context[-1]), k, max_backlog=RESYNC)

@@ -1,0 +1,294 @@
+"""Steering benchmark (issue 15): what each logit processor costs per token, and whether speculation still pays
+under a JSON schema.
+
+    python bench/bench_steer.py [--model M.gguf] [--threads N] [--rounds 5] [--json OUT.json]
+
+1. Per-token overhead, components (the same window's logits, finished again and again; rounds alternate
+   plain and steered): for T = 1 and 16-row windows, the steered finish (Session.sample) minus the plain one,
+   plus the Python side per window (the grammar's masks + rollback; the phrase state's step is in commit),
+   per row, against a plain decode step (T = 1 run + finish) measured in the same rounds.
+   Processors: logit bias (8 ids), 100 phrases, 10 000 phrases, a JSON schema.
+2. End to end: plain decode (T = 1) tok/s with each processor, rounds alternating, median.
+3. Suffix drafting vs plain, both under a JSON schema, on a repetitive JSON workload (a list of records);
+   the outputs must be identical. Also the grammar masks computed during the forward ("overlap") vs before.
+Targets: 10 000 phrases <= 3 % of a plain decode step; JSON schema <= 10 %; suffix under the schema >= 1.5x.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+from strata_py import speculative
+from strata_py.config import GenerationConfig
+from strata_py.generate import generate_ids, make_proposer
+from strata_py.speculative import LoopStats
+
+SCHEMA = {"type": "array", "minItems": 20, "maxItems": 24, "items": {
+    "type": "object", "properties": {
+        "id": {"type": "integer", "minimum": 0},
+        "name": {"type": "string", "maxLength": 16},
+        "kind": {"enum": ["int", "str", "bool", "float"]},
+        "required": {"type": "boolean"}},
+    "required": ["id", "name", "kind", "required"], "additionalProperties": False}}
+
+RECORDS = ", ".join(json.dumps({"id": i, "name": f"field_{i}", "kind": k, "required": i % 2 == 0})
+                    for i, k in zip(range(6), ["int", "str", "bool", "float", "int", "str"]))
+JSON_PROMPT = f"FIELDS = [{RECORDS}]\n\nCOLUMNS = "
+
+
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def synthetic_phrases(tok, n, seed=0):
+    """n distinct phrases of 1-4 vocabulary words (lower-case alphabetic tokens with a leading space)."""
+    words = [tok.token_bytes(i).decode("utf-8", "replace").strip() for i in range(tok.n_vocab)]
+    words = sorted({w for i, w in enumerate(words)
+                    if tok.token_bytes(i).startswith(b" ") and w.isalpha() and w.islower() and len(w) > 2})
+    rng = np.random.default_rng(seed)
+    out = set()
+    while len(out) < n:
+        k = int(rng.integers(1, 5))
+        out.add(" ".join(rng.choice(words, k)))
+    return [(p, 4.0 if i % 10 else float("inf")) for i, p in enumerate(sorted(out))]
+
+
+def steer_configs(model):
+    tok = model.tokenizer
+    bias = {int(t): -1.5 for t in np.random.default_rng(1).integers(0, model.n_vocab, 8)}
+    from strata_py.steering import default_phrases
+    p100 = default_phrases()[:100]
+    return {"bias": dict(logit_bias=bias), "phrases100": dict(ban_phrases=p100),
+            "phrases10k": dict(ban_phrases=synthetic_phrases(tok, 10_000)), "json": dict(json_schema=SCHEMA)}
+
+
+def components(model, configs, rounds, reps):
+    """Per-row cost of each processor at T = 1 and T = 16 (see the module docstring, part 1)."""
+    from strata_py.model import sampling_params
+    from strata_py.steering import Steering
+
+    tok = model.tokenizer
+    # the rows: a real JSON continuation (valid under SCHEMA, so the grammar walks every row)
+    base = GenerationConfig(max_tokens=200, json_schema=SCHEMA, draft="none")
+    prompt = tok.encode(JSON_PROMPT)
+    out = list(generate_ids(model, prompt, base))
+    params = sampling_params(GenerationConfig())
+    res = {}
+    for T in (1, 16):
+        s = model.session(n_ctx=1024, max_window=16)
+        s.run(prompt[:-1])
+        s.commit(len(prompt) - 1)
+        # a window in the middle of the output: committed = prompt + out[:40], inputs = out[40 : 40 + T]
+        ctx = [prompt[-1]] + out[:40]
+        s.run(ctx)
+        s.commit(len(ctx))
+        cp = s.checkpoint()
+        pos0 = s.position
+        inputs = out[40:40 + T]
+        steers = {}
+        for name, kw in configs.items():
+            steers[name] = Steering(model, base.replace(**{"json_schema": None, **kw}), 16)
+        # a plain decode step (T = 1 run + finish + commit, continuing the text), the reference for the percentages:
+        # each step timed alone; the median, and the 10th percentile (on a loaded machine, the closest to a quiet step)
+        steps = []
+        for _ in range(rounds):
+            s.restore(cp)
+            for j in range(reps // 2):
+                t0 = time.perf_counter()
+                s._core.run_sample(np.asarray(out[40 + j:41 + j], dtype=np.int32), params, None)
+                s._core.commit(1)
+                steps.append(time.perf_counter() - t0)
+        steps.sort()
+        step_s, step_p10 = steps[len(steps) // 2], steps[len(steps) // 10]
+        names = [*configs, "json_lazy"]
+        steers["json_lazy"] = steers["json"]
+        fin = {name: [] for name in ["plain", *names]}
+        py = {name: [] for name in names}
+        for _ in range(rounds):
+            for name in fin:  # alternate within the round
+                st = steers.get(name)
+                s.restore(cp)
+                s._core.set_steering(st.core if st else None, len(prompt))
+                g = st.grammar if st else None
+                if g:
+                    g.sync(s.tokens, len(prompt))
+                s.run(inputs)
+                lazy = name == "json_lazy"  # greedy: unconstrained finish, then fix_greedy checks the rows
+                masks = g.window_masks(inputs, pos0) if g and not lazy else None
+                if g:  # back to the committed state, as commit(keep) would after the window
+                    g.matcher.rollback(g._window)
+                    g._window = 0
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    s._core.sample(params, masks)
+                fin[name].append((time.perf_counter() - t0) / reps)
+                if st is not None and g is None:  # the C++ processors' Python side: nothing per window
+                    py[name].append(0.0)
+                s.commit(1)
+        plain_fin = _median(fin["plain"])
+        for name, lazy in (("json", False), ("json_lazy", True)):  # the grammar's work over new states
+            py[name] = grammar_walk(model, base, prompt, out, T, lazy, params)
+        for name in names:
+            extra = (_median(fin[name]) - plain_fin) + _median(py[name])
+            res[f"{name}/T={T}"] = {"processor": name, "T": T, "finish_us": _median(fin[name]) * 1e6,
+                                    "plain_finish_us": plain_fin * 1e6, "python_us": _median(py[name]) * 1e6,
+                                    "overhead_us_per_row": extra / T * 1e6, "plain_step_us": step_s * 1e6,
+                                    "plain_step_p10_us": step_p10 * 1e6,
+                                    "overhead_pct_of_step": 100 * extra / T / step_s,
+                                    "overhead_pct_of_step_p10": 100 * extra / T / step_p10}
+    return res
+
+
+def grammar_walk(model, cfg, prompt, out, T, lazy, params, start=40):
+    """The grammar's Python work per window (masks or lazy checks, then commit), over real and new states:
+    consecutive windows of T rows along the output (a state's mask is never asked for twice)."""
+    from strata_py.steering import Steering
+
+    s = model.session(n_ctx=1024, max_window=16)
+    s.run(prompt[:-1])
+    s.commit(len(prompt) - 1)
+    ctx = [prompt[-1]] + out[:start]
+    s.run(ctx)
+    s.commit(len(ctx))
+    st = Steering(model, cfg, 16)
+    st.attach(s, len(prompt))
+    g, core = st.grammar, s._core
+    times = []
+    pos = start
+    while pos + T < len(out):
+        inputs = out[pos:pos + T]
+        pos0 = s.position
+        free = core.run_sample(np.asarray(inputs, dtype=np.int32), params, None).tolist()  # the forward: not timed
+        t0 = time.perf_counter()
+        if lazy:
+            g.fix_greedy(inputs, pos0, free, lambda i, mk: core.sample_row(params, i, mk))
+        else:
+            g.window_masks(inputs, pos0)
+        g.commit(T)
+        times.append(time.perf_counter() - t0)
+        core.commit(T)
+        pos += T
+    if lazy:
+        print(f"  lazy walk T={T}: {g.refused} of {g.checked} rows refused by the grammar (full mask + re-finish)")
+    return times
+
+
+def end_to_end(model, configs, rounds, n):
+    prompt = model.tokenizer.encode("import os\n")
+    runs = {name: [] for name in ["plain", *configs, "plain_json_prompt"]}
+    outs = {}
+    for _ in range(rounds):
+        for name in runs:
+            kw = configs.get(name, {})
+            p = model.tokenizer.encode(JSON_PROMPT) if name in ("json", "plain_json_prompt") else prompt
+            cfg = GenerationConfig(max_tokens=n, draft="none", stop_at_eos=False, **kw)
+            st = LoopStats()
+            outs[name] = list(generate_ids(model, p, cfg, stats=st))
+            runs[name].append(st.as_dict()["decode_tok_s"])
+    return {name: {"tok_s": _median(v), "tok_s_runs": v, "tokens": len(outs[name])} for name, v in runs.items()}
+
+
+def suffix_under_schema(model, rounds, n):
+    ids = model.tokenizer.encode(JSON_PROMPT)
+    res = {}
+    outs = {}
+    for overlap, lazy in ((False, False), (True, False), (False, True)):
+        speculative.overlap_masks = (lambda m, o=overlap: o)
+        speculative.LAZY_GREEDY_MASKS = lazy
+        runs = {"none": [], "suffix": []}
+        for _ in range(rounds):
+            for draft in runs:
+                cfg = GenerationConfig(max_tokens=n, json_schema=SCHEMA, draft=draft)
+                st = LoopStats()
+                prop = make_proposer(model, cfg)
+                outs[(overlap, lazy, draft)] = list(generate_ids(model, ids, cfg, stats=st, proposer=prop))
+                runs[draft].append(st.as_dict())
+        for draft, v in runs.items():
+            res[f"{draft}/overlap={overlap}/lazy={lazy}"] = {
+                "draft": draft, "overlap": overlap, "lazy": lazy, "tok_s": _median([d["decode_tok_s"] for d in v]),
+                "tok_s_runs": [d["decode_tok_s"] for d in v], "tokens": v[-1]["generated_tokens"],
+                "acceptance": v[-1]["acceptance"], "e_keep": v[-1]["e_keep"], "stop": v[-1]["stop"]}
+    speculative.LAZY_GREEDY_MASKS = True
+    plain = outs[(False, False, "none")]
+    identical = all(o == plain for o in outs.values())
+    return res, identical, model.tokenizer.decode(plain, skip_special=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", "-m", help="GGUF (default: the shipped default model)")
+    ap.add_argument("--threads", "-t", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds per measurement (median)")
+    ap.add_argument("--reps", type=int, default=200, help="finishes per component timing")
+    ap.add_argument("--max-tokens", "-n", type=int, default=256)
+    ap.add_argument("--json", metavar="OUT", help="write all results as JSON")
+    a = ap.parse_args(argv)
+
+    from strata_py.model import Model
+    model = Model.load(a.model, threads=a.threads)
+    configs = steer_configs(model)
+    t_build = time.perf_counter()
+    from strata_py.steering.phrases import automaton
+    auto10k = automaton(model, configs["phrases10k"]["ban_phrases"])
+    t_build = time.perf_counter() - t_build
+    list(generate_ids(model, model.tokenizer.encode("warm up"), GenerationConfig(max_tokens=8)))
+    load0 = os.getloadavg()
+    comp = components(model, configs, a.rounds, a.reps)
+    e2e = end_to_end(model, configs, a.rounds, a.max_tokens)
+    spec, identical, sample_text = suffix_under_schema(model, a.rounds, a.max_tokens)
+    load1 = os.getloadavg()
+
+    from rich.console import Console
+    from rich.table import Table
+    con = Console(width=150)
+    t = Table(title=f"bench_steer components: {model.path.name}, {model.threads} threads, median of {a.rounds}")
+    for c in ("processor", "T", "finish us", "plain finish us", "python us/window", "overhead us/row",
+              "plain step us (p50 / p10)", "% of step (p50 / p10)"):
+        t.add_column(c, justify="left" if c == "processor" else "right")
+    for r in comp.values():
+        t.add_row(r["processor"], str(r["T"]), f"{r['finish_us']:.1f}", f"{r['plain_finish_us']:.1f}",
+                  f"{r['python_us']:.1f}", f"{r['overhead_us_per_row']:.2f}",
+                  f"{r['plain_step_us']:.0f} / {r['plain_step_p10_us']:.0f}",
+                  f"{r['overhead_pct_of_step']:.1f} / {r['overhead_pct_of_step_p10']:.1f}")
+    con.print(t)
+    t = Table(title=f"end to end, plain decode (T = 1), {a.max_tokens} tokens")
+    for c in ("processor", "tok/s", "vs plain"):
+        t.add_column(c)
+    for name, r in e2e.items():
+        ref = e2e["plain_json_prompt" if name == "json" else "plain"]["tok_s"]  # the same prompt without steering
+        t.add_row(name, f"{r['tok_s']:.0f}", f"{r['tok_s'] / ref:.3f}")
+    con.print(t)
+    t = Table(title="suffix drafting under the JSON schema (repetitive records)")
+    for c in ("draft", "masks", "tok/s", "speedup", "accept", "E[keep]", "stop"):
+        t.add_column(c)
+    def base_key(r):
+        return f"none/overlap={r['overlap']}/lazy={r['lazy']}"
+
+    for r in spec.values():
+        how = "lazy (greedy checks)" if r["lazy"] else "full, during forward" if r["overlap"] else "full, before forward"
+        t.add_row(r["draft"], how, f"{r['tok_s']:.0f}",
+                  f"{r['tok_s'] / spec[base_key(r)]['tok_s']:.2f}x",
+                  f"{r['acceptance']:.2f}", f"{r['e_keep']:.2f}", r["stop"])
+    con.print(t)
+    print(f"outputs identical: {identical}; 10k-phrase automaton: {auto10k.n_patterns} patterns, "
+          f"{auto10k.n_nodes} nodes, built in {t_build:.2f} s; load average {load0[0]:.2f} -> {load1[0]:.2f}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"model": str(model.path), "threads": model.threads, "rounds": a.rounds, "reps": a.reps,
+                       "max_tokens": a.max_tokens, "machine": platform.platform(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+                       "loadavg": [load0, load1], "components": comp, "end_to_end": e2e, "suffix_under_schema": spec,
+                       "identical": identical, "automaton_10k": {"patterns": auto10k.n_patterns,
+                                                                 "nodes": auto10k.n_nodes, "build_s": t_build},
+                       "sample_output": sample_text[:400]}, f, indent=1)
+    return 0 if identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

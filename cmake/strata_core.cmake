@@ -1,0 +1,29 @@
+# The engine core: everything but the bindings, as the static library strata_core. Included by the
+# extension build (../CMakeLists.txt) and by the fuzzers (../fuzz/CMakeLists.txt). Portable code is built
+# for baseline x86-64; ISA-specific kernels live in csrc/kernels/cpu/*_avx2.cpp / *_avx512.cpp /
+# *_avx512vbmi.cpp and get their flags below, chosen at run time by cpu feature dispatch, so one build
+# runs on any x86-64. STRATA_CORE_OPT: the optimisation flags (sanitizer builds pass -O1).
+get_filename_component(STRATA_ROOT ${CMAKE_CURRENT_LIST_DIR}/.. ABSOLUTE)
+file(GLOB_RECURSE CORE_SOURCES CONFIGURE_DEPENDS ${STRATA_ROOT}/csrc/*.cpp)
+list(FILTER CORE_SOURCES EXCLUDE REGEX ".*/bindings/.*")
+if(NOT DEFINED STRATA_CORE_OPT)
+  set(STRATA_CORE_OPT -O3)
+endif()
+
+add_library(strata_core STATIC ${CORE_SOURCES})
+target_include_directories(strata_core PUBLIC ${STRATA_ROOT}/csrc)
+target_link_libraries(strata_core PUBLIC Threads::Threads)
+# Exactness: no fast-math, no implicit FMA contraction; kernels use explicit FMA where they mean it.
+target_compile_options(strata_core PRIVATE ${STRATA_CORE_OPT} -ffp-contract=off -fno-fast-math -Wall -Wextra
+                       -Wno-unused-parameter)
+foreach(src ${CORE_SOURCES})
+  if(src MATCHES "_avx512\\.cpp$")
+    set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS
+      "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx2;-mfma;-mf16c;-mbmi2")
+  elseif(src MATCHES "_avx512vbmi\\.cpp$")
+    set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS
+      "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512vbmi;-mavx2;-mfma;-mf16c;-mbmi2")
+  elseif(src MATCHES "_avx2\\.cpp$")
+    set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma;-mf16c;-mbmi2")
+  endif()
+endforeach()

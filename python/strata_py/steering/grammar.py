@@ -1,0 +1,209 @@
+"""Grammar constraints (JSON Schema, regular expression, Lark) through llguidance, as per-row token masks.
+
+Why llguidance: it is the constraint engine llama.cpp and vLLM ship; it computes a token mask from a
+token trie in native code (Rust) in tens of microseconds with no per-grammar precompilation pass, compiles
+JSON Schema (nested objects, arrays, enums, numbers, string patterns), regular expressions and Lark
+grammars itself, and its matcher rolls back consumed tokens (`rollback(n)`), which is exactly what a
+rejected draft needs. xgrammar was the alternative: its masks need a per-grammar compile step that pays
+off with large batches, and it has no Lark front end.
+
+GrammarMatcher keeps the processor contract of csrc/sampling/processor.h on the Python side:
+  1. Its committed state is the matcher after the committed tokens at positions [origin, position).
+  2. window_masks(inputs, pos0): for row i it consumes input i (when pos0 + i >= origin) and writes the
+     mask of the state after it into row i. A draft the grammar does not allow (its bit is 0 in the
+     previous row's mask) ends the walk: that row and the rows after it get all-ones masks, and they can
+     never be kept, because the row before cannot choose the disallowed draft.
+  3. commit(keep) rolls back what the window consumed beyond the kept rows.
+  4. sync(tokens, origin) rebuilds the committed state from scratch when the session's committed tokens
+     are not the ones the matcher consumed (a restored checkpoint, a reused session).
+"""
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+import numpy as np
+
+_PROTOTYPES = 8
+# JSON layout: json.dumps's separators and no free whitespace (free whitespace lets a model pad forever; a
+# schema's "x-guidance" object overrides these, e.g. {"whitespace_flexible": true}).
+JSON_DEFAULTS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}  # compiled matchers kept per model (keyed by the grammar text)
+
+
+def _lltokenizer(model):
+    """The model's llguidance tokenizer (built once per model): our token bytes, our encoder, our EOG ids."""
+    lt = model.__dict__.get("_lltokenizer")
+    if lt is None:
+        import llguidance
+
+        tok = model.tokenizer
+
+        class _Wrapped:
+            def __init__(self):
+                self.eos_token_id = min(tok.eog_ids) if tok.eog_ids else 0
+                self.bos_token_id = tok.bos_id
+                self.tokens = [tok.token_bytes(i) for i in range(tok.n_vocab)]
+                self.special_token_ids = [i for i in range(tok.n_vocab) if tok.is_control(i)]
+
+            def __call__(self, text):
+                if isinstance(text, bytes):
+                    text = text.decode("utf-8", errors="replace")
+                return tok.encode(text)
+
+        lt = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Wrapped()), n_vocab=model.n_vocab,
+                                    eos_token=sorted(tok.eog_ids) or [0])
+        model._lltokenizer = lt
+    return lt
+
+
+def grammar_text(cfg) -> tuple[str, str] | None:
+    """(field name, llguidance grammar) for cfg's constraint, or None when there is none."""
+    import llguidance
+
+    if cfg.json_schema is not None:
+        try:
+            return "json_schema", llguidance.LLMatcher.grammar_from_json_schema(json.dumps(cfg.json_schema),
+                                                                                defaults=JSON_DEFAULTS)
+        except ValueError as e:
+            raise ValueError(f"bad option json_schema: {e}") from None
+    if cfg.regex is not None:
+        return "regex", llguidance.LLMatcher.grammar_from_regex(cfg.regex)
+    if cfg.grammar is not None:
+        return "grammar", llguidance.LLMatcher.grammar_from_lark(cfg.grammar)
+    return None
+
+
+class GrammarMatcher:
+    """One generation's grammar state and its per-row masks (see the module docstring)."""
+
+    def __init__(self, model, field: str, grammar: str, max_window: int):
+        import llguidance
+
+        cache: dict = model.__dict__.setdefault("_grammar_prototypes", {})
+        proto = cache.get(grammar)
+        if proto is None:
+            proto = llguidance.LLMatcher(_lltokenizer(model), grammar, log_level=0)
+            if proto.is_error():
+                raise ValueError(f"bad option {field}: {proto.get_error()}")
+            if len(cache) >= _PROTOTYPES:
+                cache.pop(next(iter(cache)))
+            cache[grammar] = proto
+        self.matcher = proto.deep_copy()
+        self.field = field
+        self.n_vocab = model.n_vocab
+        self.words = (self.n_vocab + 31) // 32
+        self._buf = np.empty((max(1, max_window), self.words), dtype=np.uint32)
+        self._consumed: list[int] = []   # committed tokens the matcher has consumed (positions origin..)
+        self._window = 0                 # tokens consumed by the pending window
+        self._took: list[bool] = []      # per row of the pending window: its input went into the matcher
+        self.origin = 0
+        self.checked = self.refused = 0  # fix_greedy: rows checked, rows whose free choice the grammar refused
+        # once the grammar is complete and an end-of-generation token was consumed, the matcher is stopped:
+        # from then on only end-of-generation tokens are allowed, and they change nothing
+        self._eog = frozenset(model.tokenizer.eog_ids)
+        self._eog_mask = np.zeros(self.words, dtype=np.uint32)
+        for t in self._eog:
+            if t < self.n_vocab:
+                self._eog_mask[t >> 5] |= np.uint32(1 << (t & 31))
+
+    def sync(self, tokens: Sequence[int], origin: int) -> None:
+        """Make the committed state that of the committed tokens [origin, len(tokens))."""
+        want = list(tokens[origin:]) if origin < len(tokens) else []
+        self.origin = origin
+        self._window = 0
+        if want == self._consumed:
+            return
+        m = self.matcher
+        m.reset()
+        for t in want:
+            if m.is_stopped() and t in self._eog:
+                continue
+            if m.validate_tokens([t]) != 1 or not m.consume_token(t):
+                raise ValueError(f"{self.field}: the session's committed output does not satisfy the grammar "
+                                 f"(token {t})")
+        self._consumed = want
+
+    def window_masks(self, inputs: Sequence[int], pos0: int) -> np.ndarray:
+        """uint32 [T, words]: row i = tokens allowed after input i (rows after a disallowed draft: all ones)."""
+        T = len(inputs)
+        if T > len(self._buf):
+            self._buf = np.empty((T, self.words), dtype=np.uint32)
+        buf = self._buf[:T]
+        m = self.matcher
+        base, stride = buf.ctypes.data, self.words * 4
+        n = 0
+        took = [False] * T
+        for i in range(T):
+            t = int(inputs[i])
+            if pos0 + i >= self.origin:
+                if i > 0:
+                    ok = (int(buf[i - 1, t >> 5]) >> (t & 31)) & 1
+                else:
+                    ok = (m.is_stopped() and t in self._eog) or m.validate_tokens([t]) == 1
+                if not ok:
+                    if i == 0:
+                        raise ValueError(f"{self.field}: the window's first token {t} does not satisfy the grammar")
+                    buf[i:] = 0xFFFFFFFF
+                    break
+                if not (m.is_stopped() and t in self._eog):
+                    if not m.consume_token(t):
+                        raise RuntimeError(f"{self.field}: the grammar matcher refused token {t}: {m.get_error()}")
+                    took[i] = True
+                    n += 1
+            if m.is_stopped():
+                buf[i] = self._eog_mask
+            else:
+                m.unsafe_compute_mask_ptr(base + i * stride, stride)
+        self._window = n
+        self._took = took
+        self._pending_inputs = [int(x) for x in inputs[:T]]
+        self._pending_pos0 = pos0
+        return buf
+
+    def fix_greedy(self, inputs: Sequence[int], pos0: int, out: list[int], refinish) -> list[int]:
+        """Greedy decoding without full masks: out[i] (the row's choice over every token) stands when the
+        grammar allows it, since the argmax over all tokens is then the argmax over the allowed ones (ties
+        and bans included); otherwise refinish(i, mask) finishes row i again under its mask. Walks the rows
+        the acceptance walk can reach (until a row's choice differs from the next input), consuming inputs
+        as window_masks does; commit(keep) is the same."""
+        T = len(inputs)
+        m = self.matcher
+        n = 0
+        took = [False] * T
+        row = np.empty(self.words, dtype=np.uint32)
+        for i in range(T):
+            t = int(inputs[i])
+            if pos0 + i >= self.origin:
+                if not ((m.is_stopped() and t in self._eog) or m.validate_tokens([t]) == 1):
+                    raise ValueError(f"{self.field}: the window's input {t} at row {i} does not satisfy the grammar")
+                if not (m.is_stopped() and t in self._eog):
+                    if not m.consume_token(t):
+                        raise RuntimeError(f"{self.field}: the grammar matcher refused token {t}: {m.get_error()}")
+                    took[i] = True
+                    n += 1
+            c = out[i]
+            self.checked += 1
+            if m.is_stopped():
+                if c not in self._eog:
+                    out[i] = refinish(i, self._eog_mask)
+            elif m.validate_tokens([c]) != 1:
+                self.refused += 1
+                m.unsafe_compute_mask_ptr(row.ctypes.data, self.words * 4)
+                out[i] = refinish(i, row)
+            if i + 1 >= T or out[i] != int(inputs[i + 1]):
+                break
+        self._window = n
+        self._took = took
+        self._pending_inputs = [int(x) for x in inputs[:T]]
+        self._pending_pos0 = pos0
+        return out
+
+    def commit(self, keep: int) -> None:
+        """Keep the state after the first `keep` rows of the last window."""
+        pos0 = self._pending_pos0
+        kept = sum(1 for i in range(keep) if pos0 + i >= self.origin)
+        took_kept = sum(self._took[:keep])
+        if self._window > took_kept:
+            self.matcher.rollback(self._window - took_kept)
+        self._consumed.extend(self._pending_inputs[keep - kept:keep])
+        self._window = 0
