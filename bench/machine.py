@@ -13,26 +13,24 @@ KEY_FLAGS = ("avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni", "avx512f", "avx51
              "avx512_vnni", "avx512vbmi", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8")
 
 
-def cpu_flags() -> list[str]:
+def cpuinfo(key: str) -> str | None:
+    """The first /proc/cpuinfo value of key ("flags", "model name"), None where there is none."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return line.split(":", 1)[1].split()
-    except OSError:
-        pass
-    return []
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
+                if line.startswith(key):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_flags() -> list[str]:
+    return (cpuinfo("flags") or "").split()
+
+
+def cpu_model() -> str:
+    return cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def machine_info(isa: str | None = None) -> dict:
