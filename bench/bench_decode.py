@@ -1,11 +1,15 @@
 """Prefill and decode speed, window latency C(T) for T = 1..8, and the DeltaNet fold cost per mode.
 
     python bench/bench_decode.py MODEL.gguf [--threads N] [--prompt 256] [--decode 64] [--reps 30] [--json OUT]
+    python bench/bench_decode.py MODEL.gguf --prefill-lengths 512,4096,16384 [--prefill serial] --only-prefill
 
 Decode tok/s is the median over single-token windows; C(T) is the median latency of a T-row verify window
 followed by commit(1) (the most expensive rollback: T-1 rows rejected), from the same position each time.
 The fold cost is measured inside the engine (Session.last_fold_seconds) for keep = T-1 after T-row windows.
-Prints a short table and writes JSON.
+--prefill-lengths: prefill tok/s of prompts of those lengths the way generation prefills (prompt windows of
+512 rows, speculative.prefill), once each after a warm-up (--prefill chooses the DeltaNet form of prompt
+windows: chunked or serial). Prints a short table and writes JSON; every result records the machine
+(CPU flags, load average, date: bench/machine.py).
 """
 from __future__ import annotations
 
@@ -21,6 +25,10 @@ import numpy as np
 
 from strata_py import _core
 from strata_py.model import Model
+from strata_py.speculative import prefill
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import describe, machine_info  # noqa: E402
 
 
 def median_ms(xs):
@@ -36,6 +44,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=30, help="repetitions per window size")
     ap.add_argument("--max-t", type=int, default=8)
     ap.add_argument("--json", help="write results here")
+    ap.add_argument("--prefill-lengths", default="", help="comma-separated prompt lengths for prefill tok/s")
+    ap.add_argument("--prefill", default="serial", choices=("chunked", "serial"))
+    ap.add_argument("--only-prefill", action="store_true", help="only the --prefill-lengths measurements")
     a = ap.parse_args(argv)
 
     model = Model.load(a.model, threads=a.threads)
@@ -44,7 +55,29 @@ def main(argv=None) -> int:
     prompt = rng.integers(0, V, a.prompt).tolist()
     res = {"model": os.path.basename(a.model), "threads": model.threads, "isa": _core.active_isa(),
            "machine": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d"),
-           "config": {k: v for k, v in model.config.items() if k != "recurrent"}}
+           "config": {k: v for k, v in model.config.items() if k != "recurrent"}, "host": machine_info(_core.active_isa())}
+
+    if a.prefill_lengths:
+        lengths = [int(x) for x in a.prefill_lengths.split(",")]
+        s = model.session(n_ctx=64 + 8, prefill=a.prefill)
+        prefill(s, prompt[:64] if len(prompt) >= 64 else rng.integers(0, V, 64).tolist())  # warm-up: page-in
+        res["prefill_by_length"] = {}
+        for n in lengths:
+            ids = np.random.default_rng(n).integers(0, V, n).tolist()
+            s = model.session(n_ctx=n + 8, prefill=a.prefill)
+            t, c = time.perf_counter(), time.process_time()
+            prefill(s, ids)
+            wall, cpu = time.perf_counter() - t, time.process_time() - c
+            res["prefill_by_length"][n] = {"tok_s": n / wall, "seconds": wall, "cpu_seconds": cpu,
+                                           "load_avg_1m": os.getloadavg()[0], "mode": a.prefill}
+            print(f"prefill {n:6d} tokens ({a.prefill}): {n / wall:8.1f} tok/s ({wall:.1f} s, {cpu:.1f} CPU s, "
+                  f"load avg {os.getloadavg()[0]:.1f})", flush=True)
+        if a.only_prefill:
+            print(describe(res["host"]))
+            if a.json:
+                with open(a.json, "w") as f:
+                    json.dump(res, f, indent=1)
+            return 0
 
     # prefill: best of 3 whole-prompt runs (the first warms caches and page-ins)
     times = []

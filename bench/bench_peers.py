@@ -3,10 +3,15 @@ prefill tok/s, as ratios from one run; strata's window cost C(4)/C(1); T = 1 dec
 memory-bandwidth floor (weight bytes read per token / measured read bandwidth).
 
     python bench/bench_peers.py MODEL.gguf [--threads 2] [--prompt 128] [--decode 32] [--rounds 3] [--json OUT]
+        [--isa avx2] [--llama-path DIR]
 
 Measurements alternate between the engines (`--rounds` rounds), so background load hits both alike; the
 table gives medians and, for a busy machine, the best (minimum) times too.
 llama-cpp-python is an optional bench dependency (it builds llama.cpp from source): pip install llama-cpp-python.
+--isa runs strata's kernels as on a CPU whose best path is that one (an AVX2-only machine: --isa avx2), and
+--llama-path DIR imports a llama-cpp-python built into DIR (pip install --target DIR ...), e.g. one built with
+-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF for the same comparison; its system info goes in the JSON.
+Prompts are prefilled the way generation does it (prompt windows of at most 512 rows; llama.cpp n_batch 512).
 """
 from __future__ import annotations
 
@@ -24,8 +29,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_kernels import bandwidth  # noqa: E402
 
+from machine import describe, machine_info  # noqa: E402
 from strata_py import _core  # noqa: E402
 from strata_py.model import Model  # noqa: E402
+from strata_py.speculative import prefill  # noqa: E402
 
 
 def bytes_per_token(path: str) -> int:
@@ -50,9 +57,8 @@ def bytes_per_token(path: str) -> int:
 def strata_round(model, prompt, n_dec, reps):
     s = model.session(n_ctx=len(prompt) + n_dec + 16)
     t = time.perf_counter()
-    s.run(prompt, last_only=True)
-    s.commit(len(prompt))
-    prefill = time.perf_counter() - t
+    prefill(s, prompt)
+    prefill_s = time.perf_counter() - t
     base = s.checkpoint()
     dec = []
     tok = prompt[-1]
@@ -72,7 +78,7 @@ def strata_round(model, prompt, n_dec, reps):
             s.commit(1)
             lat.append(time.perf_counter() - t)
         win[T] = statistics.median(lat)
-    return prefill, statistics.median(dec), win
+    return prefill_s, statistics.median(dec), win
 
 
 def llama_round(llm, prompt, n_dec):
@@ -97,8 +103,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=9, help="window repetitions per round")
     ap.add_argument("--json")
+    ap.add_argument("--isa", default=None, help="strata kernel path (default: the best this CPU has)")
+    ap.add_argument("--llama-path", default=None, help="import llama_cpp from this directory first")
     a = ap.parse_args(argv)
-    from llama_cpp import Llama
+    if a.llama_path:
+        sys.path.insert(0, a.llama_path)
+    from llama_cpp import Llama, llama_print_system_info
+    if a.isa:
+        _core.force_isa(a.isa)
 
     bw = bandwidth(a.threads)
     model = Model.load(a.model, threads=a.threads)
@@ -120,6 +132,8 @@ def main(argv=None) -> int:
     res = {
         "model": os.path.basename(a.model), "threads": a.threads, "isa": _core.active_isa(),
         "machine": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M"),
+        "host": machine_info(_core.active_isa()), "llama_system_info": llama_print_system_info().decode().strip(),
+        "runs": {"strata_prefill_s": S_pre, "strata_decode_s": S_dec, "llama_prefill_s": L_pre, "llama_decode_s": L_dec},
         "load_avg_1m": os.getloadavg()[0], "bandwidth": bw, "prompt": a.prompt,
         "strata": {"prefill_tok_s": a.prompt / med(S_pre), "decode_tok_s": 1 / med(S_dec),
                    "decode_ms": med(S_dec) * 1e3, "C1_ms": med(S_c1) * 1e3, "C4_ms": med(S_c4) * 1e3},
@@ -136,6 +150,7 @@ def main(argv=None) -> int:
     res["c4_over_c1"] = S["C4_ms"] / S["C1_ms"]
     res["floor_over_decode"] = floor / med(S_dec)
     print(f"{res['model']}  threads={a.threads}  isa={res['isa']}  load avg {res['load_avg_1m']:.1f}")
+    print(f"{describe(res['host'])}; llama.cpp: {res['llama_system_info']}")
     print(f"read bandwidth {bw[f'read_gbs_{a.threads}t']:.1f} GB/s; weights per token {wbytes / 2**20:.1f} MiB "
           f"-> floor {res['floor_ms']:.2f} ms")
     print(f"{'':10} {'prefill tok/s':>14} {'decode tok/s':>13} {'decode ms':>10}")

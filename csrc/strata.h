@@ -34,7 +34,7 @@
 namespace strata {
 
 struct ModelOptions {
-  int threads = 0;       // 0 = physical cores
+  int threads = 0;       // 0 = default_threads(): physical cores, at most the CPUs this process may use
   std::string mtp_path;  // a separate MTP-only GGUF (llama.cpp --mtp output); overrides a built-in block
   ExpertOptions experts; // cache_mib = -1: every expert resident (mapped); else streamed (experts/expert_stream.h)
   int64_t ple_map_mib = 4096;    // a PLE table larger than this is read by pread instead of through the mapping
@@ -81,6 +81,10 @@ struct SessionOptions {
   int max_window = 8;      // largest verify window; longer runs are prompt windows (commit all)
   bool mtp = false;        // keep the MTP block's inputs so that mtp_draft() can draft
   FoldMode fold = FoldMode::Lazy;
+  // Prompt windows run the DeltaNet rows in the chunked form (state/deltanet_chunked.h: within float rounding
+  // of serial steps) instead of the serial recurrence (bit-identical to T = 1 steps). Off by default: on the
+  // CPUs measured (docs/BENCHMARKS.md, issue 17) the strip-mined recurrence is the faster of the two.
+  bool chunked_prefill = false;
 };
 
 // Committed state at one position, flushed (no pending fold). Restore is bit-identical.

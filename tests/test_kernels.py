@@ -15,6 +15,7 @@ TYPES = {"F32": QT.F32, "F16": QT.F16, "BF16": QT.BF16, "Q8_0": QT.Q8_0, "Q4_0":
          "Q5_0": QT.Q5_0, "Q5_1": QT.Q5_1, "IQ4_NL": QT.IQ4_NL, "MXFP4": QT.MXFP4}
 BLOCK32 = {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4"}  # 32-value blocks with float scales
 ISAS = [i for i in ("avx2", "avx512") if (i == "avx2" and _core.best_isa() in ("avx2", "avx512")) or _core.best_isa() == i]
+PATHS = ["scalar", *ISAS]  # every kernel path this CPU runs
 
 
 def _weights(rng, typ, rows, cols):
@@ -100,7 +101,7 @@ def test_dn_rows_equal_ref(dv, read):
         gates = np.stack([rng.uniform(0.5, 1.0, T), rng.uniform(0.0, 1.0, T)], axis=1).astype(np.float32)
         for n_src in range(T + 1):
             ref = _core.dn_rows(S, k, v, q, gates, n_src, read, True)
-            for isa in ("scalar", "avx512") if _core.best_isa() == "avx512" else ("scalar",):
+            for isa in PATHS:
                 prev = _core.active_isa()
                 _core.force_isa(isa)
                 try:
@@ -114,19 +115,18 @@ def test_dn_rows_equal_ref(dv, read):
 
 
 @pytest.mark.parametrize("hd", [64, 128, 256, 48])
-def test_attend_paths(hd):
-    # the AVX-512 attention against its scalar twin and float64 (the paths sum in different orders), and
-    # every (row, head) output bit-identical whatever rows and heads share the call: a T-row window
+@pytest.mark.parametrize("isa", ISAS)
+def test_attend_paths(hd, isa):
+    # the AVX-512 and AVX2 attention against the scalar twin and float64 (the paths sum in different orders),
+    # and every (row, head) output bit-identical whatever rows and heads share the call: a T-row window
     # against the same rows one at a time
-    if _core.best_isa() != "avx512":
-        pytest.skip("no AVX-512 on this CPU")
     rng = np.random.default_rng()  # fresh inputs every run
     nh, scale = 2, 1.0 / np.sqrt(hd)
     for n0, T in ((1, 1), (3, 2), (16, 1), (17, 8), (37, 3), (300, 8)):
         q = rng.standard_normal((T * nh, hd), dtype=np.float32)
         k = rng.standard_normal((n0 + T - 1, hd), dtype=np.float32)
         v = rng.standard_normal((n0 + T - 1, hd), dtype=np.float32)
-        fast = np.asarray(_core.attend(q, nh, k, v, n0, scale, "avx512")).reshape(T * nh, hd)
+        fast = np.asarray(_core.attend(q, nh, k, v, n0, scale, isa)).reshape(T * nh, hd)
         ref = np.asarray(_core.attend(q, nh, k, v, n0, scale, "scalar")).reshape(T * nh, hd)
         for t in range(T):
             kk, vv = k[:n0 + t].astype(np.float64), v[:n0 + t].astype(np.float64)
@@ -137,7 +137,7 @@ def test_attend_paths(hd):
                 exact = (p / p.sum()) @ vv
                 for got in (fast[i], ref[i]):
                     assert np.max(np.abs(got - exact)) <= 1e-5 * max(1.0, np.max(np.abs(exact)))
-                one = np.asarray(_core.attend(q[i:i + 1], 1, k, v, n0 + t, scale, "avx512"))
+                one = np.asarray(_core.attend(q[i:i + 1], 1, k, v, n0 + t, scale, isa))
                 assert np.array_equal(one, fast[i]), (n0, T, t, j)
 
 
@@ -162,8 +162,7 @@ def test_rowops_builds_agree(name):
         y = np.array([[float(x.max())]], np.float32)
     if name == "conv":
         y = rng.standard_normal((4, 1000)).astype(np.float32)
-    isas = ["scalar", "avx512"] if _core.best_isa() == "avx512" else ["scalar"]
-    outs = [np.asarray(_core.rowop(name, x, y, isa)) for isa in isas]
+    outs = [np.asarray(_core.rowop(name, x, y, isa)) for isa in PATHS]
     for o in outs[1:]:
         assert np.array_equal(o, outs[0])
     xd, yd = x.astype(np.float64), y.astype(np.float64)
@@ -213,15 +212,17 @@ def test_block32_model_windows_equal_serial(tmp_path, typ):
 @pytest.mark.parametrize("hd", [64, 128, 256, 48])
 def test_attend_cell_list_equals_gathered_cells(hd):
     # QSA's sparse rows attend to a list of cells: on every path, the same bits as the dense kernel run on
-    # those cells gathered in order (fresh random inputs and cell sets)
+    # those cells gathered in order, and the fast paths' sparse rows within float rounding of the scalar
+    # twin's (fresh random inputs and cell sets)
     rng = np.random.default_rng()
-    isas = ["scalar", "avx512"] if _core.best_isa() == "avx512" else ["scalar"]
     for n, m in ((40, 7), (300, 37), (1000, 260)):
         k = rng.standard_normal((n, hd), dtype=np.float32)
         v = rng.standard_normal((n, hd), dtype=np.float32)
         q = rng.standard_normal((2, hd), dtype=np.float32)
         cells = np.sort(rng.choice(n, m, replace=False)).astype(np.int32)
-        for isa in isas:
+        ref = np.asarray(_core.attend(q, 2, k, v, m, 0.125, "scalar", cells.tolist()))
+        for isa in PATHS:
             sparse = np.asarray(_core.attend(q, 2, k, v, m, 0.125, isa, cells.tolist()))
             dense = np.asarray(_core.attend(q, 2, k[cells], v[cells], m, 0.125, isa))
             assert np.array_equal(sparse, dense), (isa, n, m)
+            assert np.max(np.abs(sparse - ref)) <= 1e-5 * max(1.0, np.max(np.abs(ref))), (isa, n, m)

@@ -69,7 +69,7 @@ def check_random_windows(model, fold, rng, W, n_windows=40, n_ctx=512):
     probe = int(rng.integers(0, V))
     last = s.run([probe])[0]
     s.commit(1)
-    r = model.session(n_ctx=n_ctx)
+    r = model.session(n_ctx=n_ctx, max_window=W)  # the prompt runs as the same kind of window in both
     r.run(prompt)
     r.commit(len(prompt))
     for t in kept:

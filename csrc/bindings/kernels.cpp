@@ -12,6 +12,7 @@
 #include "kernels/quants.h"
 #include "kernels/rowops.h"
 #include "model/layers.h"
+#include "state/deltanet_chunked.h"
 #include "state/deltanet_state.h"
 #include "util/common.h"
 #include "util/threads.h"
@@ -98,7 +99,7 @@ void init_kernels(nb::module_& m) {
         // y is the second operand (u, z or g; conv: the transposed taps [K][cd] with x the history).
         const Isa want = parse_isa(isa);
         STRATA_CHECK((int)want <= (int)best_isa(), "rowop: this CPU lacks ", isa);
-        const RowOps& ops = want == Isa::AVX512 ? rowops_avx512() : rowops_base();
+        const RowOps& ops = rowops_for((int)want);
         std::vector<float> a(x.data(), x.data() + x.size());
         const int64_t n = (int64_t)a.size();
         if (name == "vexp") {
@@ -155,8 +156,7 @@ void init_kernels(nb::module_& m) {
         std::vector<float> sc((size_t)attend_scratch(a));
         const Isa want = parse_isa(isa);
         STRATA_CHECK((int)want <= (int)best_isa(), "attend: this CPU lacks ", isa);
-        if (want == Isa::AVX512) attend_avx512(a, sc.data());
-        else attend_ref(a, sc.data());
+        attend_on((int)want, a, sc.data());
         return o;
       },
       nb::arg("q"), nb::arg("nh"), nb::arg("k"), nb::arg("v"), nb::arg("n0"), nb::arg("scale"),
@@ -182,6 +182,26 @@ void init_kernels(nb::module_& m) {
       },
       nb::arg("S"), nb::arg("k"), nb::arg("v"), nb::arg("q"), nb::arg("gates"), nb::arg("n_src"), nb::arg("read") = true,
       nb::arg("ref") = false, "The DeltaNet window recurrence of one head (dn_rows or its row-by-row twin), for tests.");
+  m.def(
+      "dn_chunked",
+      [](F2 S, F2 k, F2 v, F2 q, F2 gates, const std::string& isa) {
+        // One value head through T rows in the chunked form (tests): returns (S after the rows, o[T][dv]);
+        // gates[t] = (g, beta) with g the log decay.
+        const int64_t dk = S.shape(0), dv = S.shape(1);
+        const int T = (int)k.shape(0);
+        STRATA_CHECK(T >= 1 && (int64_t)k.shape(1) == dk && (int64_t)q.shape(1) == dk && (int64_t)v.shape(1) == dv &&
+                         (int64_t)v.shape(0) == T && (int64_t)q.shape(0) == T && (int64_t)gates.shape(0) == T &&
+                         gates.shape(1) == 2,
+                     "dn_chunked: shapes S[dk][dv], k/q[T][dk], v[T][dv], gates[T][2] (g, beta)");
+        const Isa want = parse_isa(isa);
+        STRATA_CHECK((int)want <= (int)best_isa(), "dn_chunked: this CPU lacks ", isa);
+        std::vector<float> s0(S.data(), S.data() + dk * dv), o((size_t)(T * dv), 0.f);
+        const DnSeq seq{k.data(), dk, v.data(), dv, q.data(), dk, gates.data(), gates.data() + 1, 2, o.data(), dv};
+        dn_chunked_on((int)want, s0.data(), seq, T, dk, dv);
+        return std::make_tuple(s0, o);
+      },
+      nb::arg("S"), nb::arg("k"), nb::arg("v"), nb::arg("q"), nb::arg("gates"), nb::arg("isa") = "",
+      "The chunked gated delta rule over T rows of one head (state/deltanet_chunked.h), for tests.");
   m.def(
       "matmul",
       [](U8 w, const std::string& type, int64_t rows, int64_t cols, F2 x, const std::string& isa, int threads) {

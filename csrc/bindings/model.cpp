@@ -6,10 +6,12 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -274,19 +276,33 @@ static nb::dict cache_stress(int slots, int keys, int threads, int iters, int ma
 void init_model(nb::module_& m) {
   m.def(
       "_pool_selftest",
-      [](int threads, int64_t n, int64_t throw_at) {
-        // every index visited once by a static partition; an exception in any chunk reaches the caller
-        ThreadPool pool(threads);
+      [](int threads, int64_t n, int64_t throw_at, int64_t align, int regions, bool adaptive, int slow_worker_us,
+         int work_us) {
+        // `regions` parallel regions over [0, n): every index visited once per region whoever claims the
+        // chunks, chunk bounds multiples of align; an exception in any chunk reaches the caller. Every chunk
+        // computes for work_us; a worker's chunk that first sleeps slow_worker_us stands in for a worker whose
+        // core another program took.
+        nb::gil_scoped_release rel;
+        ThreadPool pool(threads, adaptive);
         std::vector<int> seen(n, 0);
-        pool.parallel_for(n, [&](int64_t b, int64_t e, int) {
-          for (int64_t i = b; i < e; i++) {
-            if (i == throw_at) throw std::runtime_error(cat("chunk failed at ", i));
-            seen[i]++;
-          }
-        });
-        return seen;
+        std::atomic<int> misaligned{0};
+        for (int r = 0; r < regions; r++)
+          pool.parallel_for(n, [&](int64_t b, int64_t e, int idx) {
+            if (b % align != 0 || (e % align != 0 && e != n)) misaligned++;
+            if (idx != 0 && slow_worker_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(slow_worker_us));
+            for (Timer tm; tm.seconds() * 1e6 < work_us;) {
+            }
+            for (int64_t i = b; i < e; i++) {
+              if (i == throw_at) throw std::runtime_error(cat("chunk failed at ", i));
+              seen[i]++;
+            }
+          }, align);
+        const ThreadPool::Stats s = pool.stats();
+        return std::make_tuple(seen, misaligned.load(), s.fallbacks, s.serial);
       },
-      nb::arg("threads"), nb::arg("n"), nb::arg("throw_at") = -1, "Thread pool self-test (tests only).");
+      nb::arg("threads"), nb::arg("n"), nb::arg("throw_at") = -1, nb::arg("align") = 1, nb::arg("regions") = 1,
+      nb::arg("adaptive") = false, nb::arg("slow_worker_us") = 0, nb::arg("work_us") = 0,
+      "Thread pool self-test (tests only): (visits per index, misaligned chunks, fallbacks, serial now).");
 
   m.def("expert_cache_stress", &cache_stress, nb::arg("slots"), nb::arg("keys"), nb::arg("threads"), nb::arg("iters"),
         nb::arg("max_n"), nb::arg("fail_every") = 0, nb::arg("seed") = 1,
@@ -325,6 +341,18 @@ void init_model(nb::module_& m) {
           "streams experts through a cache of that size (-1: all resident); see csrc/experts/expert_stream.h.")
       .def_prop_ro("config", [](const Model& mo) { return config_dict(mo.hp()); })
       .def_prop_ro("threads", &Model::threads)
+      .def(
+          "pool_stats",
+          [](const Model& m) {
+            const ThreadPool::Stats s = m.pool().stats();
+            nb::dict d;
+            d["adaptive"] = m.pool().adaptive();
+            d["windows"] = s.windows;
+            d["fallbacks"] = s.fallbacks;
+            d["serial"] = s.serial;
+            return d;
+          },
+          "The thread pool's adaptive mode (util/threads.h): windows measured, fallbacks to serial, serial now.")
       .def_prop_ro("fingerprint", &Model::fingerprint)
       .def_prop_ro("path", [](const Model& mo) { return mo.file().path(); })
       .def_prop_ro("has_mtp", [](const Model& mo) { return mo.weights().mtp.present; })
@@ -400,20 +428,25 @@ void init_model(nb::module_& m) {
   nb::class_<Session>(m, "Session")
       .def(
           "__init__",
-          [](Session* s, std::shared_ptr<Model> model, int64_t n_ctx, int max_window, const std::string& fold, bool mtp) {
+          [](Session* s, std::shared_ptr<Model> model, int64_t n_ctx, int max_window, const std::string& fold, bool mtp,
+             const std::string& prefill) {
             SessionOptions o;
             o.mtp = mtp;
+            if (prefill != "chunked" && prefill != "serial")
+              fail<std::invalid_argument>("bad option prefill='", prefill, "': expected 'chunked' or 'serial'");
+            o.chunked_prefill = prefill == "chunked";
             o.n_ctx = n_ctx;
             o.max_window = max_window;
             o.fold = parse_fold(fold);
             new (s) Session(model, o);
           },
           nb::arg("model"), nb::arg("n_ctx") = 4096, nb::arg("max_window") = 8, nb::arg("fold") = "lazy",
-          nb::arg("mtp") = false)
+          nb::arg("mtp") = false, nb::arg("prefill") = "serial")
       .def_prop_ro("position", &Session::position)
       .def_prop_ro("n_ctx", &Session::n_ctx)
       .def_prop_ro("max_window", [](const Session& s) { return s.options().max_window; })
       .def_prop_ro("fold", [](const Session& s) { return std::string(fold_name(s.options().fold)); })
+      .def_prop_ro("prefill", [](const Session& s) { return std::string(s.options().chunked_prefill ? "chunked" : "serial"); })
       .def_prop_ro("tokens", [](const Session& s) { return s.tokens(); })
       .def_prop_ro("pending_commit", &Session::pending_commit)
       .def_prop_ro("pending_fold", &Session::pending_fold)

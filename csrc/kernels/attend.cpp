@@ -36,10 +36,15 @@ void attend_ref(const AttendArgs& a, float* sc) {
     }
 }
 
-void attend(const AttendArgs& a, float* scratch) {
+void attend_on(int isa, const AttendArgs& a, float* scratch) {
   STRATA_CHECK(!a.cells || a.T == 1, "attend: a cell list needs T = 1, got T = ", a.T);
-  if (active_isa() == Isa::AVX512) attend_avx512(a, scratch);
-  else attend_ref(a, scratch);
+  switch ((Isa)isa) {
+    case Isa::AVX512: return attend_avx512(a, scratch);
+    case Isa::AVX2: return attend_avx2(a, scratch);
+    default: return attend_ref(a, scratch);
+  }
 }
+
+void attend(const AttendArgs& a, float* scratch) { attend_on((int)active_isa(), a, scratch); }
 
 }  // namespace strata

@@ -32,8 +32,11 @@ struct AttendArgs {
 // Scratch: attend_scratch(a) floats.
 inline int64_t attend_scratch(const AttendArgs& a) { return (int64_t)a.T * a.nh * (a.n + a.T + 16); }
 void attend_ref(const AttendArgs& a, float* scratch);
-// AVX-512 (kernels/cpu/attend_avx512.cpp) for hd = 64, 128 or 256, else it calls attend_ref.
+// AVX-512 / AVX2 (kernels/cpu/attend_avx512.cpp, attend_avx2.cpp) for hd = 64, 128 or 256, else attend_ref.
 void attend_avx512(const AttendArgs& a, float* scratch);
+void attend_avx2(const AttendArgs& a, float* scratch);
+// The path of an Isa value (matmul.h).
+void attend_on(int isa, const AttendArgs& a, float* scratch);
 // The active ISA's path.
 void attend(const AttendArgs& a, float* scratch);
 

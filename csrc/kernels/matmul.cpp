@@ -1,5 +1,6 @@
 #include "kernels/matmul.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "util/common.h"
@@ -8,6 +9,8 @@
 namespace strata {
 
 namespace {
+// Output rows per chunk boundary: whole register groups of the kernels and whole cache lines of y.
+constexpr int64_t kRowAlign = 16;
 Isa detect() {
   __builtin_cpu_init();
   // The AVX-512 files are compiled with F, BW, VL, DQ and VNNI (the compiler may emit any of them, VNNI
@@ -72,6 +75,8 @@ RowsFn rows_fn(uint32_t type, Isa isa) {
       if (auto f = rows_fn_avx512(type)) return f;
       [[fallthrough]];
     case Isa::AVX2:
+      if (isa == Isa::AVX2)
+        if (auto f = rows_fn_kq8_avx2(type)) return f;
       if (auto f = rows_fn_kq_avx2(type)) return f;
       if (auto f = rows_fn_avx2(type)) return f;
       [[fallthrough]];
@@ -95,6 +100,7 @@ Act prepare_act(uint32_t type, const float* x, int64_t ldx, int T, int64_t cols,
                    : g_active == Isa::AVX2 ? quantize_act_avx2
                                            : quantize_act_ref;
     q(x, ldx, T, cols, buf, a.q);
+    if (g_active == Isa::AVX2) buf.fill_q8(a.q);  // the vpmaddubsw kernels (cpu/kquants8_avx2.cpp)
   }
   return a;
 }
@@ -119,22 +125,38 @@ void matmul_range(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t
   get_fn(W)(W, a, y, ldy, r0, r1);
 }
 
+void ActRows::prepare(uint32_t type, const float* x, int64_t ldx, int T_, int64_t cols) {
+  STRATA_CHECK(T_ >= 1, "matmul: T = ", T_);
+  T = T_;
+  const int np = (T + kMaxRowsPerPass - 1) / kMaxRowsPerPass;
+  if ((int)bufs.size() < np) bufs.resize(np);  // before any Act points into them
+  pass.resize(np);
+  for (int p = 0; p < np; p++) {
+    const int t0 = p * kMaxRowsPerPass, tn = T - t0 < kMaxRowsPerPass ? T - t0 : kMaxRowsPerPass;
+    pass[p] = prepare_act(type, x + t0 * ldx, ldx, tn, cols, bufs[p]);
+  }
+}
+
+void matmul_rows(const MatView& W, const ActRows& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  RowsFn f = get_fn(W);
+  const int np = (int)a.pass.size();
+  if (np == 1) return f(W, a.pass[0], y, ldy, r0, r1);
+  const int64_t tile = std::max<int64_t>(16, ((int64_t)(32768 / std::max<size_t>(W.row_bytes, 1)) + 15) / 16 * 16);
+  for (int64_t rb = r0; rb < r1; rb += tile) {
+    const int64_t re = std::min(r1, rb + tile);
+    for (int p = 0; p < np; p++) f(W, a.pass[p], y + (int64_t)p * kMaxRowsPerPass * ldy, ldy, rb, re);
+  }
+}
+
 void matmul(ThreadPool& pool, const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy) {
   STRATA_CHECK(T >= 1, "matmul: T = ", T);
-  RowsFn f = get_fn(W);
+  get_fn(W);  // an unsupported type fails here, before any work
+  thread_local ActRows act;  // prepared once, shared read-only by the workers
+  act.prepare(W.type, x, ldx, T, W.cols);
+  const ActRows& a = act;
   // Small products are not worth waking the pool for.
-  const bool serial = W.rows * W.cols * (int64_t)T < (1 << 15);
-  thread_local QActBuf buf;  // quantized once per pass, shared read-only by the workers
-  for (int t0 = 0; t0 < T; t0 += kMaxRowsPerPass) {
-    const int tn = T - t0 < kMaxRowsPerPass ? T - t0 : kMaxRowsPerPass;
-    const Act a = prepare_act(W.type, x + t0 * ldx, ldx, tn, W.cols, buf);
-    float* yp = y + t0 * ldy;
-    if (serial) {
-      f(W, a, yp, ldy, 0, W.rows);
-    } else {
-      pool.parallel_for(W.rows, [&](int64_t b, int64_t e, int) { f(W, a, yp, ldy, b, e); });
-    }
-  }
+  if (W.rows * W.cols * (int64_t)T < (1 << 15)) return matmul_rows(W, a, y, ldy, 0, W.rows);
+  pool.parallel_for(W.rows, [&](int64_t b, int64_t e, int) { matmul_rows(W, a, y, ldy, b, e); }, kRowAlign);
 }
 
 }  // namespace strata
@@ -143,27 +165,22 @@ namespace strata {
 
 void matmul_many(ThreadPool& pool, const MatOut* outs, int n, const float* x, int64_t ldx, int T) {
   STRATA_CHECK(T >= 1 && n >= 1, "matmul_many: T = ", T, ", n = ", n);
-  std::vector<RowsFn> fns(n);
   std::vector<int64_t> start(n + 1, 0);  // global row index of each product's first row
+  thread_local std::vector<ActRows> acts;
+  if ((int)acts.size() < n) acts.resize(n);
   for (int i = 0; i < n; i++) {
     STRATA_CHECK(outs[i].W->cols == outs[0].W->cols, "matmul_many: products of different input widths");
-    fns[i] = get_fn(*outs[i].W);
+    get_fn(*outs[i].W);
     start[i + 1] = start[i] + outs[i].W->rows;
+    acts[i].prepare(outs[i].W->type, x, ldx, T, outs[i].W->cols);
   }
-  thread_local std::vector<QActBuf> bufs;
-  if ((int)bufs.size() < n) bufs.resize(n);
-  std::vector<Act> acts(n);
-  for (int t0 = 0; t0 < T; t0 += kMaxRowsPerPass) {
-    const int tn = T - t0 < kMaxRowsPerPass ? T - t0 : kMaxRowsPerPass;
-    for (int i = 0; i < n; i++) acts[i] = prepare_act(outs[i].W->type, x + t0 * ldx, ldx, tn, outs[i].W->cols, bufs[i]);
-    pool.parallel_for(start[n], [&](int64_t b, int64_t e, int) {
-      for (int i = 0; i < n; i++) {
-        const int64_t lo = b > start[i] ? b : start[i], hi = e < start[i + 1] ? e : start[i + 1];
-        if (lo < hi)
-          fns[i](*outs[i].W, acts[i], outs[i].y + t0 * outs[i].ldy, outs[i].ldy, lo - start[i], hi - start[i]);
-      }
-    });
-  }
+  const std::vector<ActRows>& a = acts;
+  pool.parallel_for(start[n], [&](int64_t b, int64_t e, int) {
+    for (int i = 0; i < n; i++) {
+      const int64_t lo = b > start[i] ? b : start[i], hi = e < start[i + 1] ? e : start[i + 1];
+      if (lo < hi) matmul_rows(*outs[i].W, a[i], outs[i].y, outs[i].ldy, lo - start[i], hi - start[i]);
+    }
+  }, kRowAlign);
 }
 
 }  // namespace strata

@@ -23,6 +23,7 @@
 #pragma once
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/quants.h"
 #include "kernels/types.h"
@@ -67,8 +68,21 @@ void matmul_range(const MatView& W, const float* x, int64_t ldx, int T, float* y
                   int64_t r1);
 // The same with rows prepared once by prepare_act (callers that split rows over threads themselves).
 void matmul_range(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
-// The whole product, any T >= 1 (split into passes of at most kMaxRowsPerPass activation rows),
-// output rows split over the pool.
+// Any number of activation rows prepared once for one weight type: passes of at most kMaxRowsPerPass rows,
+// each quantized when the type needs it (buffers are reused across calls and only grow).
+struct ActRows {
+  int T = 0;
+  std::vector<Act> pass;
+  std::vector<QActBuf> bufs;
+  void prepare(uint32_t type, const float* x, int64_t ldx, int T, int64_t cols);
+};
+// Rows [r0, r1) of the product for every prepared row, on the calling thread. With several passes the weight
+// rows go in tiles of about 32 KB, each tile through every pass while it stays in cache (pass after pass over
+// all of [r0, r1) would stream W once per 8 activation rows). Each output element is the same kernel call on
+// the same pass as in matmul_range, so the grouping changes no bits.
+void matmul_rows(const MatView& W, const ActRows& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+// The whole product, any T >= 1 (rows prepared once, passes of at most kMaxRowsPerPass activation rows),
+// output rows split over the pool in one parallel region.
 void matmul(ThreadPool& pool, const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy);
 
 // Several products of the same input rows (e.g. q, k and v) in one parallel region per pass: each output
@@ -108,6 +122,7 @@ RowsFn rows_fn_avx2(uint32_t type);
 RowsFn rows_fn_avx512(uint32_t type);
 RowsFn rows_fn_kq_ref(uint32_t type);
 RowsFn rows_fn_kq_avx2(uint32_t type);
+RowsFn rows_fn_kq8_avx2(uint32_t type);  // 8-bit weights x 8-bit activations for windows of <= 3 rows (AVX2)
 RowsFn rows_fn_kq_avx512(uint32_t type);
 RowsFn rows_fn_kq_avx512vbmi(uint32_t type);  // IQ2_XXS, IQ3_XXS with AVX-512 VBMI (cpu/kquants_avx512vbmi.cpp)
 bool cpu_has_avx512vnni();

@@ -268,6 +268,13 @@ QAct QActBuf::view(int T, int64_t cols) {
   return a;
 }
 
+void QActBuf::fill_q8(QAct& a) {
+  const int64_t n = (int64_t)a.T * a.ldq;
+  if ((int64_t)q8.size() < n + 32) q8.resize(n + 32);
+  for (int64_t i = 0; i < n; i++) q8[i] = (int8_t)q[i];
+  a.q8 = q8.data();
+}
+
 void quantize_act_ref(const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf, QAct& out) {
   out = buf.view(T, cols);
   for (int t = 0; t < T; t++)

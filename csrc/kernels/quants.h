@@ -110,17 +110,22 @@ inline void k4_scale_min(const uint8_t* s, int j, uint8_t* sc, uint8_t* m) {
 //   q[t*ldq + c]                      int8 values stored as int16 (multiplied with vpmaddwd / vpdpwssd)
 //   d[b*8 + t]                        dx of block b of row t (rows >= T are 0)
 //   bsum[(b*4 + p)*16 + 2*t + i]      sum of q over sub-block 2p+i (32 values) of block b, row t
+//   q8[t*ldq + c]                     the same values as int8, for the AVX2 vpmaddubsw kernels (null unless
+//                                     prepared for them: fill_q8)
 struct QAct {
   int T = 0;
   int64_t cols = 0, nb = 0, ldq = 0;
   const int16_t* q = nullptr;
   const float* d = nullptr;
   const int16_t* bsum = nullptr;
+  const int8_t* q8 = nullptr;
 };
 struct QActBuf {
   std::vector<int16_t> q, bsum;
   std::vector<float> d;
+  std::vector<int8_t> q8;
   QAct view(int T, int64_t cols);  // sizes the buffers, returns a view to fill
+  void fill_q8(QAct& a);           // q8 from q (every |q| <= 127), and a.q8 pointing at it
 };
 using QuantizeFn = void (*)(const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf, QAct& out);
 // The portable quantizer; the per-ISA ones (quantize_act_avx2/avx512) produce identical bytes.

@@ -10,7 +10,15 @@ float vexp(float x) { return exp_inl(x); }
 
 const RowOps& rowops_base() { return kRowOps; }
 
-static const RowOps& ops() { return active_isa() == Isa::AVX512 ? rowops_avx512() : rowops_base(); }
+const RowOps& rowops_for(int isa) {
+  switch ((Isa)isa) {
+    case Isa::AVX512: return rowops_avx512();
+    case Isa::AVX2: return rowops_avx2();
+    default: return rowops_base();
+  }
+}
+
+static const RowOps& ops() { return rowops_for((int)active_isa()); }
 
 void silu_inplace(float* x, int64_t n) { ops().silu_inplace(x, n); }
 void silu_mul(float* g, const float* u, int64_t n) { ops().silu_mul(g, u, n); }

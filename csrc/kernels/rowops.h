@@ -27,7 +27,7 @@ void causal_conv_silu(const float* hist, const float* w_t, int T, int64_t n, int
 // clamped to [-87.3, 88] so 2^n stays a normal number; the scalar twin of what the loops inline.
 float vexp(float x);
 
-// The same functions per ISA (rowops.cpp: baseline; cpu/rowops_avx512.cpp).
+// The same functions per ISA (rowops.cpp: baseline; cpu/rowops_avx2.cpp, cpu/rowops_avx512.cpp).
 struct RowOps {
   void (*silu_inplace)(float*, int64_t);  // x <- silu(x): the conv's activation (tested per build)
   void (*silu_mul)(float*, const float*, int64_t);
@@ -38,6 +38,8 @@ struct RowOps {
   void (*causal_conv_silu)(const float*, const float*, int, int64_t, int64_t, int, float*);
 };
 const RowOps& rowops_base();
+const RowOps& rowops_avx2();
 const RowOps& rowops_avx512();
+const RowOps& rowops_for(int isa);  // the build for an Isa value (matmul.h), for tests
 
 }  // namespace strata

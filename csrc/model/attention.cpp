@@ -74,8 +74,10 @@ void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const fl
   // thread_local buffers are per thread: hand the workers plain pointers
   const float* qgp = qg.data();
   float* attp = att.data();
-  // jobs: a KV head with a run of rows (all T rows when there are enough KV heads for the threads)
-  const int64_t chunks = std::min<int64_t>(T, std::max<int64_t>(1, (pool.size() + nkv - 1) / nkv));
+  // jobs: a KV head with a run of rows (all T rows when there are enough KV heads for the threads); a long
+  // prompt window in runs of at most 64 rows, so that a job's scores (rows x heads x cells) stay small
+  const int64_t chunks = std::min<int64_t>(
+      T, std::max<int64_t>({(int64_t)1, (pool.size() + nkv - 1) / nkv, (T + 63) / 64}));
   const int64_t rows_per = (T + chunks - 1) / chunks;
   pool.parallel_for(nkv * chunks, [&](int64_t b, int64_t e, int) {
     std::vector<float> sc;

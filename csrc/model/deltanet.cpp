@@ -11,12 +11,16 @@
 #include "kernels/rowops.h"
 #include "model/layers.h"
 #include "model/ops.h"
+#include "state/deltanet_chunked.h"
 #include "strata.h"
 
 namespace strata {
 
 void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st, const float* x, int T, DnMode mode,
                     float* out) {
+  // chunked prefill (state/deltanet_chunked.h): a prompt window in place, its recurrence in chunks
+  const bool chunked = mode == DnMode::Chunked;
+  if (chunked) mode = DnMode::InPlace;
   const HParams& hp = m.hp();
   const int64_t H = hp.n_embd, nk = st.nk, nv = st.nv, dk = st.dk, dv = st.dv, r = nv / nk;
   const int64_t key_dim = nk * dk, d_inner = nv * dv, cd = st.conv_dim, K = st.d_conv;
@@ -84,9 +88,10 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
   // heads): conv + SiLU, l2norm(q) / sqrt(dk), l2norm(k), the gates, the recurrence, the replay inputs, the
   // gated RMSNorm * silu(z). Jobs touch disjoint channels and heads; rows are sequential within a head.
   // thread_local buffers are per thread: hand the workers plain pointers.
-  thread_local FBuf eg, beta;
+  thread_local FBuf eg, beta, lg;
   eg.resize((size_t)T * nv);
   beta.resize((size_t)T * nv);
+  lg.resize((size_t)T * nv);  // log decay g (eg = exp(g)), for the chunked form
   const float qscale = 1.f / std::sqrt((float)dk);
   const bool save = mode != DnMode::InPlace;
   const int n_src = mode == DnMode::InPlace ? T : mode == DnMode::Partial ? 1 : 0;
@@ -97,6 +102,7 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
   float* convp = conv.data();
   float* egp = eg.data();
   float* betap = beta.data();
+  float* lgp = lg.data();
   float* op = o.data();
   float* yp = y.data();
   pool.parallel_for(nk, [&](int64_t gb, int64_t ge, int) {
@@ -117,10 +123,17 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
           const float b = bap[(size_t)t * 2 * nv + g * 2 * r + j];
           const float a = bap[(size_t)t * 2 * nv + g * 2 * r + r + j];
           betap[t * nv + h] = sigmoid(b);
-          egp[t * nv + h] = std::exp(w.ssm_a[h] * softplus(a + w.dt_bias[h]));
+          lgp[t * nv + h] = w.ssm_a[h] * softplus(a + w.dt_bias[h]);
+          egp[t * nv + h] = std::exp(lgp[t * nv + h]);
         }
       }
       for (int64_t h = g * r; h < (g + 1) * r; h++) {
+        if (chunked) {
+          const DnSeq seq{convp + ck, cd, convp + 2 * key_dim + h * dv, cd, convp + cq, cd, lgp + h, betap + h, nv,
+                          op + h * dv, d_inner};
+          dn_chunked(st.S.data() + (size_t)h * dk * dv, seq, T, dk, dv);
+          continue;
+        }
         for (int t = 0; t < T; t++) {
           const float* row = convp + (size_t)t * cd;
           rows[t] = {row + ck, row + 2 * key_dim + h * dv, row + cq, egp[t * nv + h], betap[t * nv + h],

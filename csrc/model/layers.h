@@ -28,8 +28,9 @@ void qsa_layer(const Model& m, const AttnWeights& w, KvCache& kv, QsaState& qs, 
 // the lower block index, NaN ranked last; out ascending.
 void qsa_select_blocks(const float* s, int64_t n_c, int64_t kb, std::vector<int32_t>& out);
 
-// How a DeltaNet window treats committed state (see deltanet_state.h).
-enum class DnMode { InPlace, Window, Partial };
+// How a DeltaNet window treats committed state (see deltanet_state.h); Chunked: in place, a prompt window's
+// rows in the chunked form (state/deltanet_chunked.h).
+enum class DnMode { InPlace, Window, Partial, Chunked };
 // Gated DeltaNet: x [T][H] (normed) -> out [T][H].
 void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st, const float* x, int T, DnMode mode,
                     float* out);
@@ -56,7 +57,13 @@ struct Window {
   bool in_place;   // DeltaNet and PLE rows update committed state in the step (T = 1 and prompt windows)
   bool partial;    // row 0 updates DeltaNet state in the step, rows 1.. run on S_work
   bool last_only;  // logits of the last row only
+  bool chunked;    // prompt windows (in place, T > 1): the DeltaNet recurrence in chunks (Session prefill)
 };
+// The DeltaNet mode of a window.
+inline DnMode dn_mode(const Window& w) {
+  if (w.in_place) return w.T > 1 && w.chunked ? DnMode::Chunked : DnMode::InPlace;
+  return w.partial ? DnMode::Partial : DnMode::Window;
+}
 struct LayerStates {
   std::vector<KvCache>& kv;          // per attention layer (slot[il])
   std::vector<QsaState>& qsa;        // per attention layer (slot[il]); inactive on dense layers

@@ -57,7 +57,8 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
       fit("vocabulary (token_embd rows)", te->ne[1], h.n_vocab);
     m->w_.mtp = MtpWeights::load(*m->mtp_file_, h);
   }
-  m->pool_ = std::make_unique<ThreadPool>(opt.threads ? opt.threads : physical_cores());
+  // the default thread count adapts to a busy machine (util/threads.h); an explicit count is used as given
+  m->pool_ = std::make_unique<ThreadPool>(opt.threads ? opt.threads : default_threads(), opt.threads == 0);
   // experts streamed through a bounded cache (engine spec 6); -1 keeps every expert in the mapping
   STRATA_CHECK(opt.experts.cache_mib >= -1, "bad option cache_mib=", opt.experts.cache_mib, ": expected MiB >= 0 or -1 (full)");
   STRATA_CHECK(!opt.experts.approximate || opt.experts.cache_mib != -1,
@@ -86,7 +87,7 @@ void Model::check_files() const {
 void forward(const Model& m, Session& s, const int32_t* tokens, int T, int64_t pos0, bool in_place, bool partial,
              bool last_only, float* logits, float* hidden) {
   LayerStates st{s.kv_, s.qsa_, s.dn_, s.ple_, s.layer_slot_, s.tokens_};
-  const Window w{tokens, T, pos0, in_place, partial, last_only};
+  const Window w{tokens, T, pos0, in_place, partial, last_only, s.opt_.chunked_prefill};
   switch (m.hp().arch) {
     case Arch::Qwen3Next: return forward_qwen3next(m, st, w, logits, hidden);
     case Arch::Qwen35Moe: return forward_qwen35moe(m, st, w, logits, hidden);

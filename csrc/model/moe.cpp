@@ -28,12 +28,13 @@ struct ExpertJob {
   bool split = false;  // rows divided among the threads (the shared expert); else the job goes to one thread
 };
 
-// rows [r0, r1) of W for all n rows of x (passes of at most kMaxRowsPerPass)
-void rows_all(const MatView& W, const float* x, int64_t ldx, int n, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  for (int t0 = 0; t0 < n; t0 += kMaxRowsPerPass) {
-    const int tn = n - t0 < kMaxRowsPerPass ? n - t0 : kMaxRowsPerPass;
-    matmul_range(W, x + t0 * ldx, ldx, tn, y + t0 * ldy, ldy, r0, r1);
-  }
+// x's n rows prepared for W (quantized once when W's type needs it); `same` is reused when it was prepared
+// for a type of the same activation kind
+const ActRows& prepared(ActRows& buf, const MatView& W, const float* x, int64_t ldx, int n, const ActRows* same,
+                        uint32_t same_type) {
+  if (same && int_act_type(same_type) == int_act_type(W.type)) return *same;
+  buf.prepare(W.type, x, ldx, n, W.cols);
+  return buf;
 }
 
 // Every job's SwiGLU in two parallel regions:
@@ -70,16 +71,33 @@ void run_experts(ThreadPool& pool, std::vector<ExpertJob>& jobs, int64_t H) {
     while (p < (size_t)parts && acc + c / 2 >= total * p / parts) owner[p++] = q;
     acc += c;
   }
+  // Activation rows are prepared once per job and matrix kind: by the thread that runs a whole job, and for
+  // the split jobs before each region (every piece reads them).
+  thread_local ActRows split_x_tl, split_x2_tl, split_act_tl;  // the caller's: workers get pointers
+  ActRows &split_x = split_x_tl, &split_x2 = split_x2_tl, &split_act = split_act_tl;
+  const ExpertJob* sj = nullptr;
+  for (auto& j : jobs)
+    if (j.split) sj = &j;  // at most one: the shared expert
+  const ActRows *sx = nullptr, *sx2 = nullptr;
+  if (sj) {
+    sx = &prepared(split_x, sj->gate, sj->x, H, sj->n, nullptr, 0);
+    sx2 = &prepared(split_x2, sj->up, sj->x, H, sj->n, sx, sj->gate.type);
+  }
   auto gate_up = [&](size_t q, int64_t r0, int64_t r1) {
     const ExpertJob& J = jobs[q];
     const int64_t F = J.gate.rows;
-    rows_all(J.gate, J.x, H, J.n, J.act, F, r0, r1);
-    rows_all(J.up, J.x, H, J.n, ups[q], F, r0, r1);
+    thread_local ActRows ax, ax2;
+    const ActRows& a = J.split ? *sx : prepared(ax, J.gate, J.x, H, J.n, nullptr, 0);
+    const ActRows& a2 = J.split ? *sx2 : prepared(ax2, J.up, J.x, H, J.n, &a, J.gate.type);
+    matmul_rows(J.gate, a, J.act, F, r0, r1);
+    matmul_rows(J.up, a2, ups[q], F, r0, r1);
     for (int t = 0; t < J.n; t++) silu_mul(J.act + t * F + r0, ups[q] + t * F + r0, r1 - r0);
   };
   auto down = [&](size_t q, int64_t r0, int64_t r1) {
     const ExpertJob& J = jobs[q];
-    rows_all(J.down, J.act, J.gate.rows, J.n, J.out, H, r0, r1);
+    thread_local ActRows ad;
+    const ActRows& a = J.split ? split_act : prepared(ad, J.down, J.act, J.gate.rows, J.n, nullptr, 0);
+    matmul_rows(J.down, a, J.out, H, r0, r1);
   };
   auto region = [&](auto&& fn, bool is_down) {
     pool.parallel_for(parts, [&](int64_t pb, int64_t pe, int) {
@@ -97,6 +115,7 @@ void run_experts(ThreadPool& pool, std::vector<ExpertJob>& jobs, int64_t H) {
     });
   };
   region(gate_up, false);
+  if (sj) split_act.prepare(sj->down.type, sj->act, sj->gate.rows, sj->n, sj->down.cols);
   region(down, true);
 }
 

@@ -26,7 +26,7 @@ void forward_qwen3next(const Model& m, LayerStates& s, const Window& win, float*
   for (int t = 0; t < T; t++)
     et->dequant(W.token_embd.data + (size_t)tokens[t] * W.token_embd.row_bytes, x.data() + (size_t)t * H, H);
 
-  const DnMode mode = win.in_place ? DnMode::InPlace : win.partial ? DnMode::Partial : DnMode::Window;
+  const DnMode mode = dn_mode(win);
   for (int64_t il = 0; il < hp.n_layer; il++) {
     const LayerWeights& L = W.layers[il];
     for (int t = 0; t < T; t++) rmsnorm(x.data() + t * H, L.attn_norm.data(), H, hp.rms_eps, h.data() + t * H);

@@ -30,7 +30,7 @@ void forward_qwen4exp(const Model& m, LayerStates& s, const Window& win, float* 
     for (int64_t j = 0; j < hc; j++) std::memcpy(X.data() + (size_t)t * WS + j * H, e.data(), H * sizeof(float));
   }
 
-  const DnMode mode = win.in_place ? DnMode::InPlace : win.partial ? DnMode::Partial : DnMode::Window;
+  const DnMode mode = dn_mode(win);
   for (int64_t il = 0; il < hp.n_layer; il++) {
     const LayerWeights& L = W.layers[il];
     if (L.ple.present) {

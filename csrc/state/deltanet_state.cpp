@@ -112,8 +112,11 @@ void dn_update_read(float* S, const float* k, const float* v, float eg, float be
 
 void dn_rows(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv) {
   STRATA_CHECK(T >= 1 && n_src >= 0 && (n_src >= T || S_work), "dn_rows: T = ", T, ", n_src = ", n_src);
-  if (active_isa() == Isa::AVX512) dn_rows_avx512(S, S_work, rows, T, n_src, dk, dv);
-  else dn_rows_impl(S, S_work, rows, T, n_src, dk, dv);
+  switch (active_isa()) {
+    case Isa::AVX512: return dn_rows_avx512(S, S_work, rows, T, n_src, dk, dv);
+    case Isa::AVX2: return dn_rows_avx2(S, S_work, rows, T, n_src, dk, dv);
+    default: return dn_rows_impl(S, S_work, rows, T, n_src, dk, dv);
+  }
 }
 
 void dn_rows_ref(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv) {

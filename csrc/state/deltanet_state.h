@@ -65,8 +65,10 @@ struct DnRow {
 // column j of v, m and o, so a 64-column strip (32 KB for dk = 128) runs all T rows while it stays in L1
 // instead of S streaming through the cache twice per row.
 void dn_rows(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv);
-// dn_rows built with AVX-512 flags (kernels/cpu/deltanet_avx512.cpp); dn_rows picks it when active.
+// dn_rows built with AVX-512 / AVX2 flags (kernels/cpu/deltanet_avx512.cpp, deltanet_avx2.cpp: the fused
+// strip form of kernels/cpu/dn_fused_impl.h); dn_rows picks the active ISA's build.
 void dn_rows_avx512(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv);
+void dn_rows_avx2(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv);
 // The row-by-row twin of dn_rows (dn_update_read / dn_update per row), for tests.
 void dn_rows_ref(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv);
 

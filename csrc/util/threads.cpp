@@ -1,8 +1,9 @@
 #include "util/threads.h"
 
 #include <immintrin.h>
+#include <sched.h>
 
-#include <exception>
+#include <chrono>
 #include <fstream>
 #include <set>
 #include <string>
@@ -11,18 +12,25 @@
 namespace strata {
 
 namespace {
-constexpr int kSpinIters = 4000;  // polls before a worker sleeps on the condition variable
-constexpr int kPauseIters = 1024; // polls with pause only (tens of microseconds: the gap between regions)
-// Poll: pause only at first (a yield is a system call, and the region we wait for usually ends within
-// microseconds), then politely, giving the core away every 16 polls, so that a loaded machine (more
-// runnable threads than cores) does not starve the thread we are waiting for.
-inline void cpu_relax(int i) {
-  if (i < kPauseIters || (i & 15) != 15) _mm_pause();
-  else std::this_thread::yield();
+using Clock = std::chrono::steady_clock;
+inline double us_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+inline uint32_t gen_of(uint64_t w) { return (uint32_t)(w >> 32); }
+// Polls pred() with pause until it holds or about `us` microseconds have passed (the clock is read every
+// 32 polls); returns pred().
+template <class P>
+bool spin_until(P&& pred, double us) {
+  const Clock::time_point t0 = Clock::now();
+  for (int i = 1;; i++) {
+    if (pred()) return true;
+    _mm_pause();
+    if ((i & 31) == 0 && us_since(t0) >= us) return pred();
+  }
 }
 }  // namespace
 
-ThreadPool::ThreadPool(int nthreads) : nthreads_(nthreads < 1 ? 1 : nthreads) {
+ThreadPool::ThreadPool(int nthreads, bool adaptive) : nthreads_(nthreads < 1 ? 1 : nthreads), adaptive_(adaptive) {
   for (int i = 1; i < nthreads_; i++) threads_.emplace_back(&ThreadPool::worker, this, i);
 }
 
@@ -41,67 +49,160 @@ void ThreadPool::chunk(int64_t n, int parts, int i, int64_t* b, int64_t* e) {
   *e = *b + base + (i < rem ? 1 : 0);
 }
 
-void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn) {
-  if (n <= 0) return;
-  if (nthreads_ == 1 || n == 1) {
-    fn(0, n, 0);
-    return;
-  }
-  std::lock_guard<std::mutex> call(call_mu_);
-  job_ = &fn;
-  job_n_ = n;
-  pending_.store(nthreads_ - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_seq_cst);  // publishes job_ and job_n_ to the workers
-  if (sleeping_.load(std::memory_order_seq_cst) > 0) {
-    std::lock_guard<std::mutex> lk(mu_);
-    cv_.notify_all();
-  }
-  int64_t b, e;
-  chunk(n, nthreads_, 0, &b, &e);
-  std::exception_ptr mine;
-  try {
-    if (b < e) fn(b, e, 0);
-  } catch (...) {
-    mine = std::current_exception();
-  }
-  for (int i = 0; pending_.load(std::memory_order_acquire) != 0; i++) cpu_relax(i);
-  // an exception in any chunk surfaces in the caller (a worker must never let one escape: terminate)
-  std::exception_ptr err = mine ? mine : error_;
-  error_ = nullptr;
-  if (err) std::rethrow_exception(err);
+int64_t ThreadPool::n_chunks(int64_t n, int nthreads, int64_t align) {
+  if (n <= 0) return 0;
+  const int64_t units = (n + align - 1) / align;  // chunks hold whole multiples of align
+  const int64_t want = nthreads <= 1 ? 1 : (int64_t)kChunksPerThread * nthreads;
+  return units < want ? units : want;
 }
 
-void ThreadPool::worker(int idx) {
-  uint64_t seen = 0;
+void ThreadPool::chunk_bounds(int64_t n, int64_t chunks, int64_t align, int64_t i, int64_t* b, int64_t* e) {
+  const int64_t units = (n + align - 1) / align;
+  int64_t ub, ue;
+  chunk(units, (int)chunks, (int)i, &ub, &ue);
+  *b = ub * align;
+  *e = ue * align < n ? ue * align : n;
+}
+
+int64_t ThreadPool::run_chunks(uint32_t gen, int idx, double* us_per_chunk) {
+  int64_t ran = 0;
+  const Clock::time_point t0 = us_per_chunk ? Clock::now() : Clock::time_point{};
+  uint64_t w = word_.load(std::memory_order_acquire);
   for (;;) {
-    // spin, then sleep, until a new job generation (or stop) appears
-    int spins = 0;
-    while (generation_.load(std::memory_order_acquire) == seen && !stop_.load(std::memory_order_relaxed)) {
-      if (++spins < kSpinIters) {
-        cpu_relax(spins);
-        continue;
-      }
-      sleeping_.fetch_add(1, std::memory_order_seq_cst);
-      {
-        std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return stop_.load() || generation_.load(std::memory_order_seq_cst) != seen; });
-      }
-      sleeping_.fetch_sub(1, std::memory_order_seq_cst);
-      spins = 0;
-    }
-    if (stop_.load()) return;
-    seen = generation_.load(std::memory_order_acquire);
-    const std::function<void(int64_t, int64_t, int)>* job = job_;
-    const int64_t n = job_n_;
+    if (gen_of(w) != gen) break;
+    const int64_t c = (uint32_t)w;
+    const int64_t chunks = chunks_.load(std::memory_order_relaxed);
+    if (c >= chunks) break;
+    const Fn* fn = fn_.load(std::memory_order_relaxed);
+    const int64_t n = n_.load(std::memory_order_relaxed), align = align_.load(std::memory_order_relaxed);
+    // the region read above is this generation's only if chunk c was still unclaimed when we claim it
+    if (!word_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
     int64_t b, e;
-    chunk(n, nthreads_, idx, &b, &e);
+    chunk_bounds(n, chunks, align, c, &b, &e);
     try {
-      if (b < e) (*job)(b, e, idx);
+      (*fn)(b, e, idx);
     } catch (...) {
       std::lock_guard<std::mutex> lk(mu_);
       if (!error_) error_ = std::current_exception();
     }
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    ran++;
+    if (done_.fetch_add(1, std::memory_order_seq_cst) + 1 == chunks && caller_waiting_.load(std::memory_order_seq_cst)) {
+      std::lock_guard<std::mutex> lk(mu_);
+      done_cv_.notify_one();
+    }
+    w = word_.load(std::memory_order_acquire);
+  }
+  if (us_per_chunk) *us_per_chunk = ran ? us_since(t0) / (double)ran : 0.0;
+  return ran;
+}
+
+namespace {
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+ThreadPool::Stats ThreadPool::stats() const { return stats_; }
+
+bool ThreadPool::serial_now(double now) {
+  if (serial_until_ms_ < 0) return false;
+  if (now < serial_until_ms_) return true;
+  serial_until_ms_ = -1;  // back off over: measure parallel regions again
+  stats_.serial = false;
+  win_wall_us_ = win_est_us_ = 0;
+  win_start_ms_ = now;
+  return false;
+}
+
+void ThreadPool::account(double wall_us, double est_us, double now) {
+  if (win_start_ms_ < 0) win_start_ms_ = now;
+  win_wall_us_ += wall_us;
+  win_est_us_ += est_us;
+  if (now - win_start_ms_ < kWindowMs) return;
+  stats_.windows++;
+  if (win_wall_us_ > (1 - kMinGain) * win_est_us_) {  // parallel did not pay: the caller alone for a while
+    stats_.fallbacks++;
+    stats_.serial = true;
+    serial_until_ms_ = now + backoff_ms_;
+    backoff_ms_ = backoff_ms_ * 2 < kMaxBackoffMs ? backoff_ms_ * 2 : kMaxBackoffMs;
+  } else {
+    backoff_ms_ = kBackoffMs;
+  }
+  win_wall_us_ = win_est_us_ = 0;
+  win_start_ms_ = now;
+}
+
+void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t align) {
+  if (n <= 0) return;
+  if (align < 1) align = 1;
+  const int64_t chunks = n_chunks(n, nthreads_, align);
+  if (nthreads_ == 1 || chunks == 1) {
+    fn(0, n, 0);
+    return;
+  }
+  std::lock_guard<std::mutex> call(call_mu_);
+  const double t0 = adaptive_ ? now_ms() : 0;
+  if (adaptive_ && serial_now(t0)) {  // the same chunks, on the caller
+    for (int64_t c = 0; c < chunks; c++) {
+      int64_t b, e;
+      chunk_bounds(n, chunks, align, c, &b, &e);
+      fn(b, e, 0);
+    }
+    return;
+  }
+  const uint32_t g = ++gen_;
+  fn_.store(&fn, std::memory_order_relaxed);
+  n_.store(n, std::memory_order_relaxed);
+  chunks_.store(chunks, std::memory_order_relaxed);
+  align_.store(align, std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
+  word_.store((uint64_t)g << 32, std::memory_order_seq_cst);  // publishes the region
+  if (sleeping_.load(std::memory_order_seq_cst) > 0) {
+    std::lock_guard<std::mutex> lk(mu_);
+    cv_.notify_all();
+  }
+  double us = 0;
+  const int64_t mine = run_chunks(g, 0, &us);
+  // The chunks still running belong to other threads. Poll for about as long as one chunk took here; past
+  // that their thread has probably lost its core, so sleep: the idle core then runs it.
+  auto all_done = [&] { return done_.load(std::memory_order_seq_cst) == chunks; };
+  const double patience = us > 0 ? (us < 2 * kSpinUs ? us : 2 * kSpinUs) : kSpinUs;
+  if (!spin_until(all_done, patience < 1 ? 1 : patience)) {
+    caller_waiting_.store(true, std::memory_order_seq_cst);
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      done_cv_.wait(lk, all_done);
+    }
+    caller_waiting_.store(false, std::memory_order_relaxed);
+  }
+  if (adaptive_ && mine > 0) {
+    const double t1 = now_ms();
+    account((t1 - t0) * 1e3, us * (double)chunks, t1);
+  }
+  std::exception_ptr err;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    err = error_;
+    error_ = nullptr;
+  }
+  if (err) std::rethrow_exception(err);
+}
+
+void ThreadPool::worker(int idx) {
+  uint32_t seen = 0;
+  auto fresh = [&] { return stop_.load(std::memory_order_relaxed) || gen_of(word_.load(std::memory_order_acquire)) != seen; };
+  for (;;) {
+    if (!spin_until(fresh, kSpinUs)) {
+      sleeping_.fetch_add(1, std::memory_order_seq_cst);
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_.load() || gen_of(word_.load(std::memory_order_seq_cst)) != seen; });
+      }
+      sleeping_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+    if (stop_.load()) return;
+    seen = gen_of(word_.load(std::memory_order_acquire));
+    run_chunks(seen, idx, nullptr);
   }
 }
 
@@ -122,6 +223,22 @@ int physical_cores() {
   if (!cores.empty()) return (int)cores.size();
   unsigned n = std::thread::hardware_concurrency();
   return n ? (int)n : 1;
+}
+
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  unsigned n = std::thread::hardware_concurrency();
+  return n ? (int)n : 1;
+}
+
+int default_threads() {
+  const int p = physical_cores(), u = usable_cpus();
+  return p < u ? p : u;
 }
 
 }  // namespace strata

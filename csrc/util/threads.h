@@ -1,13 +1,27 @@
-// A fixed pool of worker threads with a static work partition.
-// parallel_for(n, fn) splits [0, n) into nthreads contiguous chunks whose bounds depend only on
-// (n, nthreads): which thread computes which element never depends on timing, and no kernel
-// result depends on the partition at all (each output element is computed by one thread, in order).
-// Workers spin briefly on the job counter before sleeping, because decode issues thousands of small
-// parallel regions per token and a condition-variable wake-up costs more than most of them.
+// A fixed pool of worker threads whose parallel regions hand out work in chunks that are claimed, not
+// assigned: parallel_for(n, fn) cuts [0, n) into chunks whose bounds depend only on (n, nthreads, align),
+// and the caller and the workers each take the next unclaimed chunk until none is left. A worker whose core
+// was taken by another program (or that is still waking up) therefore delays only the chunk it holds, never
+// a share fixed in advance. No kernel result depends on which thread computes which chunk (each output
+// element is computed by one call, in a fixed order); the chunk bounds themselves are fixed as well.
+//
+// Waiting never spins for long: an idle worker polls with pause for about kSpinUs microseconds after a
+// region (decode issues thousands of small regions per token and a wake-up costs more than most of them),
+// then sleeps on a condition variable; the caller waiting for chunks that others hold polls for about as
+// long as one of its own chunks took, then sleeps, which gives its core to the thread it waits for (the
+// scheduler moves a descheduled worker to the idle core).
+//
+// Adaptive (the default thread count, ModelOptions::threads = 0): when another program takes a core, a worker
+// that shares it is descheduled for whole time slices while it holds a chunk, and a parallel region can cost
+// more than the caller doing every chunk itself. The pool compares each window of about kWindowMs of parallel
+// regions with what they would have cost serially (the caller's time per chunk x chunks), and when parallel
+// did not win by kMinGain it runs regions on the caller alone for a back-off (kBackoffMs, doubling while
+// parallel keeps losing, at most kMaxBackoffMs), then measures again. Results never depend on it.
 #pragma once
 #include <atomic>
-#include <exception>
 #include <condition_variable>
+#include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -17,38 +31,77 @@ namespace strata {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int nthreads);
+  using Fn = std::function<void(int64_t, int64_t, int)>;
+  explicit ThreadPool(int nthreads, bool adaptive = false);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return nthreads_; }
-  // fn(begin, end, thread_index) for each non-empty chunk; blocks until all are done. If a chunk throws,
-  // the first exception is rethrown in the caller after every chunk has finished.
+  // fn(begin, end, thread_index) once for each chunk of [0, n); blocks until every chunk is done. Chunk bounds
+  // are multiples of `align` (the last chunk ends at n). If a chunk throws, the first exception is rethrown
+  // in the caller after every chunk has finished; the pool stays usable.
   // Not reentrant: call it from one thread at a time, never from inside a job.
-  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn);
-  // Chunk bounds used by parallel_for (exposed for tests and for kernels that pre-split).
+  void parallel_for(int64_t n, const Fn& fn, int64_t align = 1);
+  // The chunks of a region: how many, and the bounds of chunk i (a function of its arguments only).
+  static int64_t n_chunks(int64_t n, int nthreads, int64_t align);
+  static void chunk_bounds(int64_t n, int64_t chunks, int64_t align, int64_t i, int64_t* b, int64_t* e);
+  // Even split of [0, n) into `parts` contiguous pieces (for callers that pre-split their own work).
   static void chunk(int64_t n, int parts, int i, int64_t* b, int64_t* e);
+
+  static constexpr int kChunksPerThread = 4;
+  static constexpr int kSpinUs = 50;
+  static constexpr double kWindowMs = 20, kMinGain = 0.05, kBackoffMs = 250, kMaxBackoffMs = 4000;
+
+  bool adaptive() const { return adaptive_; }
+  // Counters of the adaptive mode (tests, benches): windows measured, times it fell back to serial, and
+  // whether it is serial now.
+  struct Stats {
+    int64_t windows = 0, fallbacks = 0;
+    bool serial = false;
+  };
+  Stats stats() const;
 
  private:
   void worker(int idx);
+  // Claims and runs chunks of the region published as generation `gen` until none is left; returns the
+  // number of chunks this thread ran. The caller passes its own timing out (us per chunk) for its wait.
+  int64_t run_chunks(uint32_t gen, int idx, double* us_per_chunk);
+
+  // the adaptive mode's bookkeeping (caller only, under call_mu_)
+  bool serial_now(double now_ms);
+  void account(double wall_us, double serial_est_us, double now_ms);
   int nthreads_;
+  bool adaptive_;
+  double win_wall_us_ = 0, win_est_us_ = 0, win_start_ms_ = -1, serial_until_ms_ = -1, backoff_ms_ = kBackoffMs;
+  Stats stats_;
   std::vector<std::thread> threads_;
-  std::mutex mu_;  // the sleeping workers' condition variable, and error_
-  std::condition_variable cv_;
-  // the current job: written by parallel_for before it bumps generation_, read by a worker after it sees the
-  // new generation (no lock on the hot path; the next job is written only after every worker finished)
-  const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
-  int64_t job_n_ = 0;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
-  std::atomic<int> sleeping_{0};
+  // The claim word: generation (high 32 bits) | next unclaimed chunk (low 32 bits). A worker claims chunk c
+  // of generation g by a compare-exchange from (g, c) to (g, c + 1): claiming and joining are one step, so
+  // nobody ever waits for a thread that has not claimed anything.
+  std::atomic<uint64_t> word_{0};
+  // The region, written by parallel_for before it publishes the new generation in word_. A worker reads it
+  // after loading word_ and trusts it only if its compare-exchange then succeeds (the region cannot change
+  // while one of its chunks is unclaimed).
+  std::atomic<const Fn*> fn_{nullptr};
+  std::atomic<int64_t> n_{0}, chunks_{0}, align_{1};
+  std::atomic<int64_t> done_{0};  // chunks of the current region finished
+  std::atomic<int> sleeping_{0};  // workers asleep (or about to be) on cv_
+  std::atomic<bool> caller_waiting_{false};
   std::atomic<bool> stop_{false};
+  std::mutex mu_;  // the condition variables, and error_
+  std::condition_variable cv_;       // workers wait here for a new region
+  std::condition_variable done_cv_;  // the caller waits here for the last chunks
   std::mutex call_mu_;  // serialises parallel_for callers
-  std::exception_ptr error_;  // first exception thrown by a worker's chunk (guarded by mu_)
+  std::exception_ptr error_;  // first exception thrown by a chunk (guarded by mu_)
+  uint32_t gen_ = 0;          // the caller's generation counter (under call_mu_)
 };
 
 // Physical cores of this machine (hyperthread siblings counted once); at least 1.
 int physical_cores();
+// The CPUs this process may run on (sched_getaffinity), at least 1: taskset / cgroup limits count.
+int usable_cpus();
+// The default thread count (ModelOptions::threads = 0): physical cores, at most the usable CPUs.
+int default_threads();
 
 }  // namespace strata

@@ -61,6 +61,11 @@ def dn_rows(S: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order=
     The DeltaNet window recurrence of one head (dn_rows or its row-by-row twin), for tests.
     """
 
+def dn_chunked(S: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], gates: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = '') -> tuple[list[float], list[float]]:
+    """
+    The chunked gated delta rule over T rows of one head (state/deltanet_chunked.h), for tests.
+    """
+
 def matmul(w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = '', threads: int = 1) -> Annotated[NDArray[numpy.float32], dict(shape=(None, None))]:
     """y[T, rows] = x[T, cols] @ W^T on the chosen kernel path."""
 
@@ -173,6 +178,11 @@ class Model:
     @property
     def threads(self) -> int: ...
 
+    def pool_stats(self) -> dict:
+        """
+        The thread pool's adaptive mode (util/threads.h): windows measured, fallbacks to serial, serial now.
+        """
+
     @property
     def fingerprint(self) -> int: ...
 
@@ -218,7 +228,7 @@ class Checkpoint:
         """Bytes of state held (what a prefix cache budgets)."""
 
 class Session:
-    def __init__(self, model: Model, n_ctx: int = 4096, max_window: int = 8, fold: str = 'lazy', mtp: bool = False) -> None: ...
+    def __init__(self, model: Model, n_ctx: int = 4096, max_window: int = 8, fold: str = 'lazy', mtp: bool = False, prefill: str = 'serial') -> None: ...
 
     @property
     def position(self) -> int: ...
@@ -231,6 +241,9 @@ class Session:
 
     @property
     def fold(self) -> str: ...
+
+    @property
+    def prefill(self) -> str: ...
 
     @property
     def tokens(self) -> list[int]: ...

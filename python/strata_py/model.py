@@ -86,7 +86,8 @@ class Model:
              routing: str = "natural", approx_protect: int | None = None, approx_bonus: float = 0.85,
              approx_draft_protect: int | None = None, approx_draft_bonus: float | None = None,
              ple_map_mib: int = 4096, _dense_attention: bool = False) -> "Model":
-        """Open a GGUF (default: the shipped model, checksum-verified). threads=None uses the physical cores.
+        """Open a GGUF (default: the shipped model, checksum-verified). threads=None uses the physical cores (at
+        most the CPUs this process may run on) and adapts to a busy machine (pool_stats()); an int is used as is.
         mtp: a separate MTP-only GGUF for the model (checked to fit: hidden size, vocabulary, expert shapes).
 
         Expert streaming (engine spec 6; csrc/experts/expert_stream.h): cache_mib=None or "full" keeps every
@@ -177,6 +178,11 @@ class Model:
         {"streaming": False} when every expert is resident."""
         return self._core.expert_stats()
 
+    def pool_stats(self) -> dict:
+        """The thread pool: adaptive (the default thread count falls back to the calling thread alone while
+        parallel regions lose, e.g. to another program on a core), windows measured, fallbacks, serial now."""
+        return self._core.pool_stats()
+
     def reset_expert_stats(self) -> None:
         self._core.reset_expert_stats()
 
@@ -188,16 +194,20 @@ class Model:
         self._core._inject_io_fault(kinds[kind], int(count))
 
     def session(self, *, n_ctx: int | None = None, max_window: int = 8, fold: str = "lazy",
-                mtp: bool = False) -> "Session":
+                mtp: bool = False, prefill: str = "serial") -> "Session":
         """A new timeline at position 0. n_ctx defaults to min(4096, the model's context).
 
         fold: how a verify window's kept DeltaNet rows become history: "lazy" (default, at the next run),
         "eager" (inside commit) or "partial" (row 0 in the step, the rest at the next run).
         mtp: keep the inputs of the model's MTP block so that Session.mtp_draft() can draft.
+        prefill: how prompt windows (more than max_window rows) run the DeltaNet recurrence: "serial" (default:
+        row by row, the same bits as T = 1 steps; the faster form on the CPUs measured) or "chunked" (the
+        chunked gated delta rule: within float rounding of serial steps). Windows equal serial decoding bit for
+        bit after either.
         """
         if n_ctx is None:
             n_ctx = min(4096, self.n_ctx_train)
-        return Session(self, _core.Session(self._core, n_ctx, max_window, fold, mtp))
+        return Session(self, _core.Session(self._core, n_ctx, max_window, fold, mtp, prefill))
 
     def load_session(self, path: str | Path, **kw) -> "Session":
         """A session restored from a file written by Session.save (refused if from another model or damaged)."""

@@ -6,8 +6,12 @@ TYPE: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, q2_k, q3_k, q
 iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq4_xs, or q4_k_m (Q4_K with Q6_K for output, attn_v and every other
 layer's ffn_down, like llama-quantize's Q4_K_M mix).
 
-Sizes: `micro` (fuzzing seeds), `tiny` (tests), `bench` (hidden 1024, 24 layers 3:1, 128 experts top-8 + shared expert), `stream`
-(the bench shape with as many experts as make `--expert-gib` GiB of expert weights). Weights are drawn
+Sizes: `micro` (fuzzing seeds), `tiny` (tests), `bench` (hidden 1024, 24 layers 3:1, 128 experts top-8 + shared
+expert), `stream` (the bench shape with as many experts as make `--expert-gib` GiB of expert weights), `80b`
+(Qwen3-Next-80B-A3B's real dimensions: 48 layers, hidden 2048, 512 experts top-10, vocab 151 936; `--type q4_k_m`
+~45 GB, `--type iq2_xxs_m` ~25 GB). `--layers N` / `--experts N` override a size's layer / expert count (e.g. a
+4-layer real-dimension file). Tensors are generated while the file is written, a large one in slices
+(lazy_tensor.py), so a file larger than memory never is in memory. Weights are drawn
 directly as valid blocks of the target type (gguf-py has no K/IQ quantizer): a random fp16 scale and
 random codes. For K, IQ and the 32-value block types every byte pattern of the scales/codes/grid indices/sign
 bits is a valid block, so the bytes are uniform random and only the scales are chosen, with a magnitude of
@@ -30,6 +34,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from . import convert as cv
+from .lazy_tensor import LazyTensor
 
 SIZES = {
     "tiny": dict(n_vocab=320, n_embd=256, n_layer=4, n_head=4, n_head_kv=2, head_dim=64, rope_dim=16,
@@ -37,6 +42,10 @@ SIZES = {
     "bench": dict(n_vocab=32768, n_embd=1024, n_layer=24, n_head=8, n_head_kv=2, head_dim=128, rope_dim=32,
                   n_expert=128, n_expert_used=8, n_ff_exp=256, n_ff_shexp=256, nk=8, nv=16, dk=128, dv=128,
                   n_ctx=32768),
+    # Qwen3-Next-80B-A3B (spec qwen3next.md 1.1)
+    "80b": dict(n_vocab=151936, n_embd=2048, n_layer=48, n_head=16, n_head_kv=2, head_dim=256, rope_dim=64,
+                n_expert=512, n_expert_used=10, n_ff_exp=512, n_ff_shexp=512, nk=16, nv=32, dk=128, dv=128,
+                n_ctx=262144),
 }
 SIZES["stream"] = dict(SIZES["bench"])
 # the smallest file that still has every tensor kind (~50 KB at q8_0): seeds for the fuzzers (fuzz/)
@@ -51,8 +60,12 @@ FILE_TYPES = {**cv.FILE_TYPES, "q2_k": LFT.MOSTLY_Q2_K, "q3_k": LFT.MOSTLY_Q3_K_
               "q5_k": LFT.MOSTLY_Q5_K_S, "q6_k": LFT.MOSTLY_Q6_K, "iq1_s": LFT.MOSTLY_IQ1_S, "iq1_m": LFT.MOSTLY_IQ1_M,
               "iq2_xxs": LFT.MOSTLY_IQ2_XXS, "iq2_xs": LFT.MOSTLY_IQ2_XS, "iq2_s": LFT.MOSTLY_IQ2_S,
               "iq3_xxs": LFT.MOSTLY_IQ3_XXS, "iq3_s": LFT.MOSTLY_IQ3_S, "iq4_xs": LFT.MOSTLY_IQ4_XS,
-              "q4_k_m": LFT.MOSTLY_Q4_K_M}
-MIXES = {"q4_k_m": (QT.Q4_K, QT.Q6_K)}  # (main type, type for output / attn_v / every other ffn_down)
+              "q4_k_m": LFT.MOSTLY_Q4_K_M, "iq2_xxs_m": LFT.MOSTLY_IQ2_XXS}
+# (main type, type for output / attn_v / every other ffn_down): Q4_K_M like llama-quantize's; iq2_xxs_m an
+# IQ2_XXS file with Q4_K where llama-quantize and unsloth's low-bit mixes keep more bits (~25 GB at 80B)
+MIXES = {"q4_k_m": (QT.Q4_K, QT.Q6_K), "iq2_xxs_m": (QT.IQ2_XXS, QT.Q4_K)}
+# tensors larger than this are generated and written in slices along their first dimension (experts)
+SLICE_BYTES = 256 * 2**20
 
 # K/IQ blocks: (byte offsets of fp16 scales, 1/typical |code * sub-scale|) so that d = scale * k gives values
 # of about `scale`; the remaining bytes are uniform random (always valid).
@@ -120,10 +133,19 @@ def random_blocks(rng: np.random.Generator, qt: QT, n_blocks: int, scale: float)
     return blocks
 
 
-def hparams(name: str, expert_gib: float | None = None) -> cv.Hparams:
+def hparams(name: str, expert_gib: float | None = None, n_layer: int | None = None,
+            n_expert: int | None = None) -> cv.Hparams:
     if name not in SIZES:
         raise ValueError(f"unknown synthetic size {name!r} (known: {', '.join(SIZES)})")
     d = dict(SIZES[name])
+    if n_layer is not None:
+        if n_layer < 1:
+            raise ValueError(f"bad option --layers {n_layer}: must be >= 1")
+        d["n_layer"] = n_layer
+    if n_expert is not None:
+        if n_expert < d["n_expert_used"]:
+            raise ValueError(f"bad option --experts {n_expert}: size {name!r} routes to {d['n_expert_used']} experts")
+        d["n_expert"] = n_expert
     if name == "stream":
         if not expert_gib or expert_gib <= 0:
             raise ValueError("size 'stream' needs --expert-gib > 0 (expert bytes to generate, in GiB)")
@@ -190,11 +212,36 @@ def _weight(rng: np.random.Generator, shape: tuple[int, ...], qt: QT) -> np.ndar
     return gguf.quants.quantize(x, qt) if qt != QT.F32 else x
 
 
+def _byte_shape(shape: tuple[int, ...], qt: QT) -> tuple[int, ...]:
+    """The numpy uint8 shape of a tensor of type qt with value shape (..., cols) (floats: the value shape)."""
+    if qt in (QT.F32, QT.F16, QT.BF16):
+        return shape
+    block, size = gguf.GGML_QUANT_SIZES[qt]
+    return (*shape[:-1], shape[-1] // block * size)
+
+
+def _lazy_weight(rng: np.random.Generator, shape: tuple[int, ...], qt: QT):
+    """_weight's data, produced at write time: whole (the same rng draws, in the same order, as generating it
+    at once), or in slices along the first dimension when larger than SLICE_BYTES."""
+    probe = np.dtype(np.uint8 if qt not in (QT.F32, QT.F16, QT.BF16) else (np.float32 if qt == QT.F32 else np.float16))
+    bshape = _byte_shape(shape, qt)
+    if qt == QT.BF16:  # gguf-py returns BF16 as raw uint8 pairs (the writer's dtype must match)
+        probe, bshape = np.dtype(np.uint8), (*shape[:-1], shape[-1] * 2)
+    nbytes = int(np.prod(bshape)) * probe.itemsize
+    per = nbytes // shape[0] if len(shape) > 1 else nbytes
+    step = max(1, SLICE_BYTES // max(per, 1)) if nbytes > SLICE_BYTES and len(shape) > 1 else shape[0]
+
+    def produce():
+        for i in range(0, shape[0], step):
+            yield _weight(rng, (min(step, shape[0] - i), *shape[1:]), qt)
+    return LazyTensor(bshape, probe, produce)
+
+
 def write(name: str, out_path, out_type: str = "q8_0", seed: int = 0, mtp: bool = False,
-          expert_gib: float | None = None) -> Path:
+          expert_gib: float | None = None, n_layer: int | None = None, n_expert: int | None = None) -> Path:
     if out_type not in TYPES and out_type not in MIXES:
         raise ValueError(f"bad option --type {out_type!r} (supported here: {', '.join([*TYPES, *MIXES])})")
-    hp = hparams(name, expert_gib)
+    hp = hparams(name, expert_gib, n_layer, n_expert)
     qt, qt_hi = MIXES[out_type] if out_type in MIXES else (TYPES[out_type], TYPES[out_type])
     rng = np.random.default_rng(seed)
     out_path = Path(out_path)
@@ -207,14 +254,16 @@ def write(name: str, out_path, out_type: str = "q8_0", seed: int = 0, mtp: bool 
     cv._add_metadata(w, _tokenizer_metadata(hp))
     H, E = hp.n_embd, hp.n_expert
 
+    # every tensor is generated when the writer reaches it (in the order added, so the rng draws are the same
+    # as generating each one here); f32 takes a function of the rng
     def mat(tname, rows, cols, typ=qt):
-        w.add_tensor(tname, _weight(rng, (rows, cols), typ), raw_dtype=typ)
+        w.add_tensor(tname, _lazy_weight(rng, (rows, cols), typ), raw_dtype=typ)
 
-    def f32(tname, arr):
-        w.add_tensor(tname, np.ascontiguousarray(arr, dtype=np.float32))
+    def f32(tname, shape, make):
+        w.add_tensor(tname, LazyTensor(shape, np.float32, lambda: iter([np.asarray(make(), dtype=np.float32)])))
 
     def norm(tname, n):
-        f32(tname, 1.0 + 0.1 * rng.standard_normal(n))
+        f32(tname, (n,), lambda: 1.0 + 0.1 * rng.standard_normal(n))
 
     def attention(p):
         mat(p + "attn_q.weight", hp.n_head * hp.head_dim * 2, H)
@@ -225,14 +274,14 @@ def write(name: str, out_path, out_type: str = "q8_0", seed: int = 0, mtp: bool 
         norm(p + "attn_k_norm.weight", hp.head_dim)
 
     def moe(p, layer):
-        f32(p + "ffn_gate_inp.weight", rng.standard_normal((E, H)) / np.sqrt(H))
+        f32(p + "ffn_gate_inp.weight", (E, H), lambda: rng.standard_normal((E, H)) / np.sqrt(H))
         for nm, rows, cols in (("gate", hp.n_ff_exp, H), ("up", hp.n_ff_exp, H), ("down", H, hp.n_ff_exp)):
             t = qt_hi if nm == "down" and layer % 2 == 0 else qt
-            w.add_tensor(p + f"ffn_{nm}_exps.weight", _weight(rng, (E, rows, cols), t), raw_dtype=t)
+            w.add_tensor(p + f"ffn_{nm}_exps.weight", _lazy_weight(rng, (E, rows, cols), t), raw_dtype=t)
         mat(p + "ffn_gate_shexp.weight", hp.n_ff_shexp, H)
         mat(p + "ffn_up_shexp.weight", hp.n_ff_shexp, H)
         mat(p + "ffn_down_shexp.weight", H, hp.n_ff_shexp)
-        f32(p + "ffn_gate_inp_shexp.weight", rng.standard_normal(H) / np.sqrt(H))
+        f32(p + "ffn_gate_inp_shexp.weight", (H,), lambda: rng.standard_normal(H) / np.sqrt(H))
 
     mat("token_embd.weight", hp.n_vocab, H)
     norm("output_norm.weight", H)
@@ -247,10 +296,11 @@ def write(name: str, out_path, out_type: str = "q8_0", seed: int = 0, mtp: bool 
             mat(p + "attn_qkv.weight", hp.conv_dim, H)
             mat(p + "attn_gate.weight", hp.value_dim, H)
             mat(p + "ssm_ba.weight", 2 * hp.nv, H)
-            f32(p + "ssm_conv1d.weight", 0.5 * rng.standard_normal((hp.conv_dim, hp.conv_kernel)))
-            f32(p + "ssm_dt.bias", rng.uniform(-1, 1, hp.nv))
-            f32(p + "ssm_a", -np.exp(rng.uniform(-2, 1, hp.nv)))
-            f32(p + "ssm_norm.weight", 1.0 + 0.1 * rng.standard_normal(hp.dv))
+            f32(p + "ssm_conv1d.weight", (hp.conv_dim, hp.conv_kernel),
+                lambda: 0.5 * rng.standard_normal((hp.conv_dim, hp.conv_kernel)))
+            f32(p + "ssm_dt.bias", (hp.nv,), lambda: rng.uniform(-1, 1, hp.nv))
+            f32(p + "ssm_a", (hp.nv,), lambda: -np.exp(rng.uniform(-2, 1, hp.nv)))
+            norm(p + "ssm_norm.weight", hp.dv)
             mat(p + "ssm_out.weight", H, hp.value_dim)
         moe(p, i)
     if mtp:
@@ -289,9 +339,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mtp", action="store_true", help="include an MTP block (blk.{n_layer}.nextn.*)")
     ap.add_argument("--expert-gib", type=float, default=None, help="stream size: GiB of expert weights")
+    ap.add_argument("--layers", type=int, default=None, help="override the size's layer count")
+    ap.add_argument("--experts", type=int, default=None, help="override the size's expert count")
     a = ap.parse_args(argv)
     try:
-        p = write(a.name, a.out, a.type, a.seed, a.mtp, a.expert_gib)
+        p = write(a.name, a.out, a.type, a.seed, a.mtp, a.expert_gib, a.layers, a.experts)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
