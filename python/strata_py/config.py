@@ -25,6 +25,12 @@ class GenerationConfig:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     penalty_last_n: int = 64
+    # DRY sequence-repetition penalty (csrc/sampling/dry.h; llama.cpp's semantics): off at multiplier 0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1     # tokens scanned, prompt included; -1 = the whole context, 0 = off
+    dry_sequence_breakers: list = field(default_factory=lambda: ["\n", ":", '"', "*"])
     seed: int = 0
     # speculative decoding
     draft: str = "auto"          # a name in strata_py.drafting.registry, or "none" (auto: suffix lookup + controller)
@@ -58,6 +64,17 @@ class GenerationConfig:
             bad("repetition_penalty", "must be > 0 (1 = off)")
         if self.penalty_last_n < 0:
             bad("penalty_last_n", "must be >= 0")
+        if not (self.dry_multiplier >= 0.0 and self.dry_multiplier < float("inf")):
+            bad("dry_multiplier", "must be finite and >= 0 (0 = off)")
+        if not (1.0 <= self.dry_base < float("inf")):
+            bad("dry_base", "must be finite and >= 1")
+        if self.dry_allowed_length < 0:
+            bad("dry_allowed_length", "must be >= 0")
+        if self.dry_penalty_last_n < -1:
+            bad("dry_penalty_last_n", "must be >= -1 (-1 = the whole context, 0 = off)")
+        if not isinstance(self.dry_sequence_breakers, (list, tuple)) or \
+                not all(isinstance(b, str) and b for b in self.dry_sequence_breakers):
+            bad("dry_sequence_breakers", "must be a list of non-empty strings ([] = no breakers)")
         if self.seed < 0 or self.seed >= 2**64:
             bad("seed", "must be in [0, 2**64)")
         if not (0 <= self.max_draft <= MAX_DRAFT):
