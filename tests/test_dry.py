@@ -1,7 +1,8 @@
 """The DRY penalty (issue 20; csrc/sampling/dry.h): the C++ processor against a brute-force reference
 (tests/dry_ref.py) on random token streams, llama.cpp's own test cases, the breaker processing against a direct
 check of the rule, and on the shipped model: speculative == serial with DRY on (greedy and sampled, every
-drafter, adversarial drafts), checkpoint resume, and that it does break the greedy loop."""
+drafter, adversarial drafts), the same with the default settings, checkpoint resume, and that it does break the
+greedy loop."""
 from __future__ import annotations
 
 import math
@@ -142,10 +143,32 @@ def test_speculative_equals_serial_with_dry(model):
                         stats=st) == plain, (opts, right)
             drafted += st.drafted
         if opts["temperature"] == 0.0:
-            off = _gen(model, plain_s, prompt, GenerationConfig(max_tokens=96, temperature=0.0, draft="none"))
+            off = _gen(model, plain_s, prompt, GenerationConfig(max_tokens=96, temperature=0.0, dry_multiplier=0.0,
+                                                              draft="none"))
             assert off != plain
             lines = [ln for ln in model.tokenizer.decode(plain).split("\n") if len(ln.strip()) > 8]
             assert not any(lines[i] == lines[i + 1] == lines[i + 2] for i in range(len(lines) - 2)), lines
+    assert drafted > 0
+
+
+def test_speculative_equals_serial_with_the_default_settings(model):
+    """GenerationConfig()'s defaults (sampling, min-p, DRY: issue 20) keep every drafter exact."""
+    plain_s = model.session(n_ctx=512, max_window=16)
+    mtp_s = model.session(n_ctx=512, max_window=16, mtp=True)
+    drafted = 0
+    for seed, text in ((1, PROMPT), (2, "class Stack:")):
+        prompt = model.tokenizer.encode(text)
+        cfg = GenerationConfig(max_tokens=80, seed=seed)
+        assert cfg.temperature > 0 and cfg.dry_multiplier > 0
+        plain = _gen(model, plain_s, prompt, cfg.replace(draft="none"))
+        for draft, s in (("auto", plain_s), ("suffix", plain_s), ("mtp+suffix", mtp_s)):
+            st = LoopStats()
+            assert _gen(model, s, prompt, cfg.replace(draft=draft), stats=st) == plain, (seed, draft)
+            drafted += st.drafted
+        st = LoopStats()
+        assert _gen(model, plain_s, prompt, cfg, proposer=_Oracle(plain, len(prompt), 2, model.n_vocab),
+                    stats=st) == plain
+        drafted += st.drafted
     assert drafted > 0
 
 

@@ -79,7 +79,7 @@ def test_speculative_equals_serial(model, sessions, which):
     steer = _configs(model)[which]
     drafted = 0
     for mode, seed in (("greedy", 0), ("sampled", 1), ("sampled", 2)):
-        opts = dict(SAMPLED, seed=seed) if mode == "sampled" else {}
+        opts = dict(SAMPLED, seed=seed) if mode == "sampled" else dict(temperature=0.0)
         cfg = GenerationConfig(max_tokens=32, stop_at_eos=True, **opts, **steer)
         plain = _gen(model, sessions, prompt, cfg.replace(draft="none"))
         assert plain, which
@@ -106,7 +106,7 @@ def test_speculative_equals_serial(model, sessions, which):
 def test_steering_changes_the_output(model, sessions):
     """The processors act (a test of exactness that passes with processors doing nothing would be void)."""
     prompt = model.tokenizer.encode(PROMPT)
-    base = GenerationConfig(max_tokens=24, draft="none")
+    base = GenerationConfig(max_tokens=24, draft="none", temperature=0.0)
     plain = model.tokenizer.decode(_gen(model, sessions, prompt, base))
     assert "import sys" in plain
     for which, steer in _configs(model).items():

@@ -386,7 +386,7 @@ def main():
     ev = metrics.setdefault("eval", {})
     model.eval()
     ev["before_heldout_packages"] = tdm.eval_model(model, ev_stream, tok_bytes, 32, eL, device)
-    ev["before_answers"] = answer_loss(model, tok, held_pairs, eos_id, device, 20 if args.cpu_check else 400)
+    ev["before_answers"] = answer_loss(model, tok, held_pairs, eos_id, device, 8 if args.cpu_check else 200)
     tm["eval_before_s"] = round(tdm.elapsed(), 1)
     log(f"before: bpb {ev['before_heldout_packages']['bits_per_byte']:.4f}, answers {ev['before_answers']}")
     save()
@@ -416,11 +416,11 @@ def main():
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
     ev["after_heldout_packages"] = tdm.eval_model(model, ev_stream, tok_bytes, 32, eL, device)
-    ev["after_answers"] = answer_loss(model, tok, held_pairs, eos_id, device, 20 if args.cpu_check else 400)
+    ev["after_answers"] = answer_loss(model, tok, held_pairs, eos_id, device, 8 if args.cpu_check else 200)
     log(f"after: bpb {ev['after_heldout_packages']['bits_per_byte']:.4f}, answers {ev['after_answers']}")
     save()
-    ev["samples"] = greedy_answers(model, tok, held_pairs, eos_id, device, 2 if args.cpu_check else 4,
-                                   16 if args.cpu_check else 160)
+    ev["samples"] = greedy_answers(model, tok, held_pairs, eos_id, device, 2 if args.cpu_check else 3,
+                                   16 if args.cpu_check else 128)
     tm["total_s"] = round(tdm.elapsed(), 1)
     save()
     tdm.write_bundle(os.path.join(args.out, "bundle.tar.gz"), {

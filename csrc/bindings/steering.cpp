@@ -84,7 +84,7 @@ void init_steering(nb::module_& m) {
                                                    n_vocab));
           },
           "multiplier"_a, "base"_a, "allowed_length"_a, "penalty_last_n"_a, "heads"_a, "tails"_a, "n_vocab"_a,
-          "Breakers as llama.cpp processes them: heads[i] is a breaker's token, tails[i] the tokens before it.")
+          "Breakers as llama.cpp processes them: heads[i] is a breaker's first token, tails[i] the tokens after it.")
       .def(
           "penalties",
           [](const DryPenalty& d, In<int32_t, nb::ndim<1>> history) {

@@ -75,7 +75,8 @@ def add_generation_args(ap: argparse.ArgumentParser, defaults: GenerationConfig 
     ap.add_argument("--dry-penalty-last-n", type=int, default=d.dry_penalty_last_n,
                     help="tokens DRY scans (-1 = the whole context, 0 = off)")
     ap.add_argument("--dry-sequence-breaker", action="append", default=None, metavar="TEXT",
-                    help="a DRY sequence breaker (repeatable; replaces the defaults \\n : \" *; 'none' = no breaker)")
+                    help="a DRY sequence breaker (repeatable; replaces the default, the double quote; "
+                         "escapes such as \\n are decoded; none = no breaker; llama.cpp's set: \\n : '\"' *)")
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--draft", default=d.draft, help="speculative drafter: none, suffix, auto, mtp, mtp+suffix")
     ap.add_argument("--max-draft", type=int, default=d.max_draft,

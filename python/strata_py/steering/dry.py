@@ -1,6 +1,7 @@
 """DRY sequence breakers -> the token form of the C++ DRY penalty (csrc/sampling/dry.h).
 
-A breaker is a string (llama.cpp's defaults: newline, colon, double quote, asterisk). As llama.cpp does
+A breaker is a string (llama.cpp's defaults: newline, colon, double quote, asterisk, config.LLAMACPP_DRY_BREAKERS;
+strata's default is the double quote alone). As llama.cpp does
 (get_overlapping_token_sequences, ported from koboldcpp): every token whose bytes contain the breaker is a
 single-token breaker; a token whose bytes end with a prefix of the breaker is a head, with the tokenization of
 the breaker's remaining characters as its tail (at most 20 tokens). Breakers longer than 40 bytes are cut.
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-DEFAULT_BREAKERS = ("\n", ":", '"', "*")   # llama.cpp's and koboldcpp's defaults
 MAX_BREAKER_BYTES = 40
 MAX_TAIL_TOKENS = 20
 
