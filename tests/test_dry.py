@@ -1,8 +1,8 @@
 """The DRY penalty (issue 20; csrc/sampling/dry.h): the C++ processor against a brute-force reference
 (tests/dry_ref.py) on random token streams, llama.cpp's own test cases, the breaker processing against a direct
 check of the rule, and on the shipped model: speculative == serial with DRY on (greedy and sampled, every
-drafter, adversarial drafts), the same with the default settings, checkpoint resume, and that it does break the
-greedy loop."""
+drafter, adversarial drafts), the same with the default settings, and that it does break the greedy loop.
+Checkpoint resume with DRY on: tests/test_steering.py::test_checkpoint_resume_equals_uninterrupted."""
 from __future__ import annotations
 
 import math
@@ -16,7 +16,7 @@ from strata_py import _core
 from strata_py.config import GenerationConfig
 from strata_py.generate import generate_ids, make_proposer
 from strata_py.model import Model
-from strata_py.speculative import LoopStats, decode, prefill
+from strata_py.speculative import LoopStats
 from strata_py.steering.dry import breaker_sequences
 from test_speculative import _Oracle
 
@@ -170,34 +170,3 @@ def test_speculative_equals_serial_with_the_default_settings(model):
                     stats=st) == plain
         drafted += st.drafted
     assert drafted > 0
-
-
-@pytest.mark.parametrize("kind", ["memory", "file"])
-def test_checkpoint_resume_with_dry(model, tmp_path, kind):
-    """DRY reads the committed tokens, which a checkpoint holds: a restored generation continues exactly."""
-    tok = model.tokenizer
-    eog = set(tok.eog_ids)
-    cfg = GenerationConfig(max_tokens=48, temperature=0.7, seed=5, dry_multiplier=1.0, draft="suffix")
-    ids = tok.encode(PROMPT)
-    ref = model.session(n_ctx=256, max_window=16)
-    prefill(ref, ids[:-1])
-    full = list(decode(ref, ids[-1], cfg, eog, LoopStats(), make_proposer(model, cfg)))
-    assert len(full) > 30
-    N = 17
-    s = model.session(n_ctx=256, max_window=16)
-    prefill(s, ids[:-1])
-    first = list(decode(s, ids[-1], cfg.replace(max_tokens=N), eog, LoopStats(), make_proposer(model, cfg)))
-    cp = s.checkpoint()
-    if kind == "file":
-        s.save(tmp_path / "cp.bin")
-    s.reset()
-    other = tok.encode("import os\n")
-    prefill(s, other[:-1])
-    list(decode(s, other[-1], GenerationConfig(max_tokens=9, temperature=0.0), eog, LoopStats()))
-    if kind == "file":
-        s = model.load_session(tmp_path / "cp.bin", n_ctx=256, max_window=16)
-    else:
-        s.restore(cp)
-    rest = list(decode(s, first[-1], cfg.replace(max_tokens=len(full) - N), eog, LoopStats(),
-                       make_proposer(model, cfg), origin=s.steer_origin))
-    assert first + rest == full

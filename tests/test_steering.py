@@ -409,7 +409,7 @@ def test_checkpoint_resume_equals_uninterrupted(model, tmp_path, kind):
     phrases = [("import sys", INF), ("from typing import", 3.0), ("import re", 2.0)]
     regex = r"((import|from) [a-z_.]+( import [a-zA-Z_, ]+)?\n){1,8}"
     cfg = GenerationConfig(max_tokens=40, temperature=0.9, seed=4, ban_phrases=phrases, regex=regex,
-                           draft="suffix")
+                           draft="suffix", dry_multiplier=1.0)
     ids = tok.encode(PROMPT)
     ref = model.session(n_ctx=256, max_window=16)
     prefill(ref, ids[:-1])

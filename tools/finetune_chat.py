@@ -24,7 +24,6 @@ import argparse
 import ast
 import hashlib
 import json
-import math
 import os
 import random
 import re
