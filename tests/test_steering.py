@@ -25,6 +25,7 @@ from test_speculative import _Oracle  # drafts plain decoding's future, right fo
 
 INF = math.inf
 PROMPT = "import os\n"
+SYS_PROMPT = "#!/usr/bin/env python\nimport os\n"  # the shipped model's greedy continuation starts "import sys\nimport"
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,7 @@ def test_speculative_equals_serial(model, sessions, which):
 
 def test_steering_changes_the_output(model, sessions):
     """The processors act (a test of exactness that passes with processors doing nothing would be void)."""
-    prompt = model.tokenizer.encode(PROMPT)
+    prompt = model.tokenizer.encode(SYS_PROMPT)
     base = GenerationConfig(max_tokens=24, draft="none", temperature=0.0)
     plain = model.tokenizer.decode(_gen(model, sessions, prompt, base))
     assert "import sys" in plain
@@ -468,8 +469,8 @@ def test_restore_rescans_phrase_state(model):
 
 def test_stop_strings_across_tokens_streamed(model, sessions):
     tok = model.tokenizer
-    prompt = tok.encode(PROMPT)
-    plain_ids = _gen(model, sessions, prompt, GenerationConfig(max_tokens=40, draft="none"))
+    prompt = tok.encode(SYS_PROMPT)
+    plain_ids = _gen(model, sessions, prompt, GenerationConfig(max_tokens=40, draft="none", temperature=0.0))
     plain = tok.decode(plain_ids, skip_special=True)
     # a stop string spanning three tokens (" sys", "\n", "import"), first seen after the output's start
     stop = "sys\nimp"
@@ -478,7 +479,7 @@ def test_stop_strings_across_tokens_streamed(model, sessions):
     assert not any(stop.encode() in p for p in pieces_ids)
     want = plain[:plain.index(stop)]
     for draft in ("none", "suffix", "mtp"):
-        cfg = GenerationConfig(max_tokens=40, draft=draft, stop=[stop, "never-there"])
+        cfg = GenerationConfig(max_tokens=40, draft=draft, stop=[stop, "never-there"], temperature=0.0)
         st_ = LoopStats()
         out = _gen(model, sessions, prompt, cfg, stats=st_)
         assert st_.stop == "stop"
