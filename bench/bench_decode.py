@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from strata_py import _core
+from strata_py.config import GenerationConfig
 from strata_py.model import Model
 from strata_py.speculative import prefill
 
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
     for _ in range(a.decode):
         t = time.perf_counter()
         s.run([tok])
-        out = s.sample()
+        out = s.sample(GenerationConfig(temperature=0.0))
         s.commit(1)
         dec.append(time.perf_counter() - t)
         tok = int(out[0])
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
                 w.restore(base)
                 t = time.perf_counter()
                 w.run(drafts)
-                w.sample()
+                w.sample(GenerationConfig(temperature=0.0))
                 w.commit(1)
                 lat.append(time.perf_counter() - t)
                 if T > 1:  # fold cost of keep = T-1 after a T-row window (eager: in commit; lazy: next run)

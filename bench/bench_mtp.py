@@ -44,7 +44,7 @@ def run(model, ids, cfg):
 def acceptance_part(model, a) -> list[dict]:
     texts = json.loads(SNIPPETS.read_text()) if SNIPPETS.exists() else ["def parse_args(argv=None):\n"]
     prompts = [model.tokenizer.encode(t)[:200] for t in texts]
-    base = GenerationConfig(max_tokens=a.max_tokens, stop_at_eos=False)
+    base = GenerationConfig(max_tokens=a.max_tokens, stop_at_eos=False, temperature=0.0, dry_multiplier=0.0)  # greedy
     variants = [("none", base.replace(draft="none")), ("auto", base.replace(draft="auto"))]
     for k in (1, 2, 3):
         variants.append((f"mtp k={k}", base.replace(draft="mtp", fixed_t=k + 1, max_draft=k)))
@@ -97,7 +97,7 @@ def cost_part(path, threads, reps=20) -> dict:
     s.commit(63)
     s.mtp_draft(prompt[-1], 1)  # consume the prompt backlog
     cp = s.checkpoint()
-    p = sampling_params(GenerationConfig())
+    p = sampling_params(GenerationConfig(temperature=0.0))  # greedy
     res = {"model": str(path), "threads": m.threads, "draft_ms": {}, "verify_ms": {}}
     # fresh random tokens every repetition: the rows then route to other experts each time, as in decoding
     # (repeating one window would time it with its experts' weights already in cache)

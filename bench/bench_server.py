@@ -98,7 +98,7 @@ class Proc:
 
 def start_servers(model: str, threads: int, ctx: int, with_llama: bool) -> list[Proc]:
     py = sys.executable
-    common = ["--model", model, "--threads", str(threads), "--ctx", str(ctx), "--temperature", "0"]
+    common = ["--model", model, "--threads", str(threads), "--ctx", str(ctx), "--temperature", "0", "--dry-multiplier", "0"]
     procs = [Proc("strata", [py, "-m", "strata_py.serve", *common, "--port", str(p := free_port())], p),
              Proc("strata-no-reuse", [py, "-m", "strata_py.serve", *common, "--prompt-cache-mib", "0",
                                       "--port", str(q := free_port())], q)]

@@ -77,6 +77,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", "-t", type=int, default=None)
     ap.add_argument("--max-tokens", "-n", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--dry-multiplier", type=float, default=0.0, help="DRY strength (0 = off, as this bench ran before issue 20)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=3, help="rounds per workload (median tok/s)")
     ap.add_argument("--max-draft", type=int, default=GenerationConfig().max_draft)
@@ -98,6 +99,7 @@ def main(argv=None) -> int:
     drafts = ["none"] + (a.drafts.split(",") if a.drafts else
                          ["suffix", "auto"] + (["mtp", "mtp+suffix"] if model.has_mtp else []))
     base = GenerationConfig(max_tokens=a.max_tokens, temperature=a.temperature, seed=a.seed, stop_at_eos=False,
+                            dry_multiplier=a.dry_multiplier,
                             max_draft=a.max_draft)
     # warm-up (page in weights, first-touch buffers) so the first measured run is not penalised
     list(generate_ids(model, model.tokenizer.encode("warm up"), base.replace(max_tokens=8)))

@@ -76,10 +76,10 @@ def components(model, configs, rounds, reps):
 
     tok = model.tokenizer
     # the rows: a real JSON continuation (valid under SCHEMA, so the grammar walks every row)
-    base = GenerationConfig(max_tokens=200, json_schema=SCHEMA, draft="none")
+    base = GenerationConfig(max_tokens=200, json_schema=SCHEMA, draft="none", temperature=0.0, dry_multiplier=0.0)
     prompt = tok.encode(JSON_PROMPT)
     out = list(generate_ids(model, prompt, base))
-    params = sampling_params(GenerationConfig())
+    params = sampling_params(GenerationConfig(temperature=0.0))  # greedy
     res = {}
     for T in (1, 16):
         s = model.session(n_ctx=1024, max_window=16)
@@ -188,7 +188,7 @@ def end_to_end(model, configs, rounds, n):
         for name in runs:
             kw = configs.get(name, {})
             p = model.tokenizer.encode(JSON_PROMPT) if name in ("json", "plain_json_prompt") else prompt
-            cfg = GenerationConfig(max_tokens=n, draft="none", stop_at_eos=False, **kw)
+            cfg = GenerationConfig(max_tokens=n, draft="none", stop_at_eos=False, temperature=0.0, dry_multiplier=0.0, **kw)
             st = LoopStats()
             outs[name] = list(generate_ids(model, p, cfg, stats=st))
             runs[name].append(st.as_dict()["decode_tok_s"])
@@ -205,7 +205,7 @@ def suffix_under_schema(model, rounds, n):
         runs = {"none": [], "suffix": []}
         for _ in range(rounds):
             for draft in runs:
-                cfg = GenerationConfig(max_tokens=n, json_schema=SCHEMA, draft=draft)
+                cfg = GenerationConfig(max_tokens=n, json_schema=SCHEMA, draft=draft, temperature=0.0, dry_multiplier=0.0)
                 st = LoopStats()
                 prop = make_proposer(model, cfg)
                 outs[(overlap, lazy, draft)] = list(generate_ids(model, ids, cfg, stats=st, proposer=prop))

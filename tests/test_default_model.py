@@ -69,3 +69,32 @@ def test_cli_runs_without_model():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("import os\n") and len(r.stdout) > len("import os\n")
+
+
+def test_chat_answer_holds_a_function_that_parses():
+    """Issue 20: the default model follows an instruction: `generate --chat` (one user message through its chat
+    template, default settings, seeded) answers with a Python function that ast.parse accepts."""
+    import ast
+    r = subprocess.run([sys.executable, "-m", "strata_py.generate", "--chat",
+                        "Return the sum of the squares of a list of numbers.", "--seed", "1", "--threads", "2",
+                        "--max-tokens", "160"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    answer = r.stdout.strip("\n")
+    assert "<|im_start|>" not in answer and "<|im_end|>" not in answer
+    tree = ast.parse(answer)
+    assert any(isinstance(n, ast.FunctionDef) for n in ast.walk(tree)), answer
+
+
+def test_readme_command_does_not_loop():
+    """Issue 20: the README's main command (default settings, seeded) exits 0 and no line repeats more than twice
+    in a row (greedy decoding of this model repeats `if not args: return []` until the token limit)."""
+    r = subprocess.run([sys.executable, "-m", "strata_py.generate", "def parse_args(", "--seed", "1", "--threads", "2"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stdout.split("\n") if ln.strip()]
+    assert len(lines) > 5, r.stdout
+    runs = [lines[i] for i in range(len(lines) - 2) if lines[i] == lines[i + 1] == lines[i + 2]]
+    assert not runs, r.stdout
+    greedy = subprocess.run([sys.executable, "-m", "strata_py.generate", "def parse_args(", "--temperature", "0",
+                             "--dry-multiplier", "0", "--threads", "2"], capture_output=True, text=True, timeout=120)
+    assert greedy.returncode == 0 and greedy.stdout != r.stdout  # greedy stays one flag away

@@ -114,5 +114,7 @@ def test_greedy_continuation_identical(arch):
         out = ref_model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False, min_new_tokens=32,
                                  pad_token_id=0)
     ref = out[0, len(prompt):].tolist()
-    assert list(generate_ids(model, prompt, max_tokens=32, stop_at_eos=False, draft="none")) == ref
-    assert list(generate_ids(model, prompt, max_tokens=32, stop_at_eos=False, draft="suffix")) == ref
+    assert list(generate_ids(model, prompt, max_tokens=32, stop_at_eos=False, draft="none", temperature=0.0,
+                                 dry_multiplier=0.0)) == ref
+    assert list(generate_ids(model, prompt, max_tokens=32, stop_at_eos=False, draft="suffix", temperature=0.0,
+                                 dry_multiplier=0.0)) == ref

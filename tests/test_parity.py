@@ -59,7 +59,7 @@ def test_greedy_continuation_identical(hf, tmp_path):
         out = ref_model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
                                  min_new_tokens=24, pad_token_id=0)
     ref = out[0, len(prompt):].tolist()
-    ours = list(generate_ids(model, prompt, max_tokens=24, stop_at_eos=False))
+    ours = list(generate_ids(model, prompt, max_tokens=24, stop_at_eos=False, temperature=0.0, dry_multiplier=0.0))
     assert ours == ref
 
 

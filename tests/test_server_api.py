@@ -48,6 +48,21 @@ def test_completion_stream_equals_blocking_equals_generate(default_server, defau
     assert blk.object == "text_completion" and blk.model == MODEL
 
 
+def test_dry_request_fields(default_server, default_model):
+    """llama-server's DRY fields through the openai client's extra_body: the answer equals strata_py.generate with
+    the same options; a bad value is a 400 naming the field."""
+    c = default_server.client()
+    dry = dict(dry_multiplier=1.2, dry_base=2.0, dry_allowed_length=1, dry_penalty_last_n=64,
+               dry_sequence_breakers=["\n"])
+    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0.0)
+    ref = "".join(generate(default_model, PROMPT, max_tokens=40, temperature=0.0, **dry))
+    assert c.completions.create(**kw, extra_body=dry).choices[0].text == ref
+    assert c.completions.create(**kw, extra_body={"dry_multiplier": 0.0}).choices[0].text != ref
+    _error(default_server.post("/v1/completions", json={"prompt": "x", "dry_base": 0.5}), 400, "dry_base")
+    _error(default_server.post("/v1/completions", json={"prompt": "x", "dry_sequence_breakers": []}), 400,
+           "dry_sequence_breakers")
+
+
 def test_chat_stream_equals_blocking_equals_generate(default_server, default_model):
     c = default_server.client()
     msgs = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def fib(n):"}]

@@ -40,7 +40,7 @@ def _run(model, prompt, **kw):
 @pytest.mark.parametrize("sampling", ["greedy", "sampled"])
 def test_suffix_and_auto_equal_plain(request, which, sampling):
     model = request.getfixturevalue(which)
-    opts = {} if sampling == "greedy" else SAMPLED
+    opts = dict(temperature=0.0) if sampling == "greedy" else SAMPLED
     seeds = (0,) if sampling == "greedy" else (0, 1, 2)
     drafted = 0
     for seed in seeds:
@@ -80,7 +80,7 @@ class _Oracle:
 def test_adversarial_drafters_through_generate_ids(tiny_q8_model, sampling):
     """Always wrong, right for i tokens then wrong (every i), always right: every T and keep occurs."""
     model = tiny_q8_model
-    opts = {} if sampling == "greedy" else SAMPLED
+    opts = dict(temperature=0.0) if sampling == "greedy" else SAMPLED
     for seed in (0, 3):
         prompt = _prompts(model.n_vocab, seed)["random"]
         plain, _ = _run(model, prompt, max_tokens=41, seed=seed, **opts)

@@ -25,6 +25,7 @@ from test_speculative import _Oracle  # drafts plain decoding's future, right fo
 
 INF = math.inf
 PROMPT = "import os\n"
+SYS_PROMPT = "#!/usr/bin/env python\nimport os\n"  # the shipped model's greedy continuation starts "import sys\nimport"
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,7 @@ def test_speculative_equals_serial(model, sessions, which):
     steer = _configs(model)[which]
     drafted = 0
     for mode, seed in (("greedy", 0), ("sampled", 1), ("sampled", 2)):
-        opts = dict(SAMPLED, seed=seed) if mode == "sampled" else {}
+        opts = dict(SAMPLED, seed=seed) if mode == "sampled" else dict(temperature=0.0)
         cfg = GenerationConfig(max_tokens=32, stop_at_eos=True, **opts, **steer)
         plain = _gen(model, sessions, prompt, cfg.replace(draft="none"))
         assert plain, which
@@ -105,8 +106,8 @@ def test_speculative_equals_serial(model, sessions, which):
 
 def test_steering_changes_the_output(model, sessions):
     """The processors act (a test of exactness that passes with processors doing nothing would be void)."""
-    prompt = model.tokenizer.encode(PROMPT)
-    base = GenerationConfig(max_tokens=24, draft="none")
+    prompt = model.tokenizer.encode(SYS_PROMPT)
+    base = GenerationConfig(max_tokens=24, draft="none", temperature=0.0)
     plain = model.tokenizer.decode(_gen(model, sessions, prompt, base))
     assert "import sys" in plain
     for which, steer in _configs(model).items():
@@ -409,7 +410,7 @@ def test_checkpoint_resume_equals_uninterrupted(model, tmp_path, kind):
     phrases = [("import sys", INF), ("from typing import", 3.0), ("import re", 2.0)]
     regex = r"((import|from) [a-z_.]+( import [a-zA-Z_, ]+)?\n){1,8}"
     cfg = GenerationConfig(max_tokens=40, temperature=0.9, seed=4, ban_phrases=phrases, regex=regex,
-                           draft="suffix")
+                           draft="suffix", dry_multiplier=1.0)
     ids = tok.encode(PROMPT)
     ref = model.session(n_ctx=256, max_window=16)
     prefill(ref, ids[:-1])
@@ -468,8 +469,8 @@ def test_restore_rescans_phrase_state(model):
 
 def test_stop_strings_across_tokens_streamed(model, sessions):
     tok = model.tokenizer
-    prompt = tok.encode(PROMPT)
-    plain_ids = _gen(model, sessions, prompt, GenerationConfig(max_tokens=40, draft="none"))
+    prompt = tok.encode(SYS_PROMPT)
+    plain_ids = _gen(model, sessions, prompt, GenerationConfig(max_tokens=40, draft="none", temperature=0.0))
     plain = tok.decode(plain_ids, skip_special=True)
     # a stop string spanning three tokens (" sys", "\n", "import"), first seen after the output's start
     stop = "sys\nimp"
@@ -478,7 +479,7 @@ def test_stop_strings_across_tokens_streamed(model, sessions):
     assert not any(stop.encode() in p for p in pieces_ids)
     want = plain[:plain.index(stop)]
     for draft in ("none", "suffix", "mtp"):
-        cfg = GenerationConfig(max_tokens=40, draft=draft, stop=[stop, "never-there"])
+        cfg = GenerationConfig(max_tokens=40, draft=draft, stop=[stop, "never-there"], temperature=0.0)
         st_ = LoopStats()
         out = _gen(model, sessions, prompt, cfg, stats=st_)
         assert st_.stop == "stop"

@@ -1,5 +1,5 @@
 // Python bindings for steering (csrc/sampling/processor.h): the phrase automaton, the Steering object a
-// Session is given, and the token-mask kernels with their scalar twins (for tests).
+// Session is given (with the DRY penalty, dry.h), and the token-mask kernels with their scalar twins (for tests).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
@@ -75,20 +75,45 @@ void init_steering(nb::module_& m) {
                    "Whether the static part of the penalties is applied densely (many single-token phrases).")
       .def_ro_static("BAN_RAMP", &PhraseAutomaton::kBanRamp);
 
+  nb::class_<DryPenalty>(m, "DryPenalty", "The DRY sequence-repetition penalty (csrc/sampling/dry.h).")
+      .def(
+          "__init__",
+          [](DryPenalty* self, float multiplier, float base, int32_t allowed_length, int32_t penalty_last_n,
+             std::vector<int32_t> heads, std::vector<std::vector<int32_t>> tails, int64_t n_vocab) {
+            new (self) DryPenalty(DryPenalty::make(multiplier, base, allowed_length, penalty_last_n, heads, tails,
+                                                   n_vocab));
+          },
+          "multiplier"_a, "base"_a, "allowed_length"_a, "penalty_last_n"_a, "heads"_a, "tails"_a, "n_vocab"_a,
+          "Breakers as llama.cpp processes them: heads[i] is a breaker's first token, tails[i] the tokens after it.")
+      .def(
+          "penalties",
+          [](const DryPenalty& d, In<int32_t, nb::ndim<1>> history) {
+            std::vector<int32_t> ids;
+            std::vector<float> amounts;
+            d.penalties(history.data(), (int64_t)history.shape(0), ids, amounts);
+            return std::make_pair(array_of(ids), array_of(amounts));
+          },
+          "history"_a, "(ids ascending, amounts subtracted) for a row whose history is `history` (int32 [n]).")
+      .def_prop_ro("active", &DryPenalty::active);
+
   nb::class_<Steering>(m, "Steering", "One generation's C++ logit processors (csrc/sampling/processor.h).")
       .def(
           "__init__",
           [](Steering* self, int64_t n_vocab, std::vector<int32_t> bias_ids, std::vector<float> bias_values,
-             std::shared_ptr<PhraseAutomaton> phrases) {
+             std::shared_ptr<PhraseAutomaton> phrases, std::shared_ptr<DryPenalty> dry) {
             STRATA_CHECK(n_vocab > 0, "Steering: n_vocab must be > 0, got ", n_vocab);
             if (phrases)
               STRATA_CHECK(phrases->n_vocab() == n_vocab, "Steering: the phrase automaton was built for ",
                            phrases->n_vocab(), " tokens, not ", n_vocab);
-            new (self) Steering{n_vocab, LogitBias::make(bias_ids, bias_values, n_vocab), phrases};
+            if (dry)
+              STRATA_CHECK((int64_t)dry->single_breaker.size() == n_vocab, "Steering: the DRY penalty was built for ",
+                           dry->single_breaker.size(), " tokens, not ", n_vocab);
+            new (self) Steering{n_vocab, LogitBias::make(bias_ids, bias_values, n_vocab), phrases, dry};
           },
-          "n_vocab"_a, "bias_ids"_a, "bias_values"_a, "phrases"_a.none() = nb::none())
+          "n_vocab"_a, "bias_ids"_a, "bias_values"_a, "phrases"_a.none() = nb::none(), "dry"_a.none() = nb::none())
       .def_prop_ro("n_vocab", [](const Steering& s) { return s.n_vocab; })
-      .def_prop_ro("has_phrases", [](const Steering& s) { return s.phrases != nullptr; });
+      .def_prop_ro("has_phrases", [](const Steering& s) { return s.phrases != nullptr; })
+      .def_prop_ro("has_dry", [](const Steering& s) { return s.dry_active(); });
 
   m.def(
       "apply_token_mask",

@@ -19,7 +19,7 @@
 // by commit() and rebuilt by restore() / load() / set_steering() from the committed tokens, never by sample().
 //
 // Per row, in this order (csrc/sampling/steer.cpp): logit bias -> repetition penalties (sampler.h) ->
-// phrase penalties (phrase_automaton.h) -> the row's token mask (token_mask.h) -> choice. If the bans
+// DRY (dry.h: a pure function of the row's history, no state) -> phrase penalties (phrase_automaton.h) -> the row's token mask (token_mask.h) -> choice. If the bans
 // (phrase bans, -inf biases) leave no allowed token, the row falls back to the best token the mask allows
 // with the bans lifted (finite penalties and biases kept), never a hang; a mask that allows nothing is an
 // error naming the position.
@@ -28,6 +28,7 @@
 #include <memory>
 #include <vector>
 
+#include "sampling/dry.h"
 #include "sampling/logit_bias.h"
 #include "sampling/phrase_automaton.h"
 
@@ -38,8 +39,10 @@ struct Steering {
   int64_t n_vocab = 0;
   LogitBias bias;
   std::shared_ptr<const PhraseAutomaton> phrases;  // null: no phrase penalties
+  std::shared_ptr<const DryPenalty> dry;           // null: no DRY penalty
 
   bool stateful() const { return phrases != nullptr; }
+  bool dry_active() const { return dry && dry->active(); }
   PhraseState initial() const { return PhraseState{}; }
   PhraseState step(PhraseState s, int32_t token) const { return phrases ? phrases->step(s, token) : s; }
 };

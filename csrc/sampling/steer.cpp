@@ -5,7 +5,7 @@
 //   2. Greedy without repetition penalties reads the row in place: the best allowed token among the
 //      unedited ones (masked_argmax with the edited tokens' bits cleared) against the best edited one,
 //      ties to the lower id: exactly argmax of the edited, masked row, without copying it.
-//      Otherwise the row is copied, edited (bias, repetition penalties, phrase penalties), masked and sampled.
+//      Otherwise the row is copied, edited (bias, repetition penalties, DRY, phrase penalties), masked and sampled.
 //   3. Fallback: if nothing is left, the row is finished again with the bans lifted (their finite parts kept);
 //      if the mask still allows nothing, that is an error naming the position.
 #include "sampling/steer.h"
@@ -105,11 +105,13 @@ int32_t greedy_in_place(const float* row, int64_t V, const uint32_t* mask, const
 }
 
 void edit_copy(const float* src, float* row, int64_t V, const SamplingParams& p, const float* stat,
-               const std::vector<Edit>& edits, const uint32_t* mask, const std::vector<int32_t>& hist, bool lift) {
+               const std::vector<Edit>& edits, const uint32_t* mask, const std::vector<int32_t>& hist,
+               const DryPenalty* dry, const std::vector<int32_t>& dry_hist, bool lift) {
   std::copy(src, src + V, row);
   for (const Edit& e : edits)
     if (e.bias != 0.f && !(lift && e.bias == -INFINITY)) row[e.id] = row[e.id] + e.bias;
   if (p.penalties_active()) apply_penalties(row, V, p, hist.data(), (int64_t)hist.size());
+  if (dry) apply_dry(row, V, *dry, dry_hist.data(), (int64_t)dry_hist.size());
   if (stat) {  // the dense static part; edited tokens are then set from their value before it
     thread_local std::vector<float> before;
     before.resize(edits.size());
@@ -145,9 +147,10 @@ void steer_rows(const float* logits, int T, int64_t n_vocab, const SamplingParam
   p.validate();
   const int64_t W = mask_words(n_vocab);
   const bool pen = p.penalties_active();
+  const DryPenalty* dry = sr.steer && sr.steer->dry_active() ? sr.steer->dry.get() : nullptr;
   thread_local std::vector<Edit> edits;
   thread_local std::vector<float> row;
-  thread_local std::vector<int32_t> hist;
+  thread_local std::vector<int32_t> hist, dry_hist;
   for (int i = 0; i < T; i++) {
     const float* src = logits + (int64_t)i * n_vocab;
     const uint32_t* mask = sr.masks ? sr.masks + (int64_t)i * W : nullptr;
@@ -155,7 +158,7 @@ void steer_rows(const float* logits, int T, int64_t n_vocab, const SamplingParam
     const PhraseState* st = sr.states ? sr.states + i : nullptr;
     const float* stat = st && sr.steer && sr.steer->phrases ? sr.steer->phrases->static_penalties(st->boundary) : nullptr;
     row_edits(sr.steer, st, stat, edits);
-    if (!pen && p.temperature == 0.f) {
+    if (!pen && !dry && p.temperature == 0.f) {
       int32_t t = greedy_in_place(src, n_vocab, mask, stat, edits, false);
       if (t < 0) t = greedy_in_place(src, n_vocab, mask, stat, edits, true);
       if (t < 0) nothing_allowed(pos, n_vocab, mask != nullptr);
@@ -164,9 +167,10 @@ void steer_rows(const float* logits, int T, int64_t n_vocab, const SamplingParam
     }
     row.resize((size_t)n_vocab);
     if (pen) row_history(committed, n_committed, inputs, i, p.penalty_last_n, hist);
-    edit_copy(src, row.data(), n_vocab, p, stat, edits, mask, hist, false);
+    if (dry) row_history(committed, n_committed, inputs, i, (int32_t)dry->window(n_committed + i + 1), dry_hist);
+    edit_copy(src, row.data(), n_vocab, p, stat, edits, mask, hist, dry, dry_hist, false);
     if (argmax(row.data(), n_vocab) < 0) {
-      edit_copy(src, row.data(), n_vocab, p, stat, edits, mask, hist, true);
+      edit_copy(src, row.data(), n_vocab, p, stat, edits, mask, hist, dry, dry_hist, true);
       if (argmax(row.data(), n_vocab) < 0) nothing_allowed(pos, n_vocab, mask != nullptr);
     }
     out[i] = pick_token(row.data(), n_vocab, p, pos);

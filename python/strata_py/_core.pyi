@@ -465,16 +465,35 @@ class PhraseAutomaton:
     BAN_RAMP: Final[float] = ...
     """(arg: object, /) -> float"""
 
+class DryPenalty:
+    """The DRY sequence-repetition penalty (csrc/sampling/dry.h)."""
+
+    def __init__(self, multiplier: float, base: float, allowed_length: int, penalty_last_n: int, heads: Sequence[int], tails: Sequence[Sequence[int]], n_vocab: int) -> None:
+        """
+        Breakers as llama.cpp processes them: heads[i] is a breaker's first token, tails[i] the tokens after it.
+        """
+
+    def penalties(self, history: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> tuple[Annotated[NDArray[numpy.int32], dict(shape=(None,))], Annotated[NDArray[numpy.float32], dict(shape=(None,))]]:
+        """
+        (ids ascending, amounts subtracted) for a row whose history is `history` (int32 [n]).
+        """
+
+    @property
+    def active(self) -> bool: ...
+
 class Steering:
     """One generation's C++ logit processors (csrc/sampling/processor.h)."""
 
-    def __init__(self, n_vocab: int, bias_ids: Sequence[int], bias_values: Sequence[float], phrases: PhraseAutomaton | None = None) -> None: ...
+    def __init__(self, n_vocab: int, bias_ids: Sequence[int], bias_values: Sequence[float], phrases: PhraseAutomaton | None = None, dry: DryPenalty | None = None) -> None: ...
 
     @property
     def n_vocab(self) -> int: ...
 
     @property
     def has_phrases(self) -> bool: ...
+
+    @property
+    def has_dry(self) -> bool: ...
 
 def apply_token_mask(logits: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], mask: Annotated[NDArray[numpy.uint32], dict(shape=(None,), order='C', device='cpu', writable=False)], ref: bool = False) -> Annotated[NDArray[numpy.float32], dict(shape=(None,))]:
     """Masked copy of logits [V] (-inf where the bit is 0); ref: scalar twin."""

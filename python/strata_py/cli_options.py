@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 
 from .config import GenerationConfig
@@ -66,6 +67,16 @@ def add_generation_args(ap: argparse.ArgumentParser, defaults: GenerationConfig 
     ap.add_argument("--presence-penalty", type=float, default=d.presence_penalty)
     ap.add_argument("--frequency-penalty", type=float, default=d.frequency_penalty)
     ap.add_argument("--penalty-last-n", type=int, default=d.penalty_last_n)
+    ap.add_argument("--dry-multiplier", type=float, default=d.dry_multiplier,
+                    help="DRY repetition penalty strength (0 = off): a token extending a repeat of n > allowed "
+                         "tokens loses multiplier * base^(n - allowed) of logit")
+    ap.add_argument("--dry-base", type=float, default=d.dry_base)
+    ap.add_argument("--dry-allowed-length", type=int, default=d.dry_allowed_length)
+    ap.add_argument("--dry-penalty-last-n", type=int, default=d.dry_penalty_last_n,
+                    help="tokens DRY scans (-1 = the whole context, 0 = off)")
+    ap.add_argument("--dry-sequence-breaker", action="append", default=None, metavar="TEXT",
+                    help="a DRY sequence breaker (repeatable; replaces the default, the double quote; "
+                         "escapes such as \\n are decoded; none = no breaker; llama.cpp's set: \\n : '\"' *)")
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--draft", default=d.draft, help="speculative drafter: none, suffix, auto, mtp, mtp+suffix")
     ap.add_argument("--max-draft", type=int, default=d.max_draft,
@@ -114,4 +125,14 @@ def generation_config(a: argparse.Namespace) -> GenerationConfig:
                             min_p=a.min_p, repetition_penalty=a.repetition_penalty,
                             presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty,
                             penalty_last_n=a.penalty_last_n, seed=a.seed, draft=a.draft, max_draft=a.max_draft,
-                            min_match=a.min_match, **steering_options(a)).validate()
+                            min_match=a.min_match, **dry_options(a), **steering_options(a)).validate()
+
+
+def dry_options(a: argparse.Namespace) -> dict:
+    """The dry_* fields of GenerationConfig from the command line (breakers: escapes such as \\n decoded)."""
+    out = {"dry_multiplier": a.dry_multiplier, "dry_base": a.dry_base, "dry_allowed_length": a.dry_allowed_length,
+           "dry_penalty_last_n": a.dry_penalty_last_n}
+    if a.dry_sequence_breaker is not None:
+        out["dry_sequence_breakers"] = [] if a.dry_sequence_breaker == ["none"] else [
+            codecs.decode(b, "unicode_escape") if "\\" in b else b for b in a.dry_sequence_breaker]
+    return out

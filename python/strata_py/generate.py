@@ -1,6 +1,7 @@
 """Text generation: the `generate()` API and the `python -m strata_py.generate` CLI.
 
     python -m strata_py.generate "def parse_args("                      # shipped default model
+    python -m strata_py.generate --chat "Return the sum of the squares of a list of numbers."   # one chat turn
     python -m strata_py.generate --model M.gguf --file prompt.txt --max-tokens 200 --temperature 0.8 --seed 1
     echo "import os" | python -m strata_py.generate --stats
 
@@ -117,10 +118,28 @@ def generate(model, prompt: str, config: GenerationConfig | None = None, *, stat
         yield tail
 
 
+def chat_prompt(model, request: str, cfg: GenerationConfig, template_file=None) -> tuple[str, GenerationConfig]:
+    """One user message rendered through the model's chat template (server/templates.py: the GGUF's, or the
+    shipped model's data/strata-default.jinja), and cfg with the template's plain-text end-of-turn markers
+    added as stop strings, as the server and the chat do."""
+    from .server.templates import ChatTemplate, NoTemplate, TemplateError
+
+    try:
+        tpl = ChatTemplate.for_model(model, template_file)
+        text = tpl.render([{"role": "user", "content": request}], add_generation_prompt=True)
+    except (NoTemplate, TemplateError) as e:
+        raise ValueError(f"--chat: {e}") from None
+    stops = [m for m in tpl.stop_texts(model.tokenizer) if m not in cfg.stop]
+    return text, (cfg.replace(stop=list(cfg.stop) + stops) if stops else cfg)
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m strata_py.generate", description="Generate text with a Qwen3-Next GGUF.")
     ap.add_argument("prompt", nargs="?", help="prompt text (or --file, or standard input)")
     ap.add_argument("--file", "-f", help="read the prompt from this file")
+    ap.add_argument("--chat", metavar="REQUEST", help="send REQUEST as one user message through the model's chat "
+                    "template (the one-shot chat; only the answer is printed)")
+    ap.add_argument("--chat-template-file", metavar="FILE", help="with --chat: this Jinja template instead of the model's")
     add_model_args(ap)
     add_generation_args(ap)
     add_constraint_args(ap)
@@ -163,9 +182,11 @@ def main(argv=None) -> int:
     a = _parser().parse_args(argv)
     try:
         cfg = generation_config(a)
-        if a.prompt is not None and a.file:
-            raise ValueError("give the prompt as an argument or with --file, not both")
-        if a.file:
+        if sum(x is not None for x in (a.prompt, a.file, a.chat)) > 1:
+            raise ValueError("give the prompt as an argument, with --file or with --chat, not two of them")
+        if a.chat is not None:
+            prompt = a.chat
+        elif a.file:
             with open(a.file, encoding="utf-8") as f:
                 prompt = f.read()
         elif a.prompt is not None:
@@ -175,6 +196,9 @@ def main(argv=None) -> int:
         else:
             raise ValueError("no prompt: pass it as an argument, with --file, or on standard input")
         model = load_model(a)
+        text = prompt
+        if a.chat is not None:
+            text, cfg = chat_prompt(model, a.chat, cfg, a.chat_template_file)
     except (ValueError, FileNotFoundError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -184,10 +208,10 @@ def main(argv=None) -> int:
     pieces: list[str] = []
     interrupted = False
     try:
-        if not a.json:
+        if not a.json and a.chat is None:
             sys.stdout.write(prompt)
             sys.stdout.flush()
-        ids = model.tokenizer.encode(prompt)
+        ids = model.tokenizer.encode(text)
         dec = TextStream(model.tokenizer, cfg.stop, skip_special=True)
         eog = set(model.tokenizer.eog_ids)
         token_ids: list[int] = []

@@ -4,8 +4,9 @@
     python -m strata_py.serve --model M.gguf --port 8000 --draft mtp --prompt-cache-mib 4096 --slot-save DIR
 
 One decoding timeline per loaded model: requests are served one at a time, in arrival order, from exact
-checkpoints of earlier prompts and answers (server/timeline.py). Request defaults are OpenAI's (temperature 1,
-top_p 1, a fresh random seed, max_tokens up to the context) unless given here. `--cache-mib` is the routed-expert
+checkpoints of earlier prompts and answers (server/timeline.py). Request defaults are strata's measured ones
+(GenerationConfig: temperature 0.7, min_p 0.05, DRY 0.8), a fresh random seed and max_tokens up to the context,
+unless given here. `--cache-mib` is the routed-expert
 cache, as in `python -m strata_py.generate`; the checkpoint ring's budget is `--prompt-cache-mib`.
 """
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     d = ServerOptions()
     ap = argparse.ArgumentParser(prog="python -m strata_py.serve", description=__doc__.split("\n\n")[0])
     add_model_args(ap)
-    add_generation_args(ap, GenerationConfig(temperature=1.0))
+    add_generation_args(ap, GenerationConfig())
     ap.set_defaults(seed=None, max_tokens=None)
     add_server_args(ap)
     ap.add_argument("--host", default=d.host, help="address to bind (default: loopback only)")

@@ -4,7 +4,8 @@ Types are strict (a string is not a number, a bool is not an int); ranges are Op
 do not implement with their meaning (n > 1, best_of > 1, echo, suffix, non-text content parts) are refused
 with a 400 naming them; fields that change nothing here (user, metadata, store, parallel_tool_calls, ...) and
 unknown fields are ignored, as vLLM and llama-server do. Extensions (vLLM's names): top_k, min_p,
-repetition_penalty, chat_template_kwargs; and `draft` (strata: the drafter for this request, output unchanged).
+repetition_penalty, chat_template_kwargs; llama-server's and koboldcpp's dry_multiplier, dry_base,
+dry_allowed_length, dry_penalty_last_n, dry_sequence_breakers; and `draft` (strata: the drafter for this request, output unchanged).
 
 Every refusal is an ApiError, answered in OpenAI's error shape:
     {"error": {"message": "...", "type": "invalid_request_error", "param": "temperature", "code": null}}
@@ -106,6 +107,12 @@ class _Sampling(_Body):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0)
+    # DRY (llama-server's and koboldcpp's names; OpenAI clients send them through extra_body)
+    dry_multiplier: float | None = Field(None, ge=0)
+    dry_base: float | None = Field(None, ge=1)
+    dry_allowed_length: int | None = Field(None, ge=0)
+    dry_penalty_last_n: int | None = Field(None, ge=-1)
+    dry_sequence_breakers: list[str] | None = None
     seed: int | None = Field(None, ge=-(2**63), lt=2**64)
     stop: Union[str, list[str], None] = None
     logit_bias: dict[str, float] | None = None
@@ -263,6 +270,15 @@ def generation_config(req: _Sampling, base: GenerationConfig, *, n_vocab: int, a
             kw[name] = float(v)
     if req.top_k is not None:
         kw["top_k"] = max(0, req.top_k)  # -1 (vLLM) and 0 both mean off
+    for name in ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n"):
+        v = getattr(req, name)
+        if v is not None:
+            kw[name] = v
+    if req.dry_sequence_breakers is not None:
+        if not req.dry_sequence_breakers or not all(req.dry_sequence_breakers):  # llama-server refuses [] too
+            raise ApiError(400, "dry_sequence_breakers must be a non-empty list of non-empty strings",
+                           "dry_sequence_breakers")
+        kw["dry_sequence_breakers"] = list(req.dry_sequence_breakers)
     kw["seed"] = seed % 2**64
     if req.draft is not None:
         if req.draft != "none" and req.draft not in draft_names:

@@ -2,7 +2,7 @@
 all exact under speculation (a window emits exactly what serial decoding would).
 
 Who does what:
-  - C++ (csrc/sampling/processor.h): the logit bias and the phrase automaton live in the session
+  - C++ (csrc/sampling/processor.h): the logit bias, the DRY penalty (dry.py) and the phrase automaton live in the session
     (Session.set_steering); their state follows the committed tokens since the generation's origin.
   - grammar.py: the llguidance matcher, one per generation, hands each window its per-row token masks
     (computed while the window's forward pass runs) and rolls back rejected rows.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .dry import dry_penalty
 from .grammar import GrammarMatcher, grammar_text
 from .options import parse_logit_bias, read_phrase_file, validate_steering
 from .phrases import automaton, default_phrases
@@ -33,13 +34,14 @@ class Steering:
         from .. import _core
 
         self.core = None
-        if cfg.logit_bias or cfg.ban_phrases:
+        dry = dry_penalty(model, cfg)
+        if cfg.logit_bias or cfg.ban_phrases or dry is not None:
             ids = sorted(cfg.logit_bias)
             for t in ids:
                 if t >= model.n_vocab:
                     raise ValueError(f"bad option logit_bias: token id {t} is outside the vocabulary [0, {model.n_vocab})")
             phrases = automaton(model, cfg.ban_phrases) if cfg.ban_phrases else None
-            self.core = _core.Steering(model.n_vocab, ids, [float(cfg.logit_bias[t]) for t in ids], phrases)
+            self.core = _core.Steering(model.n_vocab, ids, [float(cfg.logit_bias[t]) for t in ids], phrases, dry)
         g = grammar_text(cfg)
         self.grammar = GrammarMatcher(model, g[0], g[1], max_window or cfg.max_window) if g else None
 
