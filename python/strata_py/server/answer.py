@@ -9,6 +9,7 @@ import json
 from .. import __version__
 from .schema import ApiError, config_param
 from .timeline import Closed, Done, Failed, Started, Token
+from .token_text import TEXT_ONLY
 
 FINGERPRINT = f"strata-{__version__}"
 
@@ -59,7 +60,8 @@ class Answer:
             if isinstance(e, Started):
                 self.started = e
             elif isinstance(e, Token):
-                toks.append(e)
+                if e.id != TEXT_ONLY:
+                    toks.append(e)
                 text.append(e.text)
             elif isinstance(e, Done):
                 self.done = e

@@ -4,13 +4,19 @@ steering.TextStream turns tokens into text and holds back bytes that may still b
 incomplete UTF-8 character). Here the tokens are held with their bytes: a token's event goes out when the text
 it helped form goes out, the text attached to the last of them. When a stop string completes, the tokens whose
 bytes start before it are released (the text before the stop string, attached to the last one) and the tokens of
-the stop string itself are dropped, so that logprobs list exactly the tokens of the visible text.
+the stop string itself are dropped, so that logprobs list exactly the tokens of the visible text. At the end, an
+incomplete UTF-8 character still held by the decoder becomes U+FFFD (as `Tokenizer.decode` renders it); when its
+token already went out with an earlier piece of text, that tail goes out as a text-only event (id TEXT_ONLY), so the
+answer's text always equals the decoded tokens.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..steering import TextStream
+
+
+TEXT_ONLY = -1  # Token.id of an event that carries text but no token (the end of an answer's text)
 
 
 @dataclass
@@ -56,6 +62,8 @@ class TokenText:
         """End of the answer: the held tokens, with the held text (a stop string's prefix is ordinary text)."""
         tail = self._stream.flush()
         held, self._held = [e for e, _ in self._held], []
+        if not held and tail:
+            held = [Token(TEXT_ONLY, "")]
         return self._release(held, tail)
 
     def _release(self, held: list[Token], piece: str) -> list[Token]:
