@@ -125,7 +125,6 @@ RowsFn rows_fn_kq_avx2(uint32_t type);
 RowsFn rows_fn_kq8_avx2(uint32_t type);  // 8-bit weights x 8-bit activations for windows of <= 3 rows (AVX2)
 RowsFn rows_fn_kq_avx512(uint32_t type);
 RowsFn rows_fn_kq_avx512vbmi(uint32_t type);  // IQ2_XXS, IQ3_XXS with AVX-512 VBMI (cpu/kquants_avx512vbmi.cpp)
-RowsFn rows_fn_kq8_avx512vbmi(uint32_t type);  // Q4_K, Q5_K: 8-bit weights x 8-bit activations (cpu/kquants8_avx512vbmi.cpp)
 bool cpu_has_avx512vnni();
 bool cpu_has_avx512vbmi();
 // Tests: with false, the AVX-512 path leaves out the VBMI kernels (the same results either way, tested).

@@ -156,7 +156,6 @@ struct DecIQ3XXSVbmi {
 }  // namespace
 
 RowsFn rows_fn_kq_avx512vbmi(uint32_t type) {
-  if (RowsFn f = rows_fn_kq8_avx512vbmi(type)) return f;
   switch (type) {
     case GGML_IQ2_XXS: return pick<DecIQ2XXSVbmi>();
     case GGML_IQ3_XXS: return pick<DecIQ3XXSVbmi>();
