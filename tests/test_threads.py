@@ -20,6 +20,21 @@ def test_chunks_visit_every_index_once(threads):
             assert seen == [20] * n and misaligned == 0, (n, align)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_regions_of_changing_sizes_finish_before_returning(threads):
+    """Consecutive regions with different chunk counts (as a forward's products, attention and norms are): no
+    chunk may run outside its region. A worker that paired an exhausted region's claim word with the next
+    region's chunk count used to run a chunk past the end, count it done for the next region, and so let that
+    region return while its chunks still ran (a segfault in test_next_windows after test_mtp at low load). The
+    race window is a few stores wide: this stress test guards the invariant; the suite's sequence found it."""
+    n = 64
+    seen, bad, _, _ = _core._pool_selftest(threads, n, regions=20000, vary=True)
+    cycle = [n, n // 4, n // 2, 1]
+    want = [sum(1 for r in range(20000) if i < cycle[r % 4]) for i in range(n)]
+    assert bad == 0
+    assert seen == want
+
+
 @pytest.mark.parametrize("where", [0, 99])  # a chunk the caller is likely to claim, and the last one
 def test_exception_in_a_chunk_reaches_the_caller(where):
     with pytest.raises(RuntimeError, match=f"chunk failed at {where}"):

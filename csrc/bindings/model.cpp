@@ -277,18 +277,25 @@ void init_model(nb::module_& m) {
   m.def(
       "_pool_selftest",
       [](int threads, int64_t n, int64_t throw_at, int64_t align, int regions, bool adaptive, int slow_worker_us,
-         int work_us) {
-        // `regions` parallel regions over [0, n): every index visited once per region whoever claims the
-        // chunks, chunk bounds multiples of align; an exception in any chunk reaches the caller. Every chunk
-        // computes for work_us; a worker's chunk that first sleeps slow_worker_us stands in for a worker whose
-        // core another program took.
+         int work_us, bool vary) {
+        // `regions` parallel regions over [0, n) (vary: over [0, n_r), n_r cycling through n, n/4, n/2, 1, so
+        // consecutive regions have different chunk counts): every index visited once per region whoever claims
+        // the chunks, chunk bounds multiples of align; an exception in any chunk reaches the caller. Every
+        // chunk computes for work_us; a worker's chunk that first sleeps slow_worker_us stands in for a worker
+        // whose core another program took. "Bad" chunks: misaligned ones, and any that runs while its region is
+        // not the one in progress (a region returned before all of its chunks had finished).
         nb::gil_scoped_release rel;
         ThreadPool pool(threads, adaptive);
         std::vector<int> seen(n, 0);
         std::atomic<int> misaligned{0};
-        for (int r = 0; r < regions; r++)
-          pool.parallel_for(n, [&](int64_t b, int64_t e, int idx) {
-            if (b % align != 0 || (e % align != 0 && e != n)) misaligned++;
+        std::atomic<int> current{-1};
+        for (int r = 0; r < regions; r++) {
+          const int64_t cycle[4] = {n, n / 4, n / 2, 1};
+          const int64_t nr = vary ? std::max<int64_t>(1, cycle[r % 4]) : n;
+          current.store(r);
+          pool.parallel_for(nr, [&, r, nr](int64_t b, int64_t e, int idx) {
+            if (current.load() != r) misaligned++;
+            if (b % align != 0 || (e % align != 0 && e != nr)) misaligned++;
             if (idx != 0 && slow_worker_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(slow_worker_us));
             for (Timer tm; tm.seconds() * 1e6 < work_us;) {
             }
@@ -296,13 +303,16 @@ void init_model(nb::module_& m) {
               if (i == throw_at) throw std::runtime_error(cat("chunk failed at ", i));
               seen[i]++;
             }
+            if (current.load() != r) misaligned++;
           }, align);
+          current.store(-1);
+        }
         const ThreadPool::Stats s = pool.stats();
         return std::make_tuple(seen, misaligned.load(), s.fallbacks, s.serial);
       },
       nb::arg("threads"), nb::arg("n"), nb::arg("throw_at") = -1, nb::arg("align") = 1, nb::arg("regions") = 1,
-      nb::arg("adaptive") = false, nb::arg("slow_worker_us") = 0, nb::arg("work_us") = 0,
-      "Thread pool self-test (tests only): (visits per index, misaligned chunks, fallbacks, serial now).");
+      nb::arg("adaptive") = false, nb::arg("slow_worker_us") = 0, nb::arg("work_us") = 0, nb::arg("vary") = false,
+      "Thread pool self-test (tests only): (visits per index, bad chunks, fallbacks, serial now).");
 
   m.def("expert_cache_stress", &cache_stress, nb::arg("slots"), nb::arg("keys"), nb::arg("threads"), nb::arg("iters"),
         nb::arg("max_n"), nb::arg("fail_every") = 0, nb::arg("seed") = 1,

@@ -16,7 +16,10 @@ using Clock = std::chrono::steady_clock;
 inline double us_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
 }
+// The claim word: generation (bits 32-63) | the region's chunk count (16-31) | next unclaimed chunk (0-15).
 inline uint32_t gen_of(uint64_t w) { return (uint32_t)(w >> 32); }
+inline int64_t chunks_of(uint64_t w) { return (int64_t)((w >> 16) & 0xFFFF); }
+inline int64_t next_of(uint64_t w) { return (int64_t)(w & 0xFFFF); }
 // Polls pred() with pause until it holds or about `us` microseconds have passed (the clock is read every
 // 32 polls); returns pred().
 template <class P>
@@ -52,7 +55,8 @@ void ThreadPool::chunk(int64_t n, int parts, int i, int64_t* b, int64_t* e) {
 int64_t ThreadPool::n_chunks(int64_t n, int nthreads, int64_t align) {
   if (n <= 0) return 0;
   const int64_t units = (n + align - 1) / align;  // chunks hold whole multiples of align
-  const int64_t want = nthreads <= 1 ? 1 : (int64_t)kChunksPerThread * nthreads;
+  int64_t want = nthreads <= 1 ? 1 : (int64_t)kChunksPerThread * nthreads;
+  if (want > 0xFFFF) want = 0xFFFF;  // the chunk count and index are 16-bit fields of the claim word
   return units < want ? units : want;
 }
 
@@ -70,8 +74,11 @@ int64_t ThreadPool::run_chunks(uint32_t gen, int idx, double* us_per_chunk) {
   uint64_t w = word_.load(std::memory_order_acquire);
   for (;;) {
     if (gen_of(w) != gen) break;
-    const int64_t c = (uint32_t)w;
-    const int64_t chunks = chunks_.load(std::memory_order_relaxed);
+    // The chunk count comes from the word itself: read from a separate variable it could already be the next
+    // region's (stored before that region is published) while w still shows this one exhausted, and the
+    // compare-exchange below would then claim a chunk past this region's end with the next region's fn,
+    // counting it done for a region that has not started (a worker then ran a finished region's job).
+    const int64_t c = next_of(w), chunks = chunks_of(w);
     if (c >= chunks) break;
     const Fn* fn = fn_.load(std::memory_order_relaxed);
     const int64_t n = n_.load(std::memory_order_relaxed), align = align_.load(std::memory_order_relaxed);
@@ -153,10 +160,9 @@ void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t align) {
   const uint32_t g = ++gen_;
   fn_.store(&fn, std::memory_order_relaxed);
   n_.store(n, std::memory_order_relaxed);
-  chunks_.store(chunks, std::memory_order_relaxed);
   align_.store(align, std::memory_order_relaxed);
   done_.store(0, std::memory_order_relaxed);
-  word_.store((uint64_t)g << 32, std::memory_order_seq_cst);  // publishes the region
+  word_.store((uint64_t)g << 32 | (uint64_t)chunks << 16, std::memory_order_seq_cst);  // publishes the region
   if (sleeping_.load(std::memory_order_seq_cst) > 0) {
     std::lock_guard<std::mutex> lk(mu_);
     cv_.notify_all();

@@ -76,15 +76,16 @@ class ThreadPool {
   double win_wall_us_ = 0, win_est_us_ = 0, win_start_ms_ = -1, serial_until_ms_ = -1, backoff_ms_ = kBackoffMs;
   Stats stats_;
   std::vector<std::thread> threads_;
-  // The claim word: generation (high 32 bits) | next unclaimed chunk (low 32 bits). A worker claims chunk c
-  // of generation g by a compare-exchange from (g, c) to (g, c + 1): claiming and joining are one step, so
-  // nobody ever waits for a thread that has not claimed anything.
+  // The claim word: generation (high 32 bits) | the region's chunk count (16 bits) | next unclaimed chunk (low
+  // 16 bits). A worker claims chunk c of generation g by a compare-exchange from (g, K, c) to (g, K, c + 1),
+  // c < K: claiming and joining are one step, so nobody ever waits for a thread that has not claimed anything;
+  // K travels in the word so that a worker never pairs one region's word with another region's count.
   std::atomic<uint64_t> word_{0};
   // The region, written by parallel_for before it publishes the new generation in word_. A worker reads it
   // after loading word_ and trusts it only if its compare-exchange then succeeds (the region cannot change
   // while one of its chunks is unclaimed).
   std::atomic<const Fn*> fn_{nullptr};
-  std::atomic<int64_t> n_{0}, chunks_{0}, align_{1};
+  std::atomic<int64_t> n_{0}, align_{1};
   std::atomic<int64_t> done_{0};  // chunks of the current region finished
   std::atomic<int> sleeping_{0};  // workers asleep (or about to be) on cv_
   std::atomic<bool> caller_waiting_{false};
