@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
+from kquant import q8_reference
 from seeds import fresh_rng
 from strata_py import _core, synth
 from window_util import assert_windows_equal_serial
@@ -215,19 +216,6 @@ def test_synthetic_model_loads_and_matmul_matches_float64(tmp_path, typ):
     bound = (np.repeat(dx, 256, axis=1) / 2) @ np.abs(W).T  # sum over values of |w| * dx/2
     assert np.all(np.abs(y - y64) <= bound * (1 + 1e-5) + 1e-5 * scale)
 
-
-def q8_reference(x):
-    """The activation quantization of csrc/kernels/quants.h in numpy (float32 steps as in quantize_act_ref):
-    per row and 256-block amax, iscale = 127/amax, q = round-half-even(iscale*x), dx = amax/127. Returns the
-    dequantized activations dx*q in float64 and dx [rows, blocks]."""
-    T, cols = x.shape
-    xb = x.reshape(T, cols // 256, 256).astype(np.float32)
-    amax = np.max(np.abs(xb), axis=-1)
-    with np.errstate(divide="ignore"):
-        iscale = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    q = np.rint((iscale[..., None] * xb).astype(np.float32))
-    dx = (amax / np.float32(127)).astype(np.float32)
-    return (q.astype(np.float64) * dx[..., None].astype(np.float64)).reshape(T, cols), dx.astype(np.float64)
 
 
 @pytest.mark.skipif(not _core.has_avx512vbmi(), reason="this CPU has no AVX-512 VBMI")
