@@ -207,11 +207,12 @@ def test_synthetic_model_loads_and_matmul_matches_float64(tmp_path, typ):
     raw = np.ascontiguousarray(np.asarray(t.data)[0]).view(np.uint8).ravel()
     W = _deq(raw, name, rows).astype(np.float64)
     x = np.random.default_rng(0).standard_normal((3, cols)).astype(np.float32)
-    y = _core.matmul(raw, name, rows, cols, x)
     xq, dx = q8_reference(x)
     yq = xq @ W.T
     scale = np.abs(xq) @ np.abs(W).T
-    assert np.all(np.abs(y - yq) <= 1e-5 * scale + 1e-30), np.max(np.abs(y - yq) / scale)
+    for isa in ["scalar", *ISAS]:  # each path's own activation quantizer is checked, not only the fastest
+        y = _core.matmul(raw, name, rows, cols, x, isa=isa)
+        assert np.all(np.abs(y - yq) <= 1e-5 * scale + 1e-30), (isa, np.max(np.abs(y - yq) / scale))
     y64 = x.astype(np.float64) @ W.T
     bound = (np.repeat(dx, 256, axis=1) / 2) @ np.abs(W).T  # sum over values of |w| * dx/2
     assert np.all(np.abs(y - y64) <= bound * (1 + 1e-5) + 1e-5 * scale)
