@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 
@@ -138,9 +139,8 @@ struct Tabler {
     add(name, elem_of<T>(), vec.data(), vec.size());
   }
   void scalar(const std::string& name, const int64_t& x) { add(name, kI64, &x, 1); }
-  std::vector<std::vector<int32_t>> texts;  // the text sections' values (reserved: pointers into it stay valid)
+  std::deque<std::vector<int32_t>> texts;  // the text sections' values (a deque: pointers into it stay valid)
   void text(const std::string& name, const std::string& s) {
-    texts.reserve(8);
     const std::string t = s.size() > kMaxText ? s.substr(s.size() - kMaxText) : s;
     texts.emplace_back(t.begin(), t.end());
     for (auto& c : texts.back()) c &= 0xFF;
@@ -437,7 +437,7 @@ Checkpoint read_checkpoint_file(const std::string& path, const CheckpointShape& 
   if (checksum(table.data(), (uint64_t)n * kRecordBytes, checksum(head, 40)) != hsum)
     bad("header checksum mismatch");
   if (cp.fingerprint != sh.fingerprint) {
-    // name the model it was saved with, if the file records it (a bounded, checked read; else "unrecorded")
+    // name the model it was saved with, if the file records it (a bounded, checksummed read; else "not recorded")
     std::string saved = "(not recorded)";
     for (const Record& r : table) {
       uint64_t nb = 0;
