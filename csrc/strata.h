@@ -51,7 +51,8 @@ class Model {
   const GgufFile& file() const { return *file_; }
   ThreadPool& pool() const { return *pool_; }
   int threads() const { return pool_->size(); }
-  // Identifies the model a checkpoint belongs to: hash of the file size, tensor table and hyperparameters.
+  // Identifies the model a checkpoint belongs to: hash of the file size, tensor table, hyperparameters and
+  // sampled bytes of every tensor (model/fingerprint.h).
   uint64_t fingerprint() const { return fingerprint_; }
   // The expert cache and its readers; null when every expert is resident. Internally synchronised: the
   // Model stays logically immutable (the cache changes speed, never output, unless routing is approximate).
@@ -90,6 +91,7 @@ struct SessionOptions {
 // Committed state at one position, flushed (no pending fold). Restore is bit-identical.
 struct Checkpoint {
   uint64_t fingerprint = 0;
+  std::string model_file;  // the model file it was taken with (refusals name it; files: section "model.file")
   int64_t n_ctx = 0;
   int64_t position = 0;
   std::vector<int32_t> tokens;

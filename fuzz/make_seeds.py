@@ -3,6 +3,7 @@ block; qwen35moe with MTP; qwen4exp with QSA and PLE), the shipped default model
 sessions of the two micro models in tests/fuzz_corpus/ (qwen3next, qwen4exp).
 
     python fuzz/make_seeds.py OUT_DIR      (tools/fuzz.sh runs it; deterministic, skips what exists)
+    python fuzz/make_seeds.py --refresh-corpus   (from the repository root: the corpus checkpoints, rewritten)
 
 OUT_DIR/gguf/*            GGUF seeds (fuzz_gguf)
 OUT_DIR/checkpoint/*      checkpoint seeds of micro.gguf (fuzz_checkpoint)
@@ -54,7 +55,28 @@ def make(out: Path) -> None:
                 q.write_bytes(bytes([tag]) + p.read_bytes())
 
 
+def refresh_corpus() -> None:
+    """Rewrite the regression corpus's checkpoints of the two base models (tests/fuzz_corpus/{checkpoint,python}/
+    *-base-pos*.cp) as this build saves them: after a change of the model fingerprint (csrc/model/fingerprint.h)
+    or of the file layout they would no longer fit their model. Paths relative to the repository root, so the
+    recorded model file is tests/fuzz_corpus/NAME."""
+    root = CORPUS.parents[1]
+    for base in BASES:
+        m = Model.load(base.relative_to(root), threads=1)
+        for pos in (0, 3, 17):
+            p = CORPUS / "checkpoint" / f"{base.stem}-pos{pos}.cp"
+            s = m.session(n_ctx=64)
+            if pos:
+                s.run([(7 * i + 1) % m.n_vocab for i in range(pos)])
+                s.commit(pos)
+            s.save(p)
+            (CORPUS / "python" / p.name).write_bytes(bytes([1]) + p.read_bytes())
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--refresh-corpus"]:  # run from the repository root
+        refresh_corpus()
+        sys.exit(0)
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     make(Path(sys.argv[1]))

@@ -8,9 +8,13 @@ def pytest_addoption(parser):
     parser.addoption("--isa", default=None, choices=("scalar", "avx2", "avx512"),
                      help="run the suite as on a CPU whose best kernel path is this one (at most this CPU's): "
                           "tests then see that ISA as the best, as on an AVX2-only or a pre-AVX2 machine")
+    parser.addoption("--rng-seed", type=int, default=None,
+                     help="seed of every fresh random input (tests/seeds.py); a failed test prints the seeds it drew")
 
 
 def pytest_configure(config):
+    import seeds
+    seeds.FIXED = config.getoption("--rng-seed")
     isa = config.getoption("--isa")
     if isa:
         from strata_py import _core
@@ -22,6 +26,18 @@ def pytest_configure(config):
 def pytest_report_header(config):
     from strata_py import _core
     return f"strata kernels: best ISA {_core.best_isa()} (active {_core.active_isa()}), VBMI {_core.has_avx512vbmi()}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that drew fresh random inputs (seeds.fresh_rng) says which seeds, and how to replay them."""
+    import seeds
+    if call.when == "setup":
+        seeds.used.clear()
+    rep = (yield).get_result()
+    if rep.failed and seeds.used:
+        rep.sections.append(("random seeds", f"fresh_rng() seeds: {seeds.used}; replay: pytest "
+                                             f"'{item.nodeid}' --rng-seed {seeds.used[0]}"))
 
 
 @pytest.fixture(scope="session")

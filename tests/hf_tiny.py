@@ -143,14 +143,15 @@ def _write_shards(sd: dict[str, torch.Tensor], out_dir: Path, shards: int):
 
 def make_tiny_hf(out_dir, *, seed: int = 0, with_mtp: bool = False, vocab_tokenizer=None,
                  vocab_size: int | None = None, shards: int = 1, fused_experts: bool = False,
-                 dtype: str = "float32"):
+                 dtype: str = "float32", sizes: dict | None = None):
     """Write a tiny random Qwen3-Next checkpoint to `out_dir`; return the transformers model (eval mode, fp32).
 
     vocab_tokenizer: path of a tokenizer.json to ship instead of the trained tiny one.
     vocab_size: config vocab (default: the tokenizer's size; larger leaves `[PAD{i}]` slots in the GGUF).
     shards > 1 writes model-0000k-of-0000n.safetensors + model.safetensors.index.json.
     fused_experts writes transformers-v5 fused `mlp.experts.gate_up_proj` / `down_proj` instead of
-    per-expert names. dtype "bfloat16" stores every tensor as bf16 (the returned model stays fp32)."""
+    per-expert names. dtype "bfloat16" stores every tensor as bf16 (the returned model stays fp32).
+    sizes: config fields that replace TINY's (e.g. hidden_size=256: rows wide enough for K-quants)."""
     from tokenizers import Tokenizer
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
@@ -164,9 +165,10 @@ def make_tiny_hf(out_dir, *, seed: int = 0, with_mtp: bool = False, vocab_tokeni
     n_tok = tk.get_vocab_size(with_added_tokens=True)
     eot, im_end = tk.token_to_id("<|endoftext|>"), tk.token_to_id("<|im_end|>")
 
-    n_layer = TINY["num_hidden_layers"]
+    dims = dict(TINY, **(sizes or {}))
+    n_layer = dims["num_hidden_layers"]
     config = Qwen3NextConfig(
-        **TINY, vocab_size=vocab_size or n_tok,
+        **dims, vocab_size=vocab_size or n_tok,
         layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n_layer)],
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
         bos_token_id=eot, eos_token_id=im_end if im_end is not None else eot, pad_token_id=eot,

@@ -1,7 +1,8 @@
 """A plain Q4_K quantizer for tests (gguf-py has none): per 32-value sub-block an affine min/scale, the 8 scales
 and mins quantized to 6 bits under the block's fp16 d / dmin, packed exactly as ggml's block_q4_K (spec
 qwen3next.md 3.2). Not llama.cpp's search-based quantizer: good enough to make a realistic Q4_K model whose
-dequantization (gguf.quants, the reference) is the ground truth."""
+dequantization (gguf.quants, the reference) is the ground truth. Also q8_reference: the int8 activation
+quantization of the K/IQ kernels, for references that compute what they compute."""
 from __future__ import annotations
 
 import numpy as np
@@ -32,3 +33,17 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
         qs[:, 32 * c:32 * c + 32] = q[:, 2 * c] | (q[:, 2 * c + 1] << 4)
     out = np.concatenate([d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2), s, qs], axis=1)
     return out.reshape(rows, cols // 256 * 144)
+
+
+def q8_reference(x):
+    """The activation quantization of csrc/kernels/quants.h in numpy (float32 steps as in quantize_act_ref):
+    per row and 256-block amax, iscale = 127/amax, q = round-half-even(iscale*x), dx = amax/127. Returns the
+    dequantized activations dx*q in float64 and dx [rows, blocks]."""
+    T, cols = x.shape
+    xb = x.reshape(T, cols // 256, 256).astype(np.float32)
+    amax = np.max(np.abs(xb), axis=-1)
+    with np.errstate(divide="ignore"):
+        iscale = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint((iscale[..., None] * xb).astype(np.float32))
+    dx = (amax / np.float32(127)).astype(np.float32)
+    return (q.astype(np.float64) * dx[..., None].astype(np.float64)).reshape(T, cols), dx.astype(np.float64)

@@ -88,7 +88,7 @@ def _cases(b: bytes) -> dict:
         "renamed section": (_reseal(b[:k0["at"]] + b"qsa.0.keys".ljust(32, b"\0") + b[k0["at"] + 32:]),
                             r"damaged checkpoint: section 'attn\.0\.k' is missing"),
         "trailing bytes": (b + bytes(8), r"damaged checkpoint: the file has \d+ bytes but its sections end at byte \d+"),
-        "truncated": (b[:-8], r"damaged checkpoint: section 'steer\.origin' .* does not fit in order"),
+        "truncated": (b[:-8], r"damaged checkpoint: section 'model\.file' .* does not fit in order"),
         "no sections": (_patched(b[:HEADER], 12, "<I", 0), r"damaged checkpoint: section 'tokens' is missing"),
         "fewer sections": (_patched(b, 12, "<I", n - 1), r"damaged checkpoint: the file has \d+ bytes but its sections end"),
     }

@@ -10,20 +10,33 @@ import sys
 CLI = [sys.executable, "-m", "strata_py.generate"]
 
 
-def test_json_and_stdin(tiny_gguf):
-    r = subprocess.run(CLI + ["--model", str(tiny_gguf), "--json", "-n", "6", "--threads", "2"], input="hello",
+GREEDY = ["--temperature", "0", "--draft", "none", "--threads", "2"]  # stated: not GenerationConfig's defaults
+
+
+def _expected(model, prompt, n):
+    """What generate() gives in this process for the CLI's options: the CLI must print exactly this."""
+    from strata_py.generate import generate
+    text = "".join(generate(model, prompt, max_tokens=n, temperature=0.0, draft="none"))
+    assert text  # the comparison would be void with nothing generated
+    return text
+
+
+def test_json_and_stdin(tiny_gguf, tiny_model):
+    r = subprocess.run(CLI + ["--model", str(tiny_gguf), "--json", "-n", "6"] + GREEDY, input="hello",
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
-    assert d["prompt"] == "hello" and d["stats"]["generated_tokens"] <= 6 and "decode_tok_s" in d["stats"]
+    assert d["prompt"] == "hello" and "decode_tok_s" in d["stats"]
+    assert d["text"] == _expected(tiny_model, "hello", 6) and 1 <= d["stats"]["generated_tokens"] <= 6
 
 
-def test_prompt_file(tiny_gguf, tmp_path):
+def test_prompt_file(tiny_gguf, tiny_model, tmp_path):
     f = tmp_path / "p.txt"
     f.write_text("def f(x):\n")
-    r = subprocess.run(CLI + ["--model", str(tiny_gguf), "--file", str(f), "-n", "4"], capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0 and r.stdout.startswith("def f(x):\n"), r.stderr
+    r = subprocess.run(CLI + ["--model", str(tiny_gguf), "--file", str(f), "-n", "4"] + GREEDY, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "def f(x):\n" + _expected(tiny_model, "def f(x):\n", 4) + "\n"  # the prompt, the text, a newline
 
 
 def test_bad_option_is_named(tiny_gguf):

@@ -60,13 +60,16 @@ def test_default_model_matches_transformers(default_model, tmp_path):
 def test_default_model_has_mtp_and_writes_python(default_model):
     from strata_py import generate
     assert default_model.has_mtp
-    text = "".join(generate(default_model, "def parse_args(", max_tokens=32))
-    assert len(text) > 10
+    text = "".join(generate(default_model, "def parse_args(", max_tokens=32, temperature=0.0, draft="none"))
+    # Python: the signature is closed on the first line and an indented body follows (compiles with a body)
+    first, rest = text.split("\n", 1)
+    compile("def parse_args(" + first + "\n    pass\n", "<generated>", "exec")
+    assert first.endswith(":") and rest.startswith("    "), text
 
 
 def test_cli_runs_without_model():
-    r = subprocess.run([sys.executable, "-m", "strata_py.generate", "import os\n", "--max-tokens", "8", "--threads", "2"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "strata_py.generate", "import os\n", "--max-tokens", "8", "--threads", "2",
+                        "--temperature", "0", "--draft", "none"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("import os\n") and len(r.stdout) > len("import os\n")
 

@@ -10,10 +10,9 @@ import shutil
 import numpy as np
 import pytest
 
+import exactness
 from strata_py import _core
-from strata_py.generate import generate_ids
 from strata_py.model import Model
-from strata_py.speculative import LoopStats
 
 
 @pytest.fixture(scope="module")
@@ -54,17 +53,13 @@ def _logits_trace(model, toks):
     return out
 
 
-def _gen(model, prompt, **kw):
-    st = LoopStats()
-    return list(generate_ids(model, prompt, stats=st, stop_at_eos=False, **kw)), st
-
-
 def test_bit_identical_at_every_budget(many_gguf, many_ref):
     rng = np.random.default_rng(0)
     toks = rng.integers(0, many_ref.n_vocab, 64).tolist()
     block = rng.integers(0, many_ref.n_vocab, 7).tolist()
     ref = _logits_trace(many_ref, toks)
-    plain, _ = _gen(many_ref, block * 4, max_tokens=24, temperature=0.9, seed=3)
+    cfg = exactness.config("sampled", 3, 24, temperature=0.9)
+    plain = exactness.plain(many_ref, block * 4, cfg)  # fully resident, draft="none"
     budgets = _budgets(many_gguf, many_ref)
     for mib in budgets:
         for prefetch in (True, False):
@@ -72,9 +67,8 @@ def test_bit_identical_at_every_budget(many_gguf, many_ref):
             got = _logits_trace(m, toks)
             for i, (a, b) in enumerate(zip(ref, got)):
                 np.testing.assert_array_equal(a, b, err_msg=f"cache_mib={mib} prefetch={prefetch} window {i}")
-            spec, st = _gen(m, block * 4, max_tokens=24, temperature=0.9, seed=3, draft="suffix")
-            assert spec == plain, f"cache_mib={mib}"
-            assert st.drafted > 0
+            st = exactness.assert_equals_plain(m, block * 4, cfg, ["suffix"], reference=plain, label=f"cache_mib={mib}")
+            assert st["suffix"].drafted > 0
             es = m.expert_stats()
             assert es["streaming"] and es["routing"] == "natural" and es["read_errors"] == 0
             assert es["sync_misses"] + es["hits"] + es["hits_inflight"] == es["lookups"]
@@ -86,31 +80,11 @@ def test_bit_identical_at_every_budget(many_gguf, many_ref):
                 assert es["evictions"] == 0 and es["experts_read"] <= es["experts_total"]
 
 
-class _Oracle:
-    """Drafts plain decoding's future, right for `right` tokens then one wrong token."""
-
-    def __init__(self, plain, n0, right, V):
-        self.plain, self.n0, self.right, self.V = plain, n0, right, V
-
-    def propose(self, context, max_drafts):
-        done = len(context) - self.n0
-        fut = self.plain[done:done + max_drafts]
-        d = list(fut[:self.right])
-        if len(d) < max_drafts and len(fut) > len(d):
-            d.append((fut[len(d)] + 1) % self.V)
-        return d
-
-    def observe(self, drafts, accepted):
-        pass
-
-
 def test_speculative_oracle_windows_identical_at_smallest_budget(many_gguf, many_ref):
     prompt = np.random.default_rng(4).integers(0, many_ref.n_vocab, 11).tolist()
-    plain, _ = _gen(many_ref, prompt, max_tokens=30)
     m = Model.load(many_gguf, threads=2, cache_mib=_min_mib(many_gguf))
-    for right in (0, 2, 7):
-        spec, st = _gen(m, prompt, max_tokens=30, proposer=_Oracle(plain, len(prompt), right, m.n_vocab))
-        assert spec == plain, f"right={right}"
+    exactness.assert_equals_plain(m, prompt, exactness.config("greedy", 0, 30),
+                                  ["none"] + [exactness.Adversarial(r) for r in (0, 2, 7)], ref_model=many_ref)
 
 
 def test_f32_and_mtp_model(tiny_q8_gguf, tiny_q8_model):

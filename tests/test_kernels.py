@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
+from seeds import fresh_rng
 from strata_py import _core, synth
 from window_util import assert_windows_equal_serial
 
@@ -28,7 +29,7 @@ def _weights(rng, typ, rows, cols):
 
 @pytest.mark.parametrize("typ", list(TYPES))
 def test_dequantize_matches_gguf(typ):
-    rng = np.random.default_rng()
+    rng = fresh_rng()
     for _ in range(3):
         raw = _weights(rng, typ, 4, 256)
         ref = gguf.quants.dequantize(raw.reshape(4, -1), TYPES[typ]).ravel()
@@ -38,7 +39,7 @@ def test_dequantize_matches_gguf(typ):
 @pytest.mark.parametrize("typ", list(TYPES))
 @pytest.mark.parametrize("isa", ISAS)
 def test_fast_paths_equal_ref(typ, isa):
-    rng = np.random.default_rng()  # fresh inputs every run
+    rng = fresh_rng()  # fresh inputs every run
     for cols in ((64, 96, 256, 1024) if typ in BLOCK32 else (16, 40, 100, 256, 1000)):
         rows = int(rng.integers(1, 70))
         raw = _weights(rng, typ, rows, cols)
@@ -51,7 +52,7 @@ def test_fast_paths_equal_ref(typ, isa):
 
 @pytest.mark.parametrize("typ", list(TYPES))
 def test_rows_independent_of_T(typ):
-    rng = np.random.default_rng()
+    rng = fresh_rng()
     rows, cols = 37, 256
     raw = _weights(rng, typ, rows, cols)
     x = rng.standard_normal((8, cols)).astype(np.float32)
@@ -65,7 +66,7 @@ def test_rows_independent_of_T(typ):
 def test_dot_within_float32_bound(typ):
     """|y - y64| <= gamma_n * sum|w x| with gamma_n = n*u/(1-n*u), u = 2^-24 (Higham's bound for any summation
     order; our order sums n/16 + 4 terms per lane path, well inside it) plus the weight decoding being exact."""
-    rng = np.random.default_rng()
+    rng = fresh_rng()
     rows, cols = 16, 512
     raw = _weights(rng, typ, rows, cols)
     W = gguf.quants.dequantize(raw.reshape(rows, -1), TYPES[typ]).astype(np.float64)
@@ -90,7 +91,7 @@ def test_force_isa_refuses_missing():
 def test_dn_rows_equal_ref(dv, read):
     # the strip-mined DeltaNet window recurrence against its row-by-row twin, bit for bit, for every
     # split between rows on S and rows on the working copy
-    rng = np.random.default_rng()  # fresh inputs every run
+    rng = fresh_rng()  # fresh inputs every run
     dk = 128 if dv != 7 else 16
     for T in (1, 3, 8):
         S = rng.standard_normal((dk, dv), dtype=np.float32) * 0.1
@@ -120,7 +121,7 @@ def test_attend_paths(hd, isa):
     # the AVX-512 and AVX2 attention against the scalar twin and float64 (the paths sum in different orders),
     # and every (row, head) output bit-identical whatever rows and heads share the call: a T-row window
     # against the same rows one at a time
-    rng = np.random.default_rng()  # fresh inputs every run
+    rng = fresh_rng()  # fresh inputs every run
     nh, scale = 2, 1.0 / np.sqrt(hd)
     for n0, T in ((1, 1), (3, 2), (16, 1), (17, 8), (37, 3), (300, 8)):
         q = rng.standard_normal((T * nh, hd), dtype=np.float32)
@@ -144,7 +145,7 @@ def test_attend_paths(hd, isa):
 def test_vexp_accuracy():
     # vexp against float64 exp over the whole useful range: within 2 ulp (relative 2.4e-7)
     x = np.concatenate([np.linspace(-87.0, 88.0, 200001, dtype=np.float32),
-                        np.random.default_rng().standard_normal(100000).astype(np.float32) * 10])
+                        fresh_rng().standard_normal(100000).astype(np.float32) * 10])
     got = np.asarray(_core.rowop("vexp", x.reshape(1, -1), np.zeros((1, 1), np.float32), "scalar"), dtype=np.float64)
     want = np.exp(x.astype(np.float64))
     assert np.max(np.abs(got - want) / want) <= 2.4e-7
@@ -155,7 +156,7 @@ def test_vexp_accuracy():
 @pytest.mark.parametrize("name", ["silu", "silu_mul", "mul_silu", "mul_sigmoid", "exp_shift", "conv", "axpy"])
 def test_rowops_builds_agree(name):
     # every build of the row loops gives the same bits (fresh random inputs), and matches float64 math
-    rng = np.random.default_rng()  # fresh inputs every run
+    rng = fresh_rng()  # fresh inputs every run
     x = (rng.standard_normal((7, 1000)) * 6).astype(np.float32)
     y = (rng.standard_normal((7, 1000)) * 6).astype(np.float32)
     if name == "exp_shift":
@@ -187,7 +188,7 @@ def test_random_blocks32_dequantize_and_multiply(typ):
     """Uniform random codes and high bits (every pattern occurs, unlike in quantized data: MXFP4's -0, every
     Q5 bit) with synth's random scales: dequantization bit-exact with gguf.quants, fast paths equal to the
     scalar twin."""
-    rng = np.random.default_rng()
+    rng = fresh_rng()
     rows, cols = 40, 256
     raw = synth.random_blocks32(rng, TYPES[typ], rows * cols // 32, scale=float(rng.uniform(0.01, 2.0)))
     ref = gguf.quants.dequantize(raw.reshape(rows, -1), TYPES[typ])
@@ -214,7 +215,7 @@ def test_attend_cell_list_equals_gathered_cells(hd):
     # QSA's sparse rows attend to a list of cells: on every path, the same bits as the dense kernel run on
     # those cells gathered in order, and the fast paths' sparse rows within float rounding of the scalar
     # twin's (fresh random inputs and cell sets)
-    rng = np.random.default_rng()
+    rng = fresh_rng()
     for n, m in ((40, 7), (300, 37), (1000, 260)):
         k = rng.standard_normal((n, hd), dtype=np.float32)
         v = rng.standard_normal((n, hd), dtype=np.float32)

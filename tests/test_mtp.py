@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import exactness
 from hf_tiny import make_tiny_hf
 from strata_py.convert import convert
 from strata_py.model import Model
@@ -86,14 +87,11 @@ def test_mtp_refused_without_block(tiny_model):
 @pytest.mark.parametrize("draft", ["mtp", "mtp+suffix"])
 @pytest.mark.parametrize("temperature,seed", [(0.0, 0), (0.8, 1), (1.0, 7)])
 def test_mtp_speculative_equals_plain(tiny_q8_model, draft, temperature, seed):
-    from strata_py.generate import generate_ids
     rng = np.random.default_rng(seed)
     block = rng.integers(0, tiny_q8_model.n_vocab, 12).tolist()
     for prompt in (block * 3, rng.integers(0, tiny_q8_model.n_vocab, 30).tolist(), block[:2]):
-        kw = dict(max_tokens=48, temperature=temperature, seed=seed, stop_at_eos=False, top_k=40)
-        plain = list(generate_ids(tiny_q8_model, prompt, draft="none", **kw))
-        spec = list(generate_ids(tiny_q8_model, prompt, draft=draft, **kw))
-        assert spec == plain
+        cfg = exactness.config("greedy", seed, 48, temperature=temperature, top_k=40)
+        exactness.assert_equals_plain(tiny_q8_model, prompt, cfg, [draft])
 
 
 def test_mtp_drafter_refused_without_block(tiny_model):

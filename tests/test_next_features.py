@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from corrupt import rewrite
+import exactness
 from hf_tiny_next import make_tiny_qwen35moe, make_tiny_qwen4exp
+from seeds import fresh_rng
 from strata_py.convert import convert
-from strata_py.generate import generate_ids
 from strata_py.model import Model
 from window_util import assert_windows_equal_serial
 
@@ -40,10 +41,8 @@ def test_qwen35moe_mtp_drafts_keep_the_output(q35_mtp_path, temperature):
     model = Model.load(q35_mtp_path, threads=2)
     assert model.has_mtp
     prompt = _prompt(model)
-    kw = dict(max_tokens=40, temperature=temperature, seed=3, stop_at_eos=False)
-    plain = list(generate_ids(model, prompt, draft="none", **kw))
-    assert list(generate_ids(model, prompt, draft="mtp", **kw)) == plain
-    assert list(generate_ids(model, prompt, draft="mtp+suffix", **kw)) == plain
+    cfg = exactness.config("greedy" if temperature == 0 else "sampled", 3, 40, temperature=temperature)
+    exactness.assert_equals_plain(model, prompt, cfg, ["mtp", "mtp+suffix"])
 
 
 @pytest.mark.parametrize("which", ["q4_path", "q35_mtp_path"])
@@ -53,9 +52,7 @@ def test_streamed_experts_keep_the_output(request, which):
     small = Model.load(path, threads=2, cache_mib=1)  # a few experts of each layer
     assert small.streaming
     prompt = _prompt(full, 30, 1)
-    a = list(generate_ids(full, prompt, max_tokens=24, stop_at_eos=False, draft="suffix"))
-    b = list(generate_ids(small, prompt, max_tokens=24, stop_at_eos=False, draft="suffix"))
-    assert a == b
+    exactness.assert_equals_plain(small, prompt, exactness.config("greedy", 0, 24), ["none", "suffix"], ref_model=full)
     assert small.expert_stats()["bytes_read"] > 0
 
 
@@ -126,7 +123,7 @@ def test_qsa_selection_rule():
     assert _core.qsa_select([1.0, 0.0, 2.0, 0.0, 0.0, 2.0], 3) == [0, 2, 5]
     assert _core.qsa_select([0.5, 3.0, 0.5, 3.0, 0.5], 3) == [0, 1, 3]
     assert _core.qsa_select([float("nan"), 0.0, 1.0], 2) == [1, 2]
-    rng = np.random.default_rng()
+    rng = fresh_rng()
     for _ in range(200):  # against a sort by (score desc, index asc)
         n = int(rng.integers(1, 60))
         s = rng.integers(0, 4, n).astype(np.float32).tolist()  # many ties

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import exactness
 from hf_tiny_next import capture_qsa, make_tiny_qwen35moe, make_tiny_qwen4exp
 from strata_py.convert import convert
 from strata_py.model import Model
@@ -107,14 +108,12 @@ def test_qsa_selects_the_reference_blocks(arch):
 
 
 def test_greedy_continuation_identical(arch):
-    from strata_py.generate import generate_ids
     name, ref_model, model = arch
     prompt = model.tokenizer.encode("def parse_args(argv):\n    return argv")
     with torch.no_grad():
         out = ref_model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False, min_new_tokens=32,
                                  pad_token_id=0)
     ref = out[0, len(prompt):].tolist()
-    assert list(generate_ids(model, prompt, max_tokens=32, stop_at_eos=False, draft="none", temperature=0.0,
-                                 dry_multiplier=0.0)) == ref
-    assert list(generate_ids(model, prompt, max_tokens=32, stop_at_eos=False, draft="suffix", temperature=0.0,
-                                 dry_multiplier=0.0)) == ref
+    cfg = exactness.config("greedy", 0, 32)
+    assert exactness.plain(model, prompt, cfg) == ref
+    exactness.assert_equals_plain(model, prompt, cfg, ["suffix"], reference=ref)

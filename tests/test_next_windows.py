@@ -14,8 +14,9 @@ from hf_tiny_next import make_tiny_qwen35moe, make_tiny_qwen4exp
 from strata_py import GenerationConfig
 from strata_py.convert import convert
 from strata_py.model import Model
-from strata_py.speculative import LoopStats, decode
-from window_util import Oracle, assert_same_state, check_every_window_and_keep, check_random_windows, serial_reference
+from strata_py.speculative import decode
+import exactness
+from window_util import assert_same_state, check_every_window_and_keep, check_random_windows, serial_reference
 
 W = GenerationConfig().max_window  # 16
 FOLDS = ("lazy", "eager", "partial")
@@ -117,27 +118,24 @@ def test_long_random_windows(request, which, fold):
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_speculative_equals_serial(request, which, temperature):
     """Adversarial drafts (right for k tokens, then wrong) and the suffix drafter emit exactly the serial tokens."""
-    from strata_py.generate import generate_ids
     model = request.getfixturevalue(which)
     cfg = GenerationConfig(max_tokens=48, temperature=temperature, top_k=50, top_p=0.95, seed=5,
-                           repetition_penalty=1.1, stop_at_eos=False)
+                           repetition_penalty=1.1, stop_at_eos=False, draft="none")
     prompt = list(range(3, 21))
 
-    def run(proposer, fold="lazy"):
-        s = model.session(n_ctx=160, fold=fold)
-        s.run(prompt[:-1])
-        s.commit(len(prompt) - 1)
-        return list(decode(s, prompt[-1], cfg, set(), LoopStats(), proposer))
+    def run(m, p, c, proposer, stats):
+        s = m.session(n_ctx=160, fold="lazy")
+        s.run(p[:-1])
+        s.commit(len(p) - 1)
+        return list(decode(s, p[-1], c, set(), stats, proposer))
 
-    serial = run(None)
+    serial = exactness.plain(model, prompt, cfg, run)
     assert len(serial) == 48
-    for right in (0, 1, 2, 3, 5, 9):
-        assert run(Oracle(serial, len(prompt), right, model.n_vocab)) == serial, f"right={right}"
+    exactness.assert_equals_plain(model, prompt, cfg, [exactness.Adversarial(r) for r in (0, 1, 2, 3, 5, 9)],
+                                  gen=run, reference=serial)
     # a repetitive prompt so that suffix lookup drafts
     rep = (prompt * 4)[:64]
-    plain = list(generate_ids(model, rep, cfg.replace(draft="none")))
-    assert list(generate_ids(model, rep, cfg.replace(draft="suffix"))) == plain
-    assert list(generate_ids(model, rep, cfg.replace(draft="auto"))) == plain
+    exactness.assert_equals_plain(model, rep, cfg, ["suffix", "auto"])
 
 
 def test_checkpoints_carry_the_new_state(q4, tmp_path):
@@ -176,16 +174,13 @@ def test_checkpoints_carry_the_new_state(q4, tmp_path):
 def test_steered_speculative_equals_serial(q4, temperature):
     """Steered decoding (logit bias, phrase penalties and bans, a regex grammar, a stop string) on qwen4exp:
     suffix and adversarial drafts emit exactly the plain tokens."""
-    from strata_py.generate import generate_ids
     tok = q4.tokenizer
     bias = {tok.encode(" the")[0]: -3.0, tok.encode(" self")[0]: 2.0}
-    cfg = GenerationConfig(max_tokens=40, temperature=temperature, seed=7, stop_at_eos=False, logit_bias=bias,
+    cfg = GenerationConfig(max_tokens=40, temperature=temperature, seed=7, stop_at_eos=False, draft="none", logit_bias=bias,
                            ban_phrases=[("return self", float("inf")), ("if not", 4.0)],
                            regex=r"[a-z_ ().,=\n]{1,60}", stop=["\n\n"])
     prompt = tok.encode("def f(self, x):\n    return self.x\ndef g(self, x):\n    return self.x\ndef h(self")
-    plain = list(generate_ids(q4, prompt, cfg.replace(draft="none")))
+    plain = exactness.plain(q4, prompt, cfg)
     assert plain
-    assert list(generate_ids(q4, prompt, cfg.replace(draft="suffix"))) == plain
-    for right in (0, 2, 5):
-        got = list(generate_ids(q4, prompt, cfg, proposer=Oracle(plain, len(prompt), right, q4.n_vocab)))
-        assert got == plain, right
+    exactness.assert_equals_plain(q4, prompt, cfg, ["suffix"] + [exactness.Adversarial(r) for r in (0, 2, 5)],
+                                  reference=plain)

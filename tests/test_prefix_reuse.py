@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+import exactness
 from server_util import cold_answer
 from strata_py.config import GenerationConfig
 from strata_py.generate import generate_ids
@@ -23,7 +24,7 @@ def test_restored_checkpoints_are_exact_for_every_drafter(tiny_q8_model, tmp_pat
     m = tiny_q8_model
     cfg = GenerationConfig(max_tokens=30, temperature=0.8, seed=9, draft=draft, stop_at_eos=False)
     prompt = [(7 * i) % 300 + 1 for i in range(60)] * 2
-    cold = list(generate_ids(m, prompt, cfg))
+    cold = exactness.plain(m, prompt, cfg)  # draft="none" from scratch: every drafter, restored, gives these
     s = m.session(n_ctx=512, max_window=cfg.max_window, mtp=True)
     s.run(prompt[:50])
     s.commit(50)

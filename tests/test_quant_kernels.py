@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
+from kquant import q8_reference
+from seeds import fresh_rng
 from strata_py import _core, synth
 from window_util import assert_windows_equal_serial
 
@@ -38,7 +40,7 @@ def _deq(raw, typ, rows):
 
 @pytest.mark.parametrize("typ", list(KQ))
 def test_dequantize_matches_gguf(typ):
-    rng = np.random.default_rng()
+    rng = fresh_rng()
     for wild in (False, True):
         raw = _blocks(rng, typ, 8, 512, wild)
         np.testing.assert_array_equal(_core.dequantize(raw, typ, 8 * 512), _deq(raw, typ, 8).ravel())
@@ -48,7 +50,7 @@ def test_dequantize_matches_gguf(typ):
 def test_every_grid_entry_matches_gguf(typ):
     """1024 random blocks look up each entry of the type's grid (512-2048 entries, csrc/kernels/iq_tables.h)
     many times over (a missed entry: probability < 1e-6): dequantization bit-exact with gguf-py's grids."""
-    rng = np.random.default_rng()
+    rng = fresh_rng()
     raw = np.ascontiguousarray(synth.random_blocks(rng, KQ[typ], 1024, scale=1.0)).ravel()
     np.testing.assert_array_equal(_core.dequantize(raw, typ, 1024 * 256), _deq(raw, typ, 1024).ravel())
 
@@ -94,7 +96,7 @@ def test_grids_equal_gguf():
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_activation_quantizers_agree(isa):
-    rng = np.random.default_rng()
+    rng = fresh_rng()
     x = (rng.standard_normal((5, 1024)) * rng.uniform(1e-3, 1e3, (5, 1))).astype(np.float32)
     x[1, :256] = 0.0  # an all-zero block
     x[2, 3] = 1e30    # a huge outlier
@@ -106,7 +108,7 @@ def test_activation_quantizers_agree(isa):
 
 def test_activation_quantizer_is_q8k():
     """q = round_half_even(x * 127/amax) per 256-block, dx = amax/127, bsum = sums of q over 32 values."""
-    rng = np.random.default_rng()
+    rng = fresh_rng()
     x = rng.standard_normal((3, 512)).astype(np.float32)
     q, dx, bs = _core.quantize_act(x)
     q = np.array(q)
@@ -123,7 +125,7 @@ def test_activation_quantizer_is_q8k():
 @pytest.mark.parametrize("typ", list(KQ))
 @pytest.mark.parametrize("isa", ISAS)
 def test_fast_paths_equal_ref(typ, isa):
-    rng = np.random.default_rng()  # fresh inputs every run
+    rng = fresh_rng()  # fresh inputs every run
     for cols in (256, 512, 1280):
         rows = int(rng.integers(1, 50))
         raw = _blocks(rng, typ, rows, cols, wild=bool(rng.integers(0, 2)))
@@ -136,7 +138,7 @@ def test_fast_paths_equal_ref(typ, isa):
 
 @pytest.mark.parametrize("typ", list(KQ))
 def test_rows_independent_of_T(typ):
-    rng = np.random.default_rng()
+    rng = fresh_rng()
     rows, cols = 37, 768
     raw = _blocks(rng, typ, rows, cols)
     x = rng.standard_normal((8, cols)).astype(np.float32)
@@ -155,7 +157,7 @@ def test_dot_within_int8_activation_bound(typ):
                    + 2^-23 * sum_i |w_i x_i|                       dequantize's own float32 rounding of w
     with gamma_n = n*u/(1-n*u), u = 2^-24, n = 2*blocks + 8 (a product d*dx, one fma per block and lane,
     the 4-level tree, the min term). The integer lane sums are exact."""
-    rng = np.random.default_rng()
+    rng = fresh_rng()
     rows, cols = 24, 1024
     raw = _blocks(rng, typ, rows, cols)
     W = _deq(raw, typ, rows).astype(np.float64)
@@ -188,9 +190,10 @@ def test_window_parity(tmp_path, typ):
 @pytest.mark.parametrize("typ", ["q2_k", "q3_k", "q4_k", "q4_k_m", "q5_k", "q6_k", "iq2_xxs", "iq3_xxs", "iq4_xs", "iq2_xs",
                                  "iq2_s", "iq3_s", "iq1_s", "iq1_m"])
 def test_synthetic_model_loads_and_matmul_matches_float64(tmp_path, typ):
-    """Every synthetic K/IQ model loads; its first expert matrix run through the kernel matches a numpy
-    float64 product with the dequantized weights within 2% of the row's |w|.|x| scale (int8 activations:
-    the per-value rounding is at most amax/254)."""
+    """Every synthetic K/IQ model loads; its first expert matrix run through the kernel equals a numpy float64
+    product of the dequantized weights with the activations quantized as quants.h states (q8_reference) up to
+    float32 rounding, and the float64 product with the unquantized activations within the bound the int8
+    rounding implies (|x - dx*q| <= dx/2 per value, dx = amax/127 per 256-block)."""
     from strata_py.model import Model
     path = synth.write("tiny", tmp_path / f"t-{typ}.gguf", typ, seed=5)
     m = Model.load(path, threads=2)
@@ -204,10 +207,16 @@ def test_synthetic_model_loads_and_matmul_matches_float64(tmp_path, typ):
     raw = np.ascontiguousarray(np.asarray(t.data)[0]).view(np.uint8).ravel()
     W = _deq(raw, name, rows).astype(np.float64)
     x = np.random.default_rng(0).standard_normal((3, cols)).astype(np.float32)
-    y = _core.matmul(raw, name, rows, cols, x)
+    xq, dx = q8_reference(x)
+    yq = xq @ W.T
+    scale = np.abs(xq) @ np.abs(W).T
+    for isa in ["scalar", *ISAS]:  # each path's own activation quantizer is checked, not only the fastest
+        y = _core.matmul(raw, name, rows, cols, x, isa=isa)
+        assert np.all(np.abs(y - yq) <= 1e-5 * scale + 1e-30), (isa, np.max(np.abs(y - yq) / scale))
     y64 = x.astype(np.float64) @ W.T
-    scale = np.abs(x.astype(np.float64)) @ np.abs(W).T
-    assert np.all(np.abs(y - y64) <= 0.02 * scale)
+    bound = (np.repeat(dx, 256, axis=1) / 2) @ np.abs(W).T  # sum over values of |w| * dx/2
+    assert np.all(np.abs(y - y64) <= bound * (1 + 1e-5) + 1e-5 * scale)
+
 
 
 @pytest.mark.skipif(not _core.has_avx512vbmi(), reason="this CPU has no AVX-512 VBMI")
@@ -215,7 +224,7 @@ def test_synthetic_model_loads_and_matmul_matches_float64(tmp_path, typ):
 def test_iq_vbmi_decoders_equal_the_plain_avx512_ones(typ):
     # the AVX-512 path picks the VBMI IQ decoders on this CPU (so test_fast_paths_equal_ref covers them);
     # here the other AVX-512 decoders, kept for CPUs without VBMI, against them and the scalar twin
-    rng = np.random.default_rng()  # fresh inputs every run
+    rng = fresh_rng()  # fresh inputs every run
     for cols in (256, 768):
         rows = int(rng.integers(1, 40))
         raw = _blocks(rng, typ, rows, cols, wild=bool(rng.integers(0, 2)))

@@ -53,6 +53,24 @@ def test_render_equals_transformers(name, conv, gen):
         assert "get_weather" in ours
 
 
+@pytest.mark.parametrize("conv", range(len(CONVERSATIONS)))
+def test_request_messages_render_as_sent(conv):
+    """The server's translation of request messages (schema.message_dicts: OpenAI bodies to template dicts) keeps
+    every role and content: rendered, a parsed request is transformers' rendering of the messages as sent, and a
+    'developer' message renders as the 'system' message it is."""
+    from strata_py.server.schema import Message, message_dicts
+    src = (TEMPLATES / "qwen3.jinja").read_text()
+    msgs, tools = CONVERSATIONS[conv]
+    parsed = [Message(**m) for m in msgs]
+    ours = ChatTemplate(src, origin="qwen3", eos_token="<|im_end|>").render(message_dicts(parsed), tools=tools)
+    theirs = render_jinja_template(conversations=[msgs], tools=tools, chat_template=src, add_generation_prompt=True,
+                                   eos_token="<|im_end|>", bos_token="")[0][0]
+    assert ours == theirs
+    if msgs[0]["role"] == "system":
+        dev = [Message(**dict(msgs[0], role="developer"))] + parsed[1:]
+        assert ChatTemplate(src, origin="qwen3", eos_token="<|im_end|>").render(message_dicts(dev), tools=tools) == theirs
+
+
 def test_sandbox_and_errors():
     with pytest.raises(TemplateError, match="refused"):
         ChatTemplate("{{ ''.__class__.__mro__[1].__subclasses__() }}", origin="evil").render([])

@@ -11,10 +11,9 @@ from strata_py import drafting
 from strata_py.config import GenerationConfig
 from strata_py.controller import LengthController, WindowCosts, expected_keep, window_costs
 from strata_py.drafting.suffix import SuffixDrafter
-from strata_py.generate import generate_ids
-from strata_py.speculative import LoopStats
 
-SAMPLED = dict(temperature=0.9, top_k=50, top_p=0.95, repetition_penalty=1.1)
+import exactness
+from exactness import Oracle as _Oracle
 
 
 def _prompts(V, seed):
@@ -30,66 +29,36 @@ def _prompts(V, seed):
     }
 
 
-def _run(model, prompt, **kw):
-    st = LoopStats()
-    out = list(generate_ids(model, prompt, stats=st, stop_at_eos=False, **kw))
-    return out, st
-
-
 @pytest.mark.parametrize("which", ["tiny_model", "tiny_q8_model"])
-@pytest.mark.parametrize("sampling", ["greedy", "sampled"])
-def test_suffix_and_auto_equal_plain(request, which, sampling):
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_suffix_and_auto_equal_plain(request, which, mode):
+    """Against draft="none" (exactness.py); the q8 model has an MTP block, so MTP drafts too."""
     model = request.getfixturevalue(which)
-    opts = dict(temperature=0.0) if sampling == "greedy" else SAMPLED
-    seeds = (0,) if sampling == "greedy" else (0, 1, 2)
-    drafted = 0
-    for seed in seeds:
-        for name, prompt in _prompts(model.n_vocab, seed).items():
+    drafters = ["suffix", "auto"] + (["mtp"] if which == "tiny_q8_model" else [])
+    n_drafted = 0
+    for label, cfg0 in exactness.cases((mode,)):
+        for name, prompt in _prompts(model.n_vocab, cfg0.seed).items():
             for n in (1, 2, 7, 33):
-                plain, _ = _run(model, prompt, max_tokens=n, seed=seed, **opts)
-                assert len(plain) == n
-                for draft in ("suffix", "auto"):
-                    spec, st = _run(model, prompt, max_tokens=n, seed=seed, draft=draft, **opts)
-                    assert spec == plain, f"{draft} {name} n={n} seed={seed}"
-                    assert sum(int(T) * c for T, c in st.as_dict()["t_hist"].items()) >= n
-                    drafted += st.drafted
-    assert drafted > 0  # repetitive prompts do produce drafts
+                cfg = cfg0.replace(max_tokens=n)
+                st = exactness.assert_equals_plain(model, prompt, cfg, drafters, label=f"{label} {name} n={n}")
+                assert len(st["plain"]) == n
+                for d in drafters:
+                    assert sum(int(T) * c for T, c in st[d].as_dict()["t_hist"].items()) >= n
+                n_drafted += exactness.drafted(st)
+    assert n_drafted > 0  # repetitive prompts do produce drafts
 
 
-class _Oracle:
-    """Drafts plain decoding's future exactly for `right` tokens, then one wrong token (right=None: always right)."""
-
-    def __init__(self, plain, prompt_len, right, V):
-        self.plain, self.n0, self.right, self.V = plain, prompt_len, right, V
-
-    def propose(self, context, max_drafts):
-        done = len(context) - self.n0
-        future = self.plain[done:done + max_drafts]
-        if self.right is None:
-            return list(future)
-        drafts = list(future[:self.right])
-        if len(drafts) < max_drafts and len(future) > len(drafts):
-            drafts.append((future[len(drafts)] + 1) % self.V)
-        return drafts
-
-    def observe(self, drafts, accepted):
-        pass
-
-
-@pytest.mark.parametrize("sampling", ["greedy", "sampled"])
-def test_adversarial_drafters_through_generate_ids(tiny_q8_model, sampling):
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_adversarial_drafters_through_generate_ids(tiny_q8_model, mode):
     """Always wrong, right for i tokens then wrong (every i), always right: every T and keep occurs."""
     model = tiny_q8_model
-    opts = dict(temperature=0.0) if sampling == "greedy" else SAMPLED
-    for seed in (0, 3):
-        prompt = _prompts(model.n_vocab, seed)["random"]
-        plain, _ = _run(model, prompt, max_tokens=41, seed=seed, **opts)
-        for right in [*range(GenerationConfig().max_window), None]:
-            orc = _Oracle(plain, len(prompt), right, model.n_vocab)
-            spec, st = _run(model, prompt, max_tokens=41, seed=seed, proposer=orc, **opts)
-            assert spec == plain, f"right={right} seed={seed}"
-            if right is None:
-                assert st.accepted == st.drafted and max(int(t) for t in st.t_hist) == GenerationConfig().max_window
+    W = 16  # the window this test's configs ask for (max_draft=15, stated: not GenerationConfig's default)
+    rights = [*range(W), None]
+    for label, cfg in exactness.cases((mode,), seeds=(0, 3), max_tokens=41, max_draft=W - 1):
+        prompt = _prompts(model.n_vocab, cfg.seed)["random"]
+        st = exactness.assert_equals_plain(model, prompt, cfg, [exactness.Adversarial(r) for r in rights], label=label)
+        always = st[str(exactness.Adversarial(None))]
+        assert always.accepted == always.drafted and max(int(t) for t in always.t_hist) == W
 
 
 def _fixed_table() -> WindowCosts:
@@ -121,7 +90,8 @@ class _ControlledOracle(_Oracle):
 
 def test_controller_drives_the_loop_exactly(tiny_model):
     prompt = _prompts(tiny_model.n_vocab, 5)["random"]
-    plain, _ = _run(tiny_model, prompt, max_tokens=80, **SAMPLED)
+    cfg = exactness.config("sampled", 0, 80)
+    plain = exactness.plain(tiny_model, prompt, cfg)
     for right in (None, 2):
         # a fixed cost table: the controller's choices then depend on the acceptance it observes, not on how
         # fast this machine happens to be right now
@@ -129,8 +99,7 @@ def test_controller_drives_the_loop_exactly(tiny_model):
         seeded = costs.samples
         ctl = LengthController(costs=costs)
         orc = _ControlledOracle(plain, len(prompt), right, tiny_model.n_vocab, controller=ctl)
-        spec, st = _run(tiny_model, prompt, max_tokens=80, proposer=orc, **SAMPLED)
-        assert spec == plain
+        st = exactness.assert_equals_plain(tiny_model, prompt, cfg, [orc], reference=plain)[str(orc)]
         assert st.windows < 80 and st.accepted > 0
         # every window's cost reached the controller; the first warmup_windows are not used as C(T) samples
         assert ctl._seen == st.windows
@@ -159,25 +128,25 @@ def test_real_acceptance_via_global_index(tiny_model):
 
 
 def _check_global_index_acceptance(tiny_model, prompt, sfx):
-    for opts in ({}, dict(SAMPLED, seed=4)):
+    for mode, seed in (("greedy", 0), ("sampled", 4)):
         sfx._GLOBAL.clear()
         extra = {"global_index_tokens": 4096}
-        plain, _ = _run(tiny_model, prompt, max_tokens=60, **opts)
-        first, _ = _run(tiny_model, prompt, max_tokens=60, draft="auto", extra=extra, **opts)
-        assert first == plain
+        cfg = exactness.config(mode, seed, 60, extra=extra)
+        plain = exactness.plain(tiny_model, prompt, cfg)
+        exactness.assert_equals_plain(tiny_model, prompt, cfg, ["auto"], reference=plain, label="first")
+        st_ = exactness.assert_equals_plain(tiny_model, prompt, cfg, ["suffix", "auto"], reference=plain)
         for draft in ("suffix", "auto"):
-            spec, st = _run(tiny_model, prompt, max_tokens=60, draft=draft, extra=extra, **opts)
-            assert spec == plain
+            st = st_[draft]
             assert st.accepted >= (30 if draft == "suffix" else 10) and st.accepted >= 0.9 * st.drafted, draft
         sfx._GLOBAL.clear()
 
 
 def test_fixed_t_runs_that_window_and_stays_exact(tiny_model):
     prompt = _prompts(tiny_model.n_vocab, 2)["repeat"]
-    plain, _ = _run(tiny_model, prompt, max_tokens=30)
+    st_ = exactness.assert_equals_plain(tiny_model, prompt, exactness.config("greedy", 0, 30, fixed_t=4),
+                                        ["suffix", "auto"])
     for draft in ("suffix", "auto"):
-        spec, st = _run(tiny_model, prompt, max_tokens=30, draft=draft, fixed_t=4)
-        assert spec == plain
+        st = st_[draft]
         assert set(st.t_hist) <= {1, 2, 3, 4} and st.t_hist.get(4, 0) >= 5
 
 

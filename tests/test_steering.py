@@ -21,7 +21,7 @@ from strata_py.model import Model, sampling_params
 from strata_py.speculative import LoopStats, decode, prefill
 from strata_py.steering import Steering, TextStream
 from strata_py.steering.phrases import ENDS_BOUNDARY, EOG, NEWLINE, STARTS_WORD, automaton, token_flags
-from test_speculative import _Oracle  # drafts plain decoding's future, right for `right` tokens, then wrong
+import exactness
 
 INF = math.inf
 PROMPT = "import os\n"
@@ -53,6 +53,11 @@ def _gen(model, sessions, prompt_ids, cfg, proposer=None, stats=None):
     return list(generate_ids(model, prompt_ids, cfg, session=s, proposer=proposer, stats=stats))
 
 
+def _gen_on(sessions):
+    """_gen as exactness.py calls a generator: gen(model, prompt, cfg, proposer, stats)."""
+    return lambda m, p, c, proposer, stats: _gen(m, sessions, p, c, proposer=proposer, stats=stats)
+
+
 def _configs(model):
     sys_, imp, frm = _tok(model, " sys"), _tok(model, "import"), _tok(model, "from")
     bias = {sys_: -INF, imp: -2.0, frm: 1.5}
@@ -70,37 +75,27 @@ def _configs(model):
     }
 
 
-SAMPLED = dict(temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.1)
-
-
 @pytest.mark.parametrize("which", ["bias", "phrases", "regex", "json", "all"])
 def test_speculative_equals_serial(model, sessions, which):
     """Suffix, MTP and adversarial drafters emit exactly plain decoding's tokens, greedy and sampled."""
     prompt = model.tokenizer.encode(PROMPT)
     steer = _configs(model)[which]
+    gen = _gen_on(sessions)
     drafted = 0
-    for mode, seed in (("greedy", 0), ("sampled", 1), ("sampled", 2)):
-        opts = dict(SAMPLED, seed=seed) if mode == "sampled" else dict(temperature=0.0)
-        cfg = GenerationConfig(max_tokens=32, stop_at_eos=True, **opts, **steer)
-        plain = _gen(model, sessions, prompt, cfg.replace(draft="none"))
+    for label, cfg in exactness.cases(seeds=(1, 2), max_tokens=32, stop_at_eos=True, **steer):
+        plain = exactness.plain(model, prompt, cfg, gen)
         assert plain, which
-        if mode == "greedy" and which in ("regex", "json", "all"):  # lazy greedy checks == full masks
+        if cfg.temperature == 0 and which in ("regex", "json", "all"):  # lazy greedy checks == full masks
             speculative.LAZY_GREEDY_MASKS = False
             try:
-                assert _gen(model, sessions, prompt, cfg.replace(draft="none")) == plain
-                assert _gen(model, sessions, prompt, cfg.replace(draft="suffix")) == plain
+                exactness.assert_equals_plain(model, prompt, cfg, ["none", "suffix"], gen=gen, reference=plain,
+                                              label=f"{which} {label} full masks")
             finally:
                 speculative.LAZY_GREEDY_MASKS = True
-        for draft in ("suffix", "mtp"):
-            st_ = LoopStats()
-            assert _gen(model, sessions, prompt, cfg.replace(draft=draft), stats=st_) == plain, (which, mode, seed, draft)
-            drafted += st_.drafted
-        for right in (0, 2, None):
-            orc = _Oracle(plain, len(prompt), right, model.n_vocab)
-            st_ = LoopStats()
-            got = _gen(model, sessions, prompt, cfg, proposer=orc, stats=st_)
-            assert got == plain, (which, mode, seed, right)
-            drafted += st_.drafted
+        drafters = ["suffix", "mtp"] + [exactness.Adversarial(r) for r in (0, 2, None)]
+        st_ = exactness.assert_equals_plain(model, prompt, cfg, drafters, gen=gen, reference=plain,
+                                            label=f"{which} {label}")
+        drafted += exactness.drafted(st_)
     assert drafted > 0
 
 
@@ -545,9 +540,9 @@ def test_cli_steering_options(model, tmp_path):
 def test_complete_grammar_allows_only_end_of_generation(model, sessions):
     """After the grammar is complete and ended, only end-of-generation tokens follow (stop_at_eos=False)."""
     prompt = model.tokenizer.encode("x = ")
-    cfg = GenerationConfig(max_tokens=10, regex="ab", stop_at_eos=False, draft="none")
-    plain = _gen(model, sessions, prompt, cfg)
+    cfg = exactness.config("greedy", 0, 10, regex="ab", stop_at_eos=False)
+    gen = _gen_on(sessions)
+    plain = exactness.plain(model, prompt, cfg, gen)
     assert len(plain) == 10 and model.tokenizer.decode(plain, skip_special=True) == "ab"
     assert all(t in model.tokenizer.eog_ids for t in plain[-5:])
-    orc = _Oracle(plain, len(prompt), 1, model.n_vocab)
-    assert _gen(model, sessions, prompt, cfg, proposer=orc) == plain
+    exactness.assert_equals_plain(model, prompt, cfg, [exactness.Adversarial(1)], gen=gen, reference=plain)

@@ -9,8 +9,9 @@ import pytest
 from strata_py import GenerationConfig
 
 W = GenerationConfig().max_window  # the largest window the decode loop runs by default
-from strata_py.speculative import LoopStats, decode
-from window_util import (Oracle as _Oracle, assert_same_state as _same_state, check_every_window_and_keep,
+import exactness
+from strata_py.speculative import decode
+from window_util import (assert_same_state as _same_state, check_every_window_and_keep,
                          check_random_windows, serial_reference as _serial)
 
 FOLDS = ("lazy", "eager", "partial")
@@ -48,14 +49,14 @@ def test_long_random_windows(tiny_q8_model, fold):
 def test_speculative_equals_serial(tiny_model, temperature, fold):
     """Windowed decoding with adversarial drafts emits exactly the serial tokens, greedy and sampled."""
     cfg = GenerationConfig(max_tokens=40, temperature=temperature, top_k=50, top_p=0.95, seed=5,
-                           repetition_penalty=1.1, stop_at_eos=False)
+                           repetition_penalty=1.1, stop_at_eos=False, draft="none")
     prompt = list(range(3, 15))
-    def run(proposer):
-        s = tiny_model.session(n_ctx=128, fold=fold)
-        s.run(prompt[:-1])
-        s.commit(len(prompt) - 1)
-        return list(decode(s, prompt[-1], cfg, set(), LoopStats(), proposer))
-    serial = run(None)
+    def run(m, p, c, proposer, stats):
+        s = m.session(n_ctx=128, fold=fold)
+        s.run(p[:-1])
+        s.commit(len(p) - 1)
+        return list(decode(s, p[-1], c, set(), stats, proposer))
+    serial = exactness.plain(tiny_model, prompt, cfg, run)
     assert len(serial) == 40
-    for right in range(0, 8):
-        assert run(_Oracle(serial, len(prompt), right, tiny_model.n_vocab)) == serial, f"right={right}"
+    exactness.assert_equals_plain(tiny_model, prompt, cfg, [exactness.Adversarial(r) for r in range(8)], gen=run,
+                                  reference=serial)

@@ -98,21 +98,3 @@ def assert_same_state(a, b, label=""):
     assert a.keys() == b.keys(), label
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=f"{label} {k}")
-
-
-class Oracle:
-    """Drafts the serial output exactly for `right` tokens, then a wrong token (every T and keep occurs)."""
-
-    def __init__(self, serial, prompt_len, right, V):
-        self.serial, self.n0, self.right, self.V = serial, prompt_len, right, V
-
-    def propose(self, context, max_drafts):
-        done = len(context) - self.n0  # tokens emitted so far (context = prompt + emitted)
-        future = self.serial[done:done + max_drafts]
-        drafts = list(future[: self.right])
-        if len(drafts) < max_drafts and len(future) > len(drafts):
-            drafts.append((future[len(drafts)] + 1) % self.V)
-        return drafts
-
-    def observe(self, drafts, accepted):
-        pass

@@ -36,6 +36,7 @@ void init_drafting(nb::module_& m) {
       .def_ro("match_length", &SuffixMatch::match_length, "matched suffix tokens (0 = no match)")
       .def_ro("frequency", &SuffixMatch::frequency, "equally long matches followed by the same next token")
       .def_ro("position", &SuffixMatch::position, "where the matched occurrence ends (-1 = no match)")
+      .def_ro("work", &SuffixMatch::work, "occurrences visited + tokens compared (the lookup's cost)")
       .def("__bool__", [](const SuffixMatch& r) { return r.match_length > 0; })
       .def("__repr__", [](const SuffixMatch& r) {
         std::ostringstream os;

@@ -94,9 +94,11 @@ SuffixMatch SuffixIndex::lookup(int32_t max_drafts) const {
   std::vector<Cand> cands;
   // ends is ascending and its last entry is `last` itself (the current suffix): skip it.
   for (auto e = ends.rbegin(); e != ends.rend() && (int)cands.size() < p_.max_candidates; ++e) {
+    ++r.work;
     if (*e >= last) continue;
     int32_t len = 0;
     while (len < p_.max_match && *e - len >= 0 && toks_[(size_t)(*e - len)] == toks_[(size_t)(last - len)]) ++len;
+    r.work += len;
     if (len < n) continue;  // hash collision
     cands.push_back({*e, len, toks_[(size_t)(*e + 1)]});
   }
@@ -192,10 +194,12 @@ SuffixMatch GlobalSuffixIndex::lookup(const int32_t* query, size_t nq, int32_t m
   const int32_t cap_len = (int32_t)std::min<int64_t>(p_.max_match, Q);
   std::vector<Cand> cands;
   for (auto e = it->second.rbegin(); e != it->second.rend() && (int)cands.size() < p_.max_candidates; ++e) {
+    ++r.work;
     const Seq& s = seq_of(*e);
     if (*e + 1 >= s.end) continue;  // no continuation inside its sequence
     int32_t len = 0;
     while (len < cap_len && *e - len >= s.start && at(*e - len) == query[Q - 1 - len]) ++len;
+    r.work += len;
     if (len < n) continue;  // hash collision
     cands.push_back({*e, len, at(*e + 1)});
   }

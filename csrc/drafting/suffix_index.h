@@ -25,6 +25,7 @@ struct SuffixMatch {
   int32_t match_length = 0;     // tokens of the current suffix that match there (0 = no match)
   int32_t frequency = 0;        // equally long matches followed by the same next token
   int64_t position = -1;        // where the matched occurrence ends (the draft starts at position + 1)
+  int64_t work = 0;             // occurrences visited + tokens compared: the lookup's cost, bounded by the caps
 };
 
 struct SuffixParams {

@@ -2,19 +2,12 @@
 #include <algorithm>
 
 #include "gguf/gguf.h"
+#include "model/fingerprint.h"
 #include "model/layers.h"
 #include "model/ple_table.h"
 #include "strata.h"
 
 namespace strata {
-
-namespace {
-uint64_t fnv1a(uint64_t h, const void* p, size_t n) {
-  const uint8_t* b = static_cast<const uint8_t*>(p);
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-}  // namespace
 
 std::shared_ptr<Model> Model::load(const std::string& path, const ModelOptions& opt) {
   STRATA_CHECK(opt.threads >= 0, "bad option threads=", opt.threads, ": must be >= 0 (0 = physical cores)");
@@ -64,17 +57,7 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   STRATA_CHECK(!opt.experts.approximate || opt.experts.cache_mib != -1,
                "approximate (cache-aware) routing needs an expert cache (cache_mib); with every expert resident it is natural routing");
   if (opt.experts.cache_mib != -1) m->experts_ = std::make_unique<ExpertStream>(*m->file_, m->hp_, m->w_, opt.experts);
-  uint64_t h = 1469598103934665603ull;
-  const uint64_t size = m->file_->file_size();
-  h = fnv1a(h, &size, sizeof size);
-  for (const auto& t : m->file_->tensors()) {
-    h = fnv1a(h, t.name.data(), t.name.size());
-    h = fnv1a(h, &t.type, sizeof t.type);
-    h = fnv1a(h, &t.offset, sizeof t.offset);
-    h = fnv1a(h, t.ne.data(), t.ne.size() * sizeof(int64_t));
-  }
-  const std::string s = m->hp_.summary();
-  m->fingerprint_ = fnv1a(h, s.data(), s.size());
+  m->fingerprint_ = model_fingerprint(*m->file_, m->hp_, m->mtp_file_.get());  // model/fingerprint.h: weights too
   m->check_files();  // a truncation while the weights were read at load
   return m;
 }

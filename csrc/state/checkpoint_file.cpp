@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 
@@ -20,6 +21,7 @@ constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'C', 'P'};
 constexpr uint32_t kVersion = 3;  // 1, 2: the sequential layout before issue 18 (read_legacy)
 constexpr uint64_t kHeaderBytes = 48, kRecordBytes = 64, kNameBytes = 32;
 constexpr uint32_t kMaxSections = 1 << 16;
+constexpr uint64_t kMaxText = 4096;  // bytes of a text section (the model file's path: its last 4096 bytes)
 enum Elem : uint32_t { kI32 = 1, kF32 = 2, kI64 = 3 };
 template <class T> constexpr Elem elem_of();
 template <> constexpr Elem elem_of<int32_t>() { return kI32; }
@@ -38,7 +40,8 @@ void layers(const std::vector<T>& v, size_t n) {
 // (strata.h) and one line here with the element count this session expects (its size in CheckpointShape if
 // it depends on the model); the writer then writes it and the reader refuses a file in which it is missing,
 // of another type or of another size. `layers` sizes a per-layer list on read and checks it on write.
-// V: v.array(name, std::vector<T>&, expected count) and v.scalar(name, int64_t&) (a section of one i64).
+// V: v.array(name, std::vector<T>&, expected count), v.scalar(name, int64_t&) (a section of one i64) and
+// v.text(name, std::string&) (i32 values 0..255, at most kMaxText; optional: files before it read as "").
 template <class CP, class V>
 void for_each_section(CP& cp, const CheckpointShape& sh, V& v) {
   const size_t n_attn = sh.kv_width.size(), n_dn = sh.dn_S.size();
@@ -64,6 +67,7 @@ void for_each_section(CP& cp, const CheckpointShape& sh, V& v) {
     }
   if (sh.ple_conv > 0) v.array("ple.conv", cp.ple_conv, sh.ple_conv);
   v.scalar("steer.origin", cp.steer_origin);
+  v.text("model.file", cp.model_file);  // what a refusal names (the fingerprint decides)
 }
 
 // 64-bit checksum of a byte range (damage detection, not authentication).
@@ -135,6 +139,13 @@ struct Tabler {
     add(name, elem_of<T>(), vec.data(), vec.size());
   }
   void scalar(const std::string& name, const int64_t& x) { add(name, kI64, &x, 1); }
+  std::deque<std::vector<int32_t>> texts;  // the text sections' values (a deque: pointers into it stay valid)
+  void text(const std::string& name, const std::string& s) {
+    const std::string t = s.size() > kMaxText ? s.substr(s.size() - kMaxText) : s;
+    texts.emplace_back(t.begin(), t.end());
+    for (auto& c : texts.back()) c &= 0xFF;
+    add(name, kI32, texts.back().data(), texts.back().size());
+  }
   void add(const std::string& name, Elem e, const void* data, uint64_t count) {
     Record r{};
     std::memcpy(r.name, name.data(), std::min<size_t>(name.size(), kNameBytes - 1));
@@ -178,6 +189,20 @@ struct Sections {
     if (r.count != 1) fail<std::invalid_argument>(path, ": damaged checkpoint: section '", name, "' holds ", r.count, " values, expected 1");
     read(r, &x, name);
   }
+  void text(const std::string& name, std::string& s) {
+    if (!index.count(name)) return;  // written before the section existed
+    const Record& r = find(name, kI32);
+    if (r.count > kMaxText)
+      fail<std::invalid_argument>(path, ": damaged checkpoint: section '", name, "' holds ", r.count, " values, at most ",
+                                  kMaxText);
+    std::vector<int32_t> v(r.count);
+    read(r, v.data(), name);
+    s.clear();
+    for (int32_t c : v) {
+      if (c < 0 || c > 255) fail<std::invalid_argument>(path, ": damaged checkpoint: section '", name, "' holds ", c);
+      s.push_back((char)c);
+    }
+  }
 };
 
 std::string dir_of(const std::string& path) {
@@ -202,7 +227,8 @@ Checkpoint read_legacy(const std::string& path, uint64_t size, uint32_t version,
   std::memcpy(&cp.position, head + 28, 8);
   if (cp.fingerprint != sh.fingerprint)
     fail<std::invalid_argument>(path, ": checkpoint was saved from a different model (fingerprint ", std::hex,
-                                cp.fingerprint, ", this model ", sh.fingerprint, ")");
+                                cp.fingerprint, "); this session's model is ", sh.model_file, " (fingerprint ",
+                                sh.fingerprint, ")");
   if (cp.position < 0 || cp.position > sh.n_ctx)
     fail<std::invalid_argument>(path, ": checkpoint position ", cp.position, " outside this session's context of ",
                                 sh.n_ctx, " tokens");
@@ -410,9 +436,25 @@ Checkpoint read_checkpoint_file(const std::string& path, const CheckpointShape& 
   std::memcpy(&hsum, head + 40, 8);
   if (checksum(table.data(), (uint64_t)n * kRecordBytes, checksum(head, 40)) != hsum)
     bad("header checksum mismatch");
-  if (cp.fingerprint != sh.fingerprint)
-    fail<std::invalid_argument>(path, ": checkpoint was saved from a different model (fingerprint ", std::hex,
-                                cp.fingerprint, ", this model ", sh.fingerprint, ")");
+  if (cp.fingerprint != sh.fingerprint) {
+    // name the model it was saved with, if the file records it (a bounded, checksummed read; else "not recorded")
+    std::string saved = "(not recorded)";
+    for (const Record& r : table) {
+      uint64_t nb = 0;
+      if (std::string(r.name, strnlen(r.name, kNameBytes)) != "model.file" || r.elem != kI32 || r.count > kMaxText ||
+          __builtin_mul_overflow(r.count, 4, &nb) || r.offset > size || nb > size - r.offset)
+        continue;
+      std::vector<int32_t> v(r.count);
+      read_at(v.data(), nb, r.offset, "section 'model.file'");
+      if (checksum(v.data(), nb) != r.sum) break;
+      saved.clear();
+      for (int32_t c : v) saved.push_back((char)(c & 0xFF));
+      break;
+    }
+    fail<std::invalid_argument>(path, ": checkpoint was saved from a different model: ", saved, " (fingerprint ",
+                                std::hex, cp.fingerprint, "); this session's model is ", sh.model_file,
+                                " (fingerprint ", sh.fingerprint, ")");
+  }
   if (cp.position < 0 || cp.n_ctx < cp.position) bad("position ", cp.position, " with n_ctx ", cp.n_ctx);
   if (cp.position > sh.n_ctx)
     fail<std::invalid_argument>(path, ": checkpoint position ", cp.position, " exceeds this session's context of ",

@@ -35,6 +35,7 @@ struct Checkpoint;
 // What a session expects of a checkpoint: the model, its context and the size of each piece of state.
 struct CheckpointShape {
   uint64_t fingerprint = 0;
+  std::string model_file;             // this session's model (refusals name it)
   int64_t n_ctx = 0;                  // position must be <= this
   std::vector<int64_t> kv_width;      // per attention layer: floats per cell of K (and of V)
   std::vector<int64_t> qsa_dim, qsa_ratio;  // per attention layer: QSA index key size and block (0: no QSA)

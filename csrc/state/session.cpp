@@ -320,6 +320,7 @@ Checkpoint Session::checkpoint() {
   flush();
   Checkpoint cp;
   cp.fingerprint = model_->fingerprint();
+  cp.model_file = model_->file().path();
   cp.n_ctx = opt_.n_ctx;
   cp.position = pos_;
   cp.tokens = tokens_;
@@ -350,7 +351,9 @@ Checkpoint Session::checkpoint() {
 
 void Session::restore(const Checkpoint& cp) {
   if (cp.fingerprint != model_->fingerprint())
-    fail<std::invalid_argument>("restore(): the checkpoint belongs to a different model");
+    fail<std::invalid_argument>("restore(): the checkpoint was taken with model ", cp.model_file, " (fingerprint ",
+                                std::hex, cp.fingerprint, "); this session's model is ", model_->file().path(),
+                                " (fingerprint ", model_->fingerprint(), ")");
   STRATA_CHECK(cp.position <= opt_.n_ctx, "restore(): checkpoint position ", cp.position, " exceeds this session's context ",
                opt_.n_ctx);
   STRATA_CHECK(cp.k.size() == kv_.size() && cp.S.size() == dn_.size() && (int64_t)cp.tokens.size() == cp.position,
@@ -421,6 +424,7 @@ void Session::restore(const Checkpoint& cp) {
 CheckpointShape Session::checkpoint_shape() const {
   CheckpointShape sh;
   sh.fingerprint = model_->fingerprint();
+  sh.model_file = model_->file().path();
   sh.n_ctx = opt_.n_ctx;
   for (const auto& kv : kv_) sh.kv_width.push_back(kv.width);
   for (const auto& q : qsa_) {

@@ -359,6 +359,10 @@ class SuffixMatch:
     def position(self) -> int:
         """where the matched occurrence ends (-1 = no match)"""
 
+    @property
+    def work(self) -> int:
+        """occurrences visited + tokens compared (the lookup's cost)"""
+
     def __bool__(self) -> bool: ...
 
     def __repr__(self) -> str: ...
