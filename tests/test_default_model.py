@@ -60,11 +60,19 @@ def test_default_model_matches_transformers(default_model, tmp_path):
 def test_default_model_has_mtp_and_writes_python(default_model):
     from strata_py import generate
     assert default_model.has_mtp
-    text = "".join(generate(default_model, "def parse_args(", max_tokens=32, temperature=0.0, draft="none"))
-    # Python: the signature is closed on the first line and an indented body follows (compiles with a body)
-    first, rest = text.split("\n", 1)
-    compile("def parse_args(" + first + "\n    pass\n", "<generated>", "exec")
-    assert first.endswith(":") and rest.startswith("    "), text
+    # greedy with the default DRY penalty (without it this model repeats a parameter line: issue 20)
+    text = "".join(generate(default_model, "def parse_args(", max_tokens=96, temperature=0.0, dry_multiplier=0.8,
+                            draft="none"))
+    # Python: the signature (one line or several) closes with a line ending in ':' and compiles with a body
+    lines = ("def parse_args(" + text).split("\n")
+
+    def compiles(src):
+        try:
+            compile(src + "\n    pass\n", "<generated>", "exec")
+            return True
+        except SyntaxError:
+            return False
+    assert any(compiles("\n".join(lines[:i + 1])) for i, ln in enumerate(lines) if ln.rstrip().endswith(":")), text
 
 
 def test_cli_runs_without_model():

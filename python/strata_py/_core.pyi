@@ -509,3 +509,23 @@ def masked_argmax(logits: Annotated[NDArray[numpy.float32], dict(shape=(None,), 
 
 def masked_argmax_sub(logits: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], sub: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], mask: Annotated[NDArray[numpy.uint32], dict(shape=(None,), order='C', device='cpu', writable=False)], ref: bool = False) -> int:
     """masked_argmax of logits - sub (not written); ref: twin."""
+
+def cuda_available() -> bool:
+    """Whether this build has CUDA and a usable device (never raises)."""
+
+def cuda_info() -> str:
+    """The CUDA runtime, driver and devices, or why none is usable."""
+
+def backend_name(backend: str) -> str: ...
+
+def backend_matmul(backend: str, w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)]) -> Annotated[NDArray[numpy.float32], dict(shape=(None, None))]: ...
+
+def backend_rmsnorm(backend: str, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], w: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], eps: float) -> Annotated[NDArray[numpy.float32], dict(shape=(None, None))]: ...
+
+def cuda_bench_matmul(w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, nmat: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], Ts: Sequence[int], reps: int = 10) -> list[tuple[float, float]]: ...
+
+def cuda_bench_launch(reps: int = 10) -> tuple[float, float]:
+    """(median, min) seconds per launch of an empty kernel, back to back."""
+
+def cuda_bench_copy(bytes: int, reps: int = 10) -> tuple[float, float]:
+    """(median, min) seconds per device-to-device copy of `bytes`."""
