@@ -229,11 +229,11 @@ def test_streams_of_models_loaded_one_after_another(tmp_path):
     synth.SIZES.setdefault("micro-l8", dict(synth.SIZES["micro"], n_layer=8))
     small = synth.write("micro", tmp_path / "micro.gguf", "f32", seed=1)
     large = synth.write("micro-l8", tmp_path / "micro-l8.gguf", "f32", seed=2)
-    want = {p: _gen(Model.load(p, threads=1), [1, 2, 3], max_tokens=6, temperature=0.0, draft="none")[0]
-            for p in (small, large)}
+    cfg = exactness.config("greedy", 0, 6)
+    want = {p: exactness.plain(Model.load(p, threads=1), [1, 2, 3], cfg) for p in (small, large)}
     for _ in range(6):
         for p in (small, large):
             m = Model.load(p, threads=1, cache_mib=_min_mib(p), prefetch=True)
             assert m.streaming
-            assert _gen(m, [1, 2, 3], max_tokens=6, temperature=0.0, draft="none")[0] == want[p]
+            assert exactness.plain(m, [1, 2, 3], cfg) == want[p]
             del m
