@@ -103,8 +103,6 @@ def test_random_header_corruption_never_crashes(tiny_q8_gguf, tmp_path):
 # One hand-made malformed file per case of llama.cpp's tests/test-gguf.cpp and per GGUF CVE class (issue 18),
 # each refused with its message checked: the file and the field are named, nothing is allocated before the
 # check (every case passes under RLIMIT_AS in test_hand_made_files_allocate_nothing_big).
-import os  # noqa: E402
-import time  # noqa: E402
 
 from corrupt import ARRAY, GGML_F32, GGML_I8, GGML_Q8_0, I32, STRING, U8, U32, Handmade, gstr, u64  # noqa: E402
 
@@ -226,11 +224,8 @@ def test_hand_made_malformed_gguf(case, tmp_path):
     make, msg = HAND_MADE[case]
     p = tmp_path / f"{case}.gguf"
     p.write_bytes(make())
-    t0 = time.monotonic()
     with pytest.raises(ValueError, match=str(p).replace(".", r"\.") + ": .*" + msg):
         Model.load(p)
-    if "libasan" not in os.environ.get("LD_PRELOAD", ""):  # the bar is for the normal build
-        assert time.monotonic() - t0 < 5
 
 
 def test_hand_made_valid_containers(tmp_path):
@@ -247,7 +242,9 @@ def test_hand_made_valid_containers(tmp_path):
 
 def test_hand_made_files_allocate_nothing_big(tmp_path):
     """Every hand-made malformed file is refused in a process whose address space is capped at its size at
-    start plus 1 GiB (RLIMIT_AS), so no check comes after a large allocation."""
+    start plus 1 GiB (RLIMIT_AS), so no check comes after a large allocation, and whose CPU time per file is
+    capped at 5 s (RLIMIT_CPU: the issue's hang bar as a bound on work, which another program's load on a shared
+    machine does not move; an overrun kills the process with SIGXCPU, the file named on stderr)."""
     import subprocess
     import sys
     paths = []
@@ -260,6 +257,10 @@ def test_hand_made_files_allocate_nothing_big(tmp_path):
             "vm = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
             "resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), resource.RLIM_INFINITY))\n"
             "for p in sys.argv[1:]:\n"
+            "    print(p, file=sys.stderr, flush=True)\n"
+            "    used = resource.getrusage(resource.RUSAGE_SELF)\n"
+            "    cpu = int(used.ru_utime + used.ru_stime) + 1\n"
+            "    resource.setrlimit(resource.RLIMIT_CPU, (cpu + 5, resource.RLIM_INFINITY))\n"
             "    try:\n"
             "        _core.gguf_metadata(p); _core.Model.load(p, 1)\n"
             "    except ValueError:\n"
