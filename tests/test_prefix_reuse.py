@@ -110,3 +110,39 @@ def test_timeline_serves_reuses_and_survives_bad_requests(tiny_q8_model):
         slow.cancel()
     finally:
         tl.close()
+
+
+def test_a_client_that_resubmits_on_done_finds_its_slot_free(tiny_q8_model):
+    """max_queue bounds the requests waiting behind the one being served. A request's Done goes out after it has
+    left the timeline, so a client that sends its next request on seeing it (8 clients, --max-queue 7) is not
+    refused while the others wait; a third waiting request still is."""
+    m = tiny_q8_model
+    cfg = GenerationConfig(max_tokens=4, temperature=0.0, draft="none")
+    tl = Timeline(m, cfg=cfg, ctx=256, prompt_cache_mib=64, max_queue=1)
+    try:
+        gate, results = threading.Event(), queue.Queue()
+        resubmitted: list = []
+
+        def on_a(ev):
+            if isinstance(ev, Started):
+                gate.wait(60)  # A holds the timeline until B waits behind it
+            if isinstance(ev, (Done, Failed)):
+                try:  # from the worker thread, as a client reacting to its answer: B still waits
+                    tl.submit(Request([5, 6, 7], cfg, results.put))
+                    resubmitted.append("admitted")
+                except QueueFull as e:
+                    resubmitted.append(f"refused: {e}")
+
+        tl.submit(Request([1, 2, 3], cfg, on_a))
+        b_events: queue.Queue = queue.Queue()
+        tl.submit(Request([9, 10, 11], cfg, b_events.put))   # waits behind A: the queue holds 1
+        with pytest.raises(QueueFull):                        # a second waiting request is one too many
+            tl.submit(Request([12, 13], cfg, lambda ev: None))
+        gate.set()
+        for q in (b_events, results):
+            while not isinstance(ev := q.get(timeout=60), (Done, Failed)):
+                pass
+            assert isinstance(ev, Done), ev
+        assert resubmitted == ["admitted"]
+    finally:
+        tl.close()

@@ -140,9 +140,13 @@ def build(src: Path, bdir: Path, log) -> float:
     return time.monotonic() - t0
 
 
+PYTHON = None  # --python: an interpreter with the test dependencies and without strata installed
+
+
 def base_python() -> str:
-    """The interpreter without a virtual environment's editable install of the working tree."""
-    return getattr(sys, "_base_executable", None) or sys.executable
+    """The interpreter without a virtual environment's editable install of the working tree: --python, else the
+    base interpreter of the running one (which must then have the test dependencies)."""
+    return PYTHON or getattr(sys, "_base_executable", None) or sys.executable
 
 
 def run_tests(src: Path, tests, timeout: int) -> tuple[int, float, str]:
@@ -169,7 +173,12 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma-separated mutant names")
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per test run")
+    ap.add_argument("--python", default=None,
+                    help="interpreter for the build and the tests: one with the test extra's dependencies and "
+                         "without strata installed (default: the base interpreter of this one)")
     a = ap.parse_args(argv)
+    global PYTHON
+    PYTHON = a.python
     chosen = [m for m in MUTANTS if not a.only or m.name in a.only.split(",")]
     if a.only and len(chosen) != len(a.only.split(",")):
         raise SystemExit(f"unknown mutant in {a.only!r}: known {', '.join(m.name for m in MUTANTS)}")

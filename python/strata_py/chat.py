@@ -88,7 +88,7 @@ class Chat:
         answer = "".join(pieces)
         self.messages.append({"role": "assistant", "content": answer})
         self.last = dict(done.stats, finish=done.finish_reason, prompt_tokens=len(ids),
-                         cached_tokens=started.cached_tokens if started else 0,
+                         cached_tokens=started.cached_tokens if started else done.stats.get("cached_tokens", 0),
                          prefill_ms=(started.prefill_s * 1e3) if started else 0.0)
         return answer
 

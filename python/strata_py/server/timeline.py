@@ -122,8 +122,10 @@ class Timeline:
         with self._cv:
             if self._closing:
                 raise Closed("the server is shutting down")
-            busy = self._running is not None or self._queue
-            if busy and len(self._queue) >= self.max_queue:
+            # at most max_queue requests wait behind the one being served; while none is (the worker between
+            # two), the first of the queue is as good as served
+            waiting = len(self._queue) - (0 if self._running is not None else 1)
+            if waiting >= self.max_queue:
                 self.metrics.inc("strata_requests_rejected_total")
                 raise QueueFull(f"{len(self._queue)} requests are waiting already (--max-queue {self.max_queue})")
             self._queue.append(req)
@@ -190,24 +192,29 @@ class Timeline:
                 req = self._queue.popleft()
                 self._running = req
                 self.metrics.set("strata_queue_length", len(self._queue))
+            final = None
             try:
-                self._serve(req)
+                final = self._serve(req)
             except BaseException as e:  # noqa: BLE001  (the worker must survive anything a request does)
                 self.session.reset()  # 'Any error resets the session'
-                req.emit(Failed(e))
+                final = Failed(e)
             finally:
                 with self._cv:
                     self._running = None
                     self._cv.notify_all()
                 self._update_cache_gauges()
+                # the request's last event goes out once it no longer holds the timeline: a client that sends
+                # its next request on seeing it finds that slot free (submit's queue bound)
+                if final is not None:
+                    req.emit(final)
 
-    def _serve(self, req: Request) -> None:
+    def _serve(self, req: Request) -> Done:
+        """Run one request, emitting its Started and Token events; returns its Done (emitted by _loop)."""
         t_start = time.perf_counter()
         queue_s = t_start - req.arrived
         self.metrics.observe("strata_queue_wait_seconds", queue_s)
         if req.cancelled.is_set():  # 1
-            req.emit(Done("cancelled", 0, {}))
-            return
+            return Done("cancelled", 0, {})
         ids, s = list(req.ids), self.session
         s._core.set_steering(None, 0)  # the last request's processors: not this one's (decode attaches its own)
         if not ids:
@@ -218,9 +225,8 @@ class Timeline:
         steer = Steering(self.model, req.cfg, s.max_window)
         held = self._take_prefix(ids)  # 2
         cached = held
-        if not self._prefill(req, ids, held):  # 3
-            req.emit(Done("cancelled", 0, {}))
-            return
+        if not self._prefill(req, ids, held):  # 3 (the prefix it reused is still reported)
+            return Done("cancelled", 0, {"cached_tokens": cached})
         prefill_s = time.perf_counter() - t_start
         req.emit(Started(len(ids), cached, queue_s, prefill_s))
         stats = LoopStats()
@@ -267,7 +273,7 @@ class Timeline:
         sd["cached_tokens"] = cached
         sd["prefill_s"] = prefill_s
         self._account(stats, len(ids) - cached, prefill_s, finish)
-        req.emit(Done(finish, stats.generated, sd))
+        return Done(finish, stats.generated, sd)
 
     # ------------------------------------------------------------------------------------------ steps
     def _take_prefix(self, ids: list) -> int:
