@@ -78,27 +78,42 @@ res = {
     "decode_ratio_vs_llamacpp": None, "hbm_floor_fraction": None, "c4_over_c1_real80b": None,
     "c4_over_c1_default": None, "c16_over_c1_default": None, "edit_speedup": None, "mtp_speedup": None,
     "stream25_ratio_vs_llamacpp": None, "windows_bit_identical": None,
-    # what exists now: the products and norms
+    # what exists now: every backend operation (tests/test_cuda_matmul.py, tests/test_cuda_ops.py)
     "products_equal_cpu_ref": passed("test_product_equals_cpu_ref"),
     "products_t_rows_equal_one_row": passed("test_t_rows_equal_one_row"),
     "rmsnorm_equals_cpu": passed("test_rmsnorm_equals_cpu"),
+    "dn_rows_equal_cpu": passed("test_dn_rows_equals_cpu"),
+    "attend_equals_attend_ref": passed("test_attend_") and passed("test_attend_equals_attend_ref"),
+    "moe_route_equals_cpu": passed("test_moe_route_equals_cpu"),
+    "sample_rows_equal_cpu": passed("test_sample_rows_"),
+    "ops_t_rows_equal_one_row": all(passed(f"test_{op}_window_equals_one_row_calls")
+                                    for op in ("dn_rows", "attend", "moe_route", "sample_rows")),
     "tests": {"total": n, "failed": fail + err, "skipped": skip, "seconds": tests_s, "rc": tests_rc},
     "build_seconds": build_s, "copy_gbs": bench.get("copy_gbs"), "launch_us": bench.get("launch_us"),
     "product_c4_over_c1_expert_iq2_xxs": c_ratio("expert_gate", "IQ2_XXS", 4),
     "product_c16_over_c1_expert_iq2_xxs": c_ratio("expert_gate", "IQ2_XXS", 16),
     "product_gbs": {f"{p['type']}/{p['shape']}": dict(zip(map(str, p["T"]), (round(g, 1) for g in p["gbs"])))
                     for p in prods},
+    "ops_us": {f"{o['op']}/{o['model']}/{o['note']}/T={o['T']}": round(o["us"], 2) for o in bench.get("ops", [])},
+    "ops_copy_fraction": {f"{o['op']}/{o['model']}/{o['note']}/T={o['T']}": round(o["copy_fraction"], 4)
+                          for o in bench.get("ops", []) if o.get("copy_fraction") is not None},
 }
 (out / "gpu-h200.json").write_text(json.dumps(res, indent=1) + "\n")
 lines = [f"strata gpu_check {res['date']} commit {commit[:12]}", str(res["device"]),
          f"build {build_s} s; tests: {n} run, {fail + err} failed, {skip} skipped ({tests_s} s)",
          f"products == CPU _ref bit for bit: {res['products_equal_cpu_ref']}; T rows == 1 row: "
-         f"{res['products_t_rows_equal_one_row']}; rmsnorm == CPU: {res['rmsnorm_equals_cpu']}"]
+         f"{res['products_t_rows_equal_one_row']}; rmsnorm == CPU: {res['rmsnorm_equals_cpu']}",
+         f"dn_rows == CPU: {res['dn_rows_equal_cpu']}; attend == attend_ref: {res['attend_equals_attend_ref']}; "
+         f"moe_route == CPU: {res['moe_route_equals_cpu']}; sample_rows == CPU tokens: {res['sample_rows_equal_cpu']}; "
+         f"op windows == one-row calls: {res['ops_t_rows_equal_one_row']}"]
 if bench:
     lines.append(f"copy {bench['copy_gbs']:.0f} GB/s, launch {bench['launch_us']:.2f} us")
     lines.append(f"{'type':8} {'shape':14} " + " ".join(f"{'T=' + str(t):>7}" for t in prods[0]["T"]) + "  GB/s")
     lines += [f"{p['type']:8} {p['shape']:14} " + " ".join(f"{g:7.0f}" for g in p["gbs"]) for p in prods]
+    lines += [f"{o['op']:10} {o['model']:8} T={o['T']:<3} {o['us']:9.1f} us " +
+              (f"{100 * o['copy_fraction']:5.1f} % of copy " if o.get("copy_fraction") is not None else "") + o["note"]
+              for o in bench.get("ops", [])]
 (out / "gpu_check.txt").write_text("\n".join(lines) + "\n")
-print("\n".join(lines[:5]))
+print("\n".join(lines[:6]))
 PYEOF
 [ $tests_rc -eq 0 ] && [ $bench_rc -eq 0 ]
