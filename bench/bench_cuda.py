@@ -67,6 +67,10 @@ def main(argv=None) -> int:
     print(res["device"])
     print(f"device-to-device copy {res['copy_gbs']:.0f} GB/s (read + write), empty-kernel launch "
           f"{res['launch_us']:.2f} us (back to back)")
+    save = (lambda: Path(a.json).write_text(json.dumps(res, indent=1))) if a.json else (lambda: None)
+    if not a.no_ops:
+        res["ops"] = bench_ops(rng, res["copy_gbs"], a.reps)
+        save()
     shapes = [s for s in SHAPES if s[0] in a.shapes.split(",")] if not a.no_products else []
     hdr = f"{'type':8} {'shape':14} {'MB':>7} " + " ".join(f"{'GB/s T=' + str(t):>11}" for t in TS) + \
           "  " + " ".join(f"{'C' + str(t) + '/C1':>6}" for t in TS[1:]) + f" {'us T=1':>8}"
@@ -83,12 +87,10 @@ def main(argv=None) -> int:
             row["c_over_c1"] = [m / tm[0][0] for m, _ in tm]
             row["copy_fraction"] = [g / res["copy_gbs"] for g in row["gbs"]]
             res["products"].append(row)
+            save()
             print(f"{typ:8} {name:14} {per / 1e6:7.2f} " + " ".join(f"{g:11.0f}" for g in row["gbs"]) + "  " +
                   " ".join(f"{c:6.2f}" for c in row["c_over_c1"][1:]) + f" {tm[0][0] * 1e6:8.1f}", flush=True)
-    if not a.no_ops:
-        res["ops"] = bench_ops(rng, res["copy_gbs"], a.reps)
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1))
+    save()
     return 0
 
 
