@@ -94,9 +94,10 @@ void dn_rows(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64
     const int n = T - t0 < kRowsPerLaunch ? T - t0 : kRowsPerLaunch;
     DnLaunch L;
     for (int i = 0; i < n; i++) L.rows[i] = rows[t0 + i];
-    // this launch starts on S unless the switch to S_work came in an earlier launch
-    float* S0 = t0 < n_src ? S : S_work;
-    const int sw = t0 < n_src ? (n_src - t0 < n ? n_src - t0 : n) : n;
+    // this launch starts on S unless the switch to S_work came in an earlier launch (t0 == n_src: it comes at
+    // this launch's first row, and S_work is still to be made)
+    float* S0 = t0 <= n_src ? S : S_work;
+    const int sw = t0 <= n_src ? (n_src - t0 < n ? n_src - t0 : n) : n;
     if (dk == 128) k_dn_rows<128><<<grid, 32, 0, st>>>(S0, S_work, L, n, sw, dk, dv);
     else if (dk == 64) k_dn_rows<64><<<grid, 32, 0, st>>>(S0, S_work, L, n, sw, dk, dv);
     else k_dn_rows<0><<<grid, 32, 0, st>>>(S0, S_work, L, n, sw, dk, dv);

@@ -15,7 +15,7 @@ namespace strata::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 512;
 
 __global__ void __launch_bounds__(kThreads) k_route(const float* __restrict__ logits, int64_t E, int k,
                                                     int32_t* __restrict__ sel, float* __restrict__ wt) {
@@ -39,6 +39,7 @@ __global__ void __launch_bounds__(kThreads) k_route(const float* __restrict__ lo
   __syncthreads();
   if (tid == 0) {
     float sum = 0.f;
+#pragma unroll 8
     for (int64_t e = 0; e < E; e++) sum = __fadd_rn(sum, p[e]);
     bcast = sum;
   }
@@ -49,7 +50,8 @@ __global__ void __launch_bounds__(kThreads) k_route(const float* __restrict__ lo
   for (int64_t e = tid; e < E; e += kThreads) {
     const float pe = p[e];
     int64_t rank = 0;
-    for (int64_t f = 0; f < E && rank < k; f++) rank += p[f] > pe || (p[f] == pe && f < e);
+#pragma unroll 8
+    for (int64_t f = 0; f < E; f++) rank += p[f] > pe || (p[f] == pe && f < e);
     if (rank < k) idx[rank] = (int32_t)e;
   }
   __syncthreads();

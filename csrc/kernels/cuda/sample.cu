@@ -1,13 +1,13 @@
 // The window's token choice on the card (ops_cuda.h sample_rows): sampler.cpp's semantics step for step.
 //   k_prepare (a block per row): the row copied, its penalties (each distinct history token by the thread of its
 //     first occurrence: the CPU's sorted counting gives the same counts), the greedy token (lowest id among the
-//     largest non-NaN logits), then for temperature > 0 s = l / T, m, and one 64-bit key per token,
-//     key_of(s) << 32 | id for the candidates ((double)s - m >= the floor), all ones otherwise.
-//   one segmented radix sort of the keys (CUB): ascending keys are sampler.cpp's order `before` (s descending,
-//     ties by lower id) with the non-candidates last.
+//     largest non-NaN logits), then for temperature > 0 s = l / T, m, and the candidates ((double)s - m >= the
+//     floor) packed as 64-bit keys key_of(s) << 32 | id (distinct, so their packing order does not matter).
+//   one segmented radix sort of each row's candidates (CUB): ascending keys are sampler.cpp's order `before`
+//     (s descending, ties by lower id).
 //   k_choose (a block per row): w = exp((double)s - m) along the order up to top-k; the tail cut at the first
 //     w < 1e-12; then top-p, min-p and the inverse CDF with the CPU's running double sums, in order, by one
-//     thread (bit identity of those sums needs their order).
+//     thread (bit identity of those sums needs their order), the weights staged through shared memory.
 // The one bound: w uses the device's double exp (at most 1 ulp from the correctly rounded value; glibc's exp, which
 // the CPU uses, is within 1 ulp too), so a weight may differ from the CPU's in its last bit, and a token can
 // differ only where the uniform, a top-p / min-p / tail threshold or the running sum falls within a few ulps
@@ -54,6 +54,8 @@ struct SampleArgs {
   const uint64_t* sorted;  // [T][V]
   double* w;            // [T][V]
   RowInfo* info;        // [T]
+  int64_t* seg_begin;   // [T] the sort's segments: row t's candidates
+  int64_t* seg_end;     // [T]
 };
 
 __device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
@@ -129,10 +131,8 @@ __global__ void __launch_bounds__(kThreads) k_prepare(SampleArgs a) {
   bv = block_reduce(bv, [](float x, float y) { return y > x ? y : x; }, redf);
   RowInfo* info = a.info + t;
   uint64_t* keys = a.keys + t * V;
-  const bool sorting = a.temperature != 0.f;  // the sort runs over every row: a decided row's keys are all ones
+  if (tid == 0) a.seg_begin[t] = a.seg_end[t] = t * V;  // a decided row: an empty segment for the sort
   auto decided = [&](int32_t tok, int32_t status) {
-    if (sorting)
-      for (int64_t i = tid; i < V; i += kThreads) keys[i] = ~0ull;
     if (tid == 0) {
       a.out[t] = tok;
       a.status[t] = status;
@@ -147,28 +147,63 @@ __global__ void __launch_bounds__(kThreads) k_prepare(SampleArgs a) {
       break;
     }
   const int32_t greedy = (int32_t)block_reduce(first, [](long long x, long long y) { return y < x ? y : x; }, redi);
-  if (!sorting) return decided(greedy, 0);
+  if (a.temperature == 0.f) return decided(greedy, 0);
   const float T = a.temperature;
   const float m = __fdiv_rn(row[greedy], T);
   if (isinf(m)) return decided(greedy, 0);
   const double md = m;
-  long long n = 0;
+  // the candidates, packed in any order (the keys are distinct: the sort's result does not depend on it)
+  __shared__ unsigned int n_cand;
+  if (tid == 0) n_cand = 0;
+  __syncthreads();
   for (int64_t i = tid; i < V; i += kThreads) {
     const float s = __fdiv_rn(row[i], T);
-    const bool cand = __dsub_rn((double)s, md) >= a.floor_log;  // NaN and -inf fail
-    keys[i] = cand ? ((uint64_t)key_of(s) << 32 | (uint64_t)i) : ~0ull;
-    n += cand;
+    if (__dsub_rn((double)s, md) >= a.floor_log)  // NaN and -inf fail
+      keys[atomicAdd(&n_cand, 1u)] = (uint64_t)key_of(s) << 32 | (uint64_t)i;
   }
-  n = block_reduce(n, [](long long x, long long y) { return x + y; }, redi);
+  __syncthreads();
   if (tid == 0) {
-    info->n_cand = (int32_t)n;
+    info->n_cand = (int32_t)n_cand;
     info->md = md;
     a.status[t] = 0;
+    a.seg_end[t] = t * V + n_cand;
   }
+}
+
+constexpr int kChunk = 2048;  // weights staged in shared memory for thread 0's running sums
+
+// Thread 0 calls f(j, w[j]) for j = 0, 1, ... < n in order until f returns true; w comes through shared memory
+// kChunk at a time, loaded by the whole block (every thread must call). Returns the j that stopped it, or n.
+template <class F>
+__device__ int64_t walk(const double* w, int64_t n, double* stage, F f) {
+  __shared__ int stop;
+  __shared__ long long at;
+  if (threadIdx.x == 0) {
+    stop = 0;
+    at = n;
+  }
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    __syncthreads();
+    if (stop) break;
+    for (int i = threadIdx.x; i < kChunk && c0 + i < n; i += kThreads) stage[i] = w[c0 + i];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int m = n - c0 < kChunk ? (int)(n - c0) : kChunk;
+      for (int i = 0; i < m; i++)
+        if (f(c0 + i, stage[i])) {
+          stop = 1;
+          at = c0 + i;
+          break;
+        }
+    }
+  }
+  __syncthreads();
+  return at;
 }
 
 __global__ void __launch_bounds__(kThreads) k_choose(SampleArgs a) {
   __shared__ long long redi[32];
+  __shared__ double stage[kChunk];
   const int t = blockIdx.x, tid = threadIdx.x;
   const RowInfo info = a.info[t];
   if (info.n_cand < 0) return;
@@ -182,40 +217,34 @@ __global__ void __launch_bounds__(kThreads) k_choose(SampleArgs a) {
     w[j] = x;
     if (x < kTailCut && j < cut) cut = j;
   }
-  const int64_t n0 = block_reduce(cut, [](long long x, long long y) { return y < x ? y : x; }, redi);
-  if (tid != 0) return;
-  int64_t n = n0;  // >= 1: the top token has w = exp(0) = 1
+  int64_t n = block_reduce(cut, [](long long x, long long y) { return y < x ? y : x; }, redi);  // >= 1: w[0] = 1
   if (a.top_p < 1.f) {
     double total = 0;
-    for (int64_t j = 0; j < n; ++j) total = __dadd_rn(total, w[j]);
+    walk(w, n, stage, [&](int64_t, double x) { total = __dadd_rn(total, x); return false; });
     const double thr = __dmul_rn((double)a.top_p, total);
     double cum = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      cum = __dadd_rn(cum, w[j]);
-      if (cum >= thr) {
-        n = j + 1;
-        break;
-      }
-    }
+    const int64_t j = walk(w, n, stage, [&](int64_t, double x) {
+      cum = __dadd_rn(cum, x);
+      return cum >= thr;
+    });
+    __shared__ long long n_p;
+    if (tid == 0) n_p = j < n ? j + 1 : n;
+    __syncthreads();
+    n = n_p;
   }
-  if (a.min_p > 0.f) {
-    int64_t j = 1;
-    while (j < n && w[j] >= (double)a.min_p) ++j;
-    n = j;
+  if (a.min_p > 0.f) {  // the first j >= 1 with w[j] < min_p
+    const double mp = (double)a.min_p;
+    n = 1 + walk(w + 1, n - 1, stage, [&](int64_t, double x) { return !(x >= mp); });
   }
   double total = 0;
-  for (int64_t j = 0; j < n; ++j) total = __dadd_rn(total, w[j]);
-  const double target = __dmul_rn(uniform_at_dev(a.seed, a.pos0 + t + 1), total);
-  double cum = 0;
-  int32_t tok = (int32_t)(keys[n - 1] & 0xffffffffu);
-  for (int64_t j = 0; j < n; ++j) {
-    cum = __dadd_rn(cum, w[j]);
-    if (cum > target) {
-      tok = (int32_t)(keys[j] & 0xffffffffu);
-      break;
-    }
-  }
-  a.out[t] = tok;
+  walk(w, n, stage, [&](int64_t, double x) { total = __dadd_rn(total, x); return false; });
+  double target = 0, cum = 0;
+  if (tid == 0) target = __dmul_rn(uniform_at_dev(a.seed, a.pos0 + t + 1), total);
+  const int64_t j = walk(w, n, stage, [&](int64_t, double x) {
+    cum = __dadd_rn(cum, x);
+    return cum > target;
+  });
+  if (tid == 0) a.out[t] = (int32_t)(keys[j < n ? j : n - 1] & 0xffffffffu);
 }
 
 struct Layout {
@@ -234,13 +263,9 @@ Layout layout(int T, int64_t V) {
   L.w = L.sorted + up(n * 8);
   L.info = L.w + up(n * 8);
   L.offsets = L.info + up((size_t)T * sizeof(RowInfo));
-  L.temp = L.offsets + up(((size_t)T + 1) * 8);
+  L.temp = L.offsets + up((size_t)T * 16);
   L.total = L.temp + up(temp);
   return L;
-}
-
-__global__ void k_offsets(int64_t* off, int T, int64_t V) {
-  for (int i = threadIdx.x; i <= T; i += blockDim.x) off[i] = (int64_t)i * V;
 }
 
 void check(cudaError_t e, const char* what) {
@@ -283,15 +308,14 @@ void sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingPara
   a.sorted = reinterpret_cast<uint64_t*>(base + L.sorted);
   a.w = reinterpret_cast<double*>(base + L.w);
   a.info = reinterpret_cast<RowInfo*>(base + L.info);
+  a.seg_begin = reinterpret_cast<int64_t*>(base + L.offsets);
+  a.seg_end = a.seg_begin + T;
   k_prepare<<<(unsigned)T, kThreads, 0, st>>>(a);
   check(cudaGetLastError(), "launch of the sampling kernel (prepare)");
   if (p.temperature == 0.f) return;
-  int64_t* off = reinterpret_cast<int64_t*>(base + L.offsets);
-  k_offsets<<<1, 256, 0, st>>>(off, T, n_vocab);
-  check(cudaGetLastError(), "launch of the sampling kernel (offsets)");
   size_t temp = L.total - L.temp;
   check(cub::DeviceSegmentedRadixSort::SortKeys(base + L.temp, temp, a.keys, const_cast<uint64_t*>(a.sorted),
-                                                (int64_t)T * n_vocab, T, off, off + 1, 0, 64, st),
+                                                (int64_t)T * n_vocab, T, a.seg_begin, a.seg_end, 0, 64, st),
         "the sampling sort");
   k_choose<<<(unsigned)T, kThreads, 0, st>>>(a);
   check(cudaGetLastError(), "launch of the sampling kernel (choose)");
