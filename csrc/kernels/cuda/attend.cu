@@ -6,8 +6,7 @@
 //   2. the maximum: order-free (NaN never wins a comparison, and a +0 / -0 tie changes no x - mx);
 //      exp_shift: sc[c] = exp_inl(sc[c] - mx), rowops' polynomial ported to the device (exp_inl.cuh).
 //   3. sum: one running float sum in increasing c (attend_ref's order: one thread, the price of bit identity).
-//   4. o[d] = sum over c in increasing c of (sc[c] * inv) * v[c][d]: a thread per d; V staged in shared memory 32
-//      cells at a time (the next 32 loading into registers meanwhile), hd > 256 straight from memory.
+//   4. o[d] = sum over c in increasing c of (sc[c] * inv) * v[c][d]: a thread per d, cells staged in shared memory.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -22,9 +21,9 @@ namespace strata::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kBatch = 32;  // V loads issued together in the output loop
 constexpr int kCellsPerScoreBlock = 256;  // 16 groups of 16 lanes, 16 cells each
 constexpr int kStage = 4 * kThreads;      // cells staged in shared memory for the running sum
-constexpr int kChunk = 32;                // cells of V staged in shared memory at a time (hd <= 256)
 
 __device__ __forceinline__ float max_nan_loses(float m, float x) { return x > m ? x : m; }
 
@@ -62,7 +61,6 @@ __global__ void __launch_bounds__(kThreads) k_softmax_v(AttendArgs a, float* __r
   float* sc = scratch + (int64_t)blockIdx.x * stride;
   __shared__ float red[kThreads / 32];
   __shared__ float stage[kStage];
-  __shared__ float v_s[kChunk * kThreads];  // [kChunk][hd]
   __shared__ float p_s[kThreads];
   __shared__ int64_t cell_s[kThreads];
   __shared__ float bcast;
@@ -98,40 +96,8 @@ __global__ void __launch_bounds__(kThreads) k_softmax_v(AttendArgs a, float* __r
 
   // o accumulated over cells in order
   float* o = a.o + t * a.ldo_t + h * a.ldo_h;
-  if (a.hd <= kThreads) {
-    // V through shared memory kChunk cells at a time, the next chunk loaded into registers while this one is summed
-    const int hd = (int)a.hd, elems = kChunk * hd;
-    float r[kChunk * kThreads / kThreads];
-    auto load = [&](int64_t c0) {
-#pragma unroll
-      for (int k = 0; k < kChunk; k++) {
-        const int idx = tid + k * kThreads;
-        if (idx < elems) {
-          const int64_t c = c0 + idx / hd;
-          r[k] = c < n ? __ldg(a.v + (a.cells ? (int64_t)a.cells[c] : c) * a.ldkv + idx % hd) : 0.f;
-        }
-      }
-    };
-    float acc = 0.f;
-    load(0);
-    for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
-      __syncthreads();  // the previous chunk is summed
-#pragma unroll
-      for (int k = 0; k < kChunk; k++)
-        if (tid + k * kThreads < elems) v_s[tid + k * kThreads] = r[k];
-      if (tid < kChunk) p_s[tid] = c0 + tid < n ? __fmul_rn(sc[c0 + tid], inv) : 0.f;
-      __syncthreads();
-      if (c0 + kChunk < n) load(c0 + kChunk);
-      const int m = n - c0 < kChunk ? (int)(n - c0) : kChunk;
-      if (tid < hd) {
-#pragma unroll 8
-        for (int i = 0; i < m; i++) acc = __fadd_rn(acc, __fmul_rn(p_s[i], v_s[i * hd + tid]));
-      }
-    }
-    if (tid < hd) o[tid] = acc;
-    return;
-  }
-  for (int64_t d0 = 0; d0 < a.hd; d0 += kThreads) {  // hd > 256: straight from memory
+  const float* __restrict__ vp = a.v;
+  for (int64_t d0 = 0; d0 < a.hd; d0 += kThreads) {
     const int64_t d = d0 + tid;
     float acc = 0.f;
     for (int64_t c0 = 0; c0 < n; c0 += kThreads) {
@@ -142,10 +108,20 @@ __global__ void __launch_bounds__(kThreads) k_softmax_v(AttendArgs a, float* __r
       }
       __syncthreads();
       const int m = n - c0 < kThreads ? (int)(n - c0) : kThreads;
-      if (d < a.hd) {
-#pragma unroll 8
-        for (int i = 0; i < m; i++) acc = __fadd_rn(acc, __fmul_rn(p_s[i], __ldg(a.v + cell_s[i] + d)));
-      }
+      if (d < a.hd)
+        for (int i0 = 0; i0 < m; i0 += kBatch) {  // kBatch loads in flight, then the adds in cell order
+          float vv[kBatch];
+#pragma unroll
+          for (int j = 0; j < kBatch; j++) vv[j] = vp[cell_s[i0 + j < m ? i0 + j : m - 1] + d];  // branch-free
+          if (i0 + kBatch <= m) {
+#pragma unroll
+            for (int j = 0; j < kBatch; j++) acc = __fadd_rn(acc, __fmul_rn(p_s[i0 + j], vv[j]));
+          } else {
+#pragma unroll
+            for (int j = 0; j < kBatch; j++)
+              if (j < m - i0) acc = __fadd_rn(acc, __fmul_rn(p_s[i0 + j], vv[j]));
+          }
+        }
     }
     if (d < a.hd) o[d] = acc;
   }
