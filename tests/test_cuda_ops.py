@@ -147,7 +147,8 @@ def test_moe_route_window_equals_one_row_calls():
 
 
 # ---------------------------------------------------------------- sampling
-PENALTIES = [dict(), dict(repetition_penalty=1.3), dict(presence_penalty=0.5, frequency_penalty=0.25, penalty_last_n=37),
+PENALTIES = [dict(), dict(repetition_penalty=1.3),
+             dict(presence_penalty=0.5, frequency_penalty=0.25, penalty_last_n=37),
              dict(repetition_penalty=0.8, presence_penalty=-0.4, frequency_penalty=0.1, penalty_last_n=1000)]
 
 

@@ -47,8 +47,8 @@ if ! $PY -c "from strata_py import _core; print(_core.cuda_info())"; then  # a c
 fi
 
 t0=$(date +%s)
-timeout 360 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_*.py tests/test_backend.py --junitxml="$OUT/junit.xml" \
-  >"$OUT/tests.log" 2>&1
+timeout 360 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_*.py tests/test_backend.py \
+  --junitxml="$OUT/junit.xml" >"$OUT/tests.log" 2>&1
 tests_rc=$?
 tests_s=$(( $(date +%s) - t0 ))
 tail -15 "$OUT/tests.log"

@@ -23,8 +23,9 @@ struct DnLaunch {
 // Rows 0..T-1 of L start on `S0`; at row `sw` (if < T) the column is copied from S0 to S_work and the rest run on
 // S_work (S0 keeps the state after rows 0..sw-1). DK > 0: the column in registers; DK == 0: in memory (dk rows).
 template <int DK>
-__global__ void __launch_bounds__(32) k_dn_rows(float* __restrict__ S0, float* __restrict__ S_work, const __grid_constant__ DnLaunch L,
-                                                int T, int sw, int64_t dk, int64_t dv) {
+__global__ void __launch_bounds__(32) k_dn_rows(float* __restrict__ S0, float* __restrict__ S_work,
+                                                const __grid_constant__ DnLaunch L, int T, int sw, int64_t dk,
+                                                int64_t dv) {
   const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= dv) return;
   constexpr int kReg = DK > 0 ? DK : 1;
