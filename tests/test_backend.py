@@ -51,3 +51,59 @@ def test_no_gpu_says_why():
         _core.backend_name("cuda")
     with pytest.raises(RuntimeError, match="STRATA_CUDA=ON|no usable CUDA device"):
         _core.cuda_bench_launch()
+
+
+def test_cpu_backend_dn_rows_is_todays_kernel():
+    rng = np.random.default_rng()
+    dk, dv, T = 128, 128, 5
+    S = rng.standard_normal((dk, dv)).astype(np.float32)
+    k, q = rng.standard_normal((T, dk)).astype(np.float32), rng.standard_normal((T, dk)).astype(np.float32)
+    v = rng.standard_normal((T, dv)).astype(np.float32)
+    gates = rng.uniform(0.5, 1.0, (T, 2)).astype(np.float32)
+    for n_src in (T, 0, 2):
+        got = _core.backend_dn_rows("cpu", S, k, v, q, gates, n_src)
+        want = _core.dn_rows(S, k, v, q, gates, n_src, True, ref=True)
+        np.testing.assert_array_equal(bits(got[0]), bits(want[0]))
+        np.testing.assert_array_equal(bits(got[2]), bits(want[2]))
+        if n_src < T:
+            np.testing.assert_array_equal(bits(got[1]), bits(want[1]))
+        else:
+            assert np.isnan(got[1]).all()  # S_work untouched by an in-place call
+
+
+def test_cpu_backend_attend_is_todays_kernel():
+    rng = np.random.default_rng()
+    q = rng.standard_normal((3 * 4, 128)).astype(np.float32)
+    k, v = rng.standard_normal((90, 128)).astype(np.float32), rng.standard_normal((90, 128)).astype(np.float32)
+    np.testing.assert_array_equal(bits(_core.backend_attend("cpu", q, 4, k, v, 80, 0.1)),
+                                  bits(_core.attend(q, 4, k, v, 80, 0.1)))
+    cells = [1, 5, 6, 50]
+    np.testing.assert_array_equal(bits(_core.backend_attend("cpu", q[:4], 4, k, v, 4, 0.1, cells)),
+                                  bits(_core.attend(q[:4], 4, k, v, 4, 0.1, cells=cells)))
+
+
+def test_cpu_backend_moe_route():
+    """softmax in fp32, top-k by probability with ties to the lower id, weights renormalised over the k."""
+    rng = np.random.default_rng()
+    logits = np.round(rng.standard_normal((6, 64)) * 2).astype(np.float32) / 2  # many ties
+    sel, wt = _core.backend_moe_route("cpu", logits, 8)
+    sel, wt = np.asarray(sel).reshape(6, 8), np.asarray(wt).reshape(6, 8)
+    for t in range(6):
+        l64 = logits[t].astype(np.float64)
+        p = np.exp(l64 - l64.max())
+        p /= p.sum()
+        order = sorted(range(64), key=lambda e: (-logits[t][e], e))[:8]  # p is monotone in the logit
+        assert list(sel[t]) == order
+        np.testing.assert_allclose(wt[t], p[order] / p[order].sum(), rtol=1e-5)
+    with pytest.raises(ValueError, match="k = 65 for 64 experts"):
+        _core.backend_moe_route("cpu", logits, 65)
+
+
+def test_cpu_backend_sample_rows_is_todays_sampler():
+    rng = np.random.default_rng()
+    logits = rng.standard_normal((4, 500)).astype(np.float32) * 3
+    committed, inputs = rng.integers(0, 500, 20).astype(np.int32), rng.integers(0, 500, 4).astype(np.int32)
+    for kw in (dict(), dict(temperature=0.8, top_p=0.9, repetition_penalty=1.2, seed=3)):
+        p = _core.SamplingParams(**kw)
+        assert list(_core.backend_sample_rows("cpu", logits, p, committed, inputs, 9)) == \
+            list(_core.sample_rows(logits, p, committed, inputs, 9))

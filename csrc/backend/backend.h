@@ -9,9 +9,13 @@
 // every backend). Products follow matmul.h's stated lane order (the CUDA kernels compute exactly those float32
 // operations, so they equal the CPU's bit for bit); norms follow ops.h.
 //
-// Status (first milestone of issue 19): the CPU backend forwards every operation to the existing kernels, which
-// the model code (csrc/model/*.cpp) still calls directly; the CUDA backend implements the products of every
-// type and the norms, and refuses the rest with a RuntimeError naming the operation.
+// Host-side descriptions (the DnRow array, AttendArgs, SamplingParams) live in host memory; the pointers inside them
+// and every array argument (logits, tokens, sel / wt, out) are the backend's memory.
+//
+// Status (second milestone of issue 19): the CPU backend forwards every operation to the existing kernels, which
+// the model code (csrc/model/*.cpp) still calls directly; the CUDA backend implements every operation with the
+// CPU backend's results: products, norms, dn_rows and attend bit for bit (attend: attend_ref's order), moe_route
+// bit for bit, sample_rows the same tokens (one stated bound, kernels/cuda/sample.cu).
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -1,6 +1,6 @@
-// The CUDA backend: one device, one stream, weights and activations in device memory (cudaMalloc). Products and
-// norms run on the card (kernels/cuda/); the other operations of the interface are not on the GPU yet and refuse
-// with a RuntimeError naming the operation. Every CUDA call's status is checked, every launch's too.
+// The CUDA backend: one device, one stream, weights and activations in device memory (cudaMalloc). Every operation
+// of the interface runs on the card (kernels/cuda/), with the CPU backend's results (ops_cuda.h, matmul_cuda.h).
+// Every CUDA call's status is checked, every launch's too.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "backend/cuda_bench.h"
 #include "kernels/cuda/matmul_cuda.h"
+#include "kernels/cuda/ops_cuda.h"
 #include "util/common.h"
 
 namespace strata {
@@ -80,18 +81,43 @@ class CudaBackend final : public Backend {
     use();
     cuda::rmsnorm(x, ldx, w, n, T, eps, y, ldy, stream_);
   }
-  void dn_rows(float*, float*, const DnRow*, int, int, int64_t, int64_t) override { not_yet("dn_rows"); }
-  void attend(const AttendArgs&) override { not_yet("attend"); }
-  void moe_route(const float*, int, int64_t, int, int32_t*, float*) override { not_yet("moe_route"); }
-  void sample_rows(const float*, int, int64_t, const SamplingParams&, const int32_t*, int64_t, const int32_t*, int64_t,
-                   int32_t*) override {
-    not_yet("sample_rows");
+  void dn_rows(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv) override {
+    use();
+    cuda::dn_rows(S, S_work, rows, T, n_src, dk, dv, stream_);
+  }
+  void attend(const AttendArgs& a) override {
+    use();
+    cuda::attend(a, static_cast<float*>(scratch((size_t)attend_scratch(a) * sizeof(float))), stream_);
+  }
+  void moe_route(const float* logits, int T, int64_t E, int k, int32_t* sel, float* wt) override {
+    use();
+    cuda::moe_route(logits, T, E, k, sel, wt, stream_);
+  }
+  // The CPU's checks first (the same errors), then the kernels; waits for the row status so that a row without a
+  // finite logit raises pick_token's error, naming its position.
+  void sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p, const int32_t* committed,
+                   int64_t n_committed, const int32_t* inputs, int64_t pos0, int32_t* out) override {
+    STRATA_CHECK(T >= 0, "sample_rows: T must be >= 0, got ", T);
+    if (T == 0) return;
+    STRATA_CHECK(n_vocab > 0 && n_vocab <= INT32_MAX, "sample_rows: n_vocab must be in [1, 2^31), got ", n_vocab);
+    STRATA_CHECK(logits != nullptr, "sample_rows: logits is null");
+    STRATA_CHECK(inputs != nullptr && out != nullptr, "sample_rows: inputs/out is null");
+    STRATA_CHECK(n_committed >= 0 && (n_committed == 0 || committed != nullptr),
+                 "sample_rows: bad committed history (n_committed = ", n_committed, ")");
+    p.validate();
+    use();
+    const size_t need = cuda::sample_scratch_bytes(T, n_vocab);
+    char* base = static_cast<char*>(scratch(need + (size_t)T * sizeof(int32_t)));
+    int32_t* status = reinterpret_cast<int32_t*>(base + need);
+    cuda::sample_rows(logits, T, n_vocab, p, committed, n_committed, inputs, pos0, out, status, base, stream_);
+    std::vector<int32_t> st((size_t)T);
+    download(st.data(), status, (size_t)T * sizeof(int32_t));
+    for (int i = 0; i < T; i++)
+      if (st[i] != 0)
+        fail("pick_token: no finite logit at position ", pos0 + i + 1, " (all ", n_vocab, " are NaN or -inf)");
   }
 
  private:
-  [[noreturn]] void not_yet(const char* op) {
-    fail<std::runtime_error>("cuda backend: ", op, " is not on the GPU yet (issue 19); use the CPU backend");
-  }
   // Grow-only device scratch (the quantized activation rows). Only grown between operations: the stream is
   // synchronized first, so no running kernel still reads the old buffer.
   void* scratch(size_t bytes) {
@@ -184,6 +210,10 @@ CudaTiming cuda_time_matmul(Backend& be, uint32_t type, int64_t rows, int64_t co
     const MatView W{w + (size_t)i * rb * rows, type, rows, cols, rb};
     c.matmul(W, x, cols, T, y, rows);
   });
+}
+
+CudaTiming cuda_time_calls(Backend& be, int per_pass, int reps, const std::function<void(int)>& one) {
+  return time_passes(as_cuda(be), per_pass, reps, one);
 }
 
 CudaTiming cuda_time_launch(Backend& be, int reps) {

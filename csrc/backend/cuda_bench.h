@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "backend/backend.h"
 
@@ -19,5 +20,9 @@ CudaTiming cuda_time_matmul(Backend& cuda, uint32_t type, int64_t rows, int64_t 
 CudaTiming cuda_time_launch(Backend& cuda, int reps);
 // A device-to-device copy of `bytes`: seconds per copy (the bandwidth ceiling: 2 * bytes / s).
 CudaTiming cuda_time_copy(Backend& cuda, size_t bytes, int reps);
+
+// `one(i)` for i in [0, per_pass) per pass (anything issued on the CUDA backend's stream), `reps` passes after a
+// warm-up pass: median and min seconds per call.
+CudaTiming cuda_time_calls(Backend& cuda, int per_pass, int reps, const std::function<void(int)>& one);
 
 }  // namespace strata

@@ -20,6 +20,7 @@ CudaTiming cuda_time_matmul(Backend&, uint32_t, int64_t, int64_t, const uint8_t*
 }
 CudaTiming cuda_time_launch(Backend&, int) { no_cuda(); }
 CudaTiming cuda_time_copy(Backend&, size_t, int) { no_cuda(); }
+CudaTiming cuda_time_calls(Backend&, int, int, const std::function<void(int)>&) { no_cuda(); }
 
 }  // namespace strata
 #endif

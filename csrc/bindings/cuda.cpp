@@ -1,5 +1,6 @@
-// The backend interface and the CUDA backend for tests and benches: products and norms through a chosen backend
-// ("cpu" or "cuda"), device timing. A build without CUDA answers cuda_available() False and raises RuntimeError
+// The backend interface and the CUDA backend for tests and benches: every operation through a chosen backend
+// ("cpu" or "cuda", inputs copied into its memory, outputs poisoned with NaN / -1 first so that an unwritten
+// element shows), device timing. A build without CUDA answers cuda_available() False and raises RuntimeError
 // (naming the CMake option) from everything that needs the GPU.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -7,6 +8,8 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <mutex>
 #include <tuple>
@@ -15,6 +18,7 @@
 #include "backend/backend.h"
 #include "backend/cuda_bench.h"
 #include "kernels/types.h"
+#include "sampling/sampler.h"
 #include "util/common.h"
 
 namespace nb = nanobind;
@@ -24,6 +28,7 @@ using U8 = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
 using F1 = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using F2 = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using OutF2 = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
+using I1 = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 namespace {
 
@@ -75,6 +80,59 @@ MatView checked_view(const TypeTraits* t, const void* data, int64_t rows, int64_
                " needs ", W.row_bytes * rows);
   return W;
 }
+
+template <class T>
+std::vector<T> poisoned(size_t n, T v) {
+  return std::vector<T>(n, v);
+}
+constexpr float kNaN = NAN;
+
+// dn_rows: S[dk][dv], k/q[T][dk], v[T][dv], gates[T][2] (eg, beta); the device rows for T rows.
+struct DnInputs {
+  int64_t dk, dv;
+  int T;
+  Buf s, sw, k, v, q, o;
+  std::vector<DnRow> rows;
+  DnInputs(Backend& be, F2 S, F2 k_, F2 v_, F2 q_, F2 gates, bool read)
+      : dk((int64_t)S.shape(0)), dv((int64_t)S.shape(1)), T((int)k_.shape(0)), s(be, S.data(), S.size() * 4),
+        sw(be, poisoned(S.size(), kNaN).data(), S.size() * 4), k(be, k_.data(), k_.size() * 4),
+        v(be, v_.data(), v_.size() * 4), q(be, q_.data(), q_.size() * 4),
+        o(be, poisoned((size_t)T * dv, kNaN).data(), (size_t)T * dv * 4) {
+    for (int t = 0; t < T; t++)
+      rows.push_back({k.as<float>() + t * dk, v.as<float>() + t * dv, q.as<float>() + t * dk, gates.data()[2 * t],
+                      gates.data()[2 * t + 1], read ? o.as<float>() + t * dv : nullptr});
+  }
+};
+void check_dn(F2 S, F2 k, F2 v, F2 q, F2 gates, int n_src) {
+  const int64_t dk = S.shape(0), dv = S.shape(1);
+  const int64_t T = k.shape(0);
+  STRATA_CHECK(T >= 1 && (int64_t)k.shape(1) == dk && (int64_t)q.shape(1) == dk && (int64_t)v.shape(1) == dv &&
+                   (int64_t)v.shape(0) == T && (int64_t)q.shape(0) == T && (int64_t)gates.shape(0) == T &&
+                   gates.shape(1) == 2 && n_src >= 0,
+               "backend_dn_rows: shapes S[dk][dv], k/q[T][dk], v[T][dv], gates[T][2] (eg, beta), n_src >= 0");
+}
+
+// attend: q[T*nh][hd] (row then head), k/v[n][hd], rows over cells 0..n0+t-1, or one row over a cell list.
+struct AttendInputs {
+  Buf q, k, v, o, cells;
+  AttendArgs a;
+  AttendInputs(Backend& be, F2 q_, int nh, F2 k_, F2 v_, int64_t n0, float scale, const std::vector<int32_t>& c)
+      : q(be, q_.data(), q_.size() * 4), k(be, k_.data(), k_.size() * 4), v(be, v_.data(), v_.size() * 4),
+        o(be, poisoned(q_.size(), kNaN).data(), q_.size() * 4), cells(be, c.data(), c.size() * 4) {
+    const int64_t nq = q_.shape(0), hd = q_.shape(1), n = k_.shape(0);
+    STRATA_CHECK(nh >= 1 && nq % nh == 0 && n0 >= 0 && (int64_t)k_.shape(1) == hd && (int64_t)v_.shape(0) == n &&
+                     (int64_t)v_.shape(1) == hd && n0 + nq / nh - 1 <= n,
+                 "backend_attend: shapes q[T*nh][hd], k[n][hd], v[n][hd], n0 + T - 1 <= n");
+    const int T = (int)(nq / nh);
+    a = AttendArgs{q.as<float>(), nh * hd, hd, T, nh, k.as<float>(), v.as<float>(), hd, n0, hd, scale,
+                   o.as<float>(), nh * hd, hd};
+    if (!c.empty()) {
+      STRATA_CHECK(T == 1 && (int64_t)c.size() == n0, "backend_attend: a cell list needs T = 1 and n0 = its length");
+      for (int32_t x : c) STRATA_CHECK(x >= 0 && x < n, "backend_attend: cell ", x, " outside k/v");
+      a.cells = cells.as<int32_t>();
+    }
+  }
+};
 
 }  // namespace
 
@@ -157,4 +215,171 @@ void init_cuda(nb::module_& m) {
         return std::make_tuple(t.median_s, t.min_s);
       },
       nb::arg("bytes"), nb::arg("reps") = 10, "(median, min) seconds per device-to-device copy of `bytes`.");
+  m.def(
+      "backend_dn_rows",
+      [](const std::string& b, F2 S, F2 k, F2 v, F2 q, F2 gates, int n_src, bool read) {
+        // Backend::dn_rows of one value head through T rows: (S after rows < n_src, S_work after all rows (NaN where
+        // n_src >= T: never written), o[T][dv] (NaN where not read)).
+        Backend& be = backend(b);
+        check_dn(S, k, v, q, gates, n_src);
+        std::vector<float> s0(S.size()), sw(S.size()), o((size_t)k.shape(0) * S.shape(1));
+        nb::gil_scoped_release rel;
+        DnInputs in(be, S, k, v, q, gates, read);
+        be.dn_rows(in.s.as<float>(), in.sw.as<float>(), in.rows.data(), in.T, n_src, in.dk, in.dv);
+        be.download(s0.data(), in.s.p, s0.size() * 4);
+        be.download(sw.data(), in.sw.p, sw.size() * 4);
+        be.download(o.data(), in.o.p, o.size() * 4);
+        return std::make_tuple(s0, sw, o);
+      },
+      nb::arg("backend"), nb::arg("S"), nb::arg("k"), nb::arg("v"), nb::arg("q"), nb::arg("gates"), nb::arg("n_src"),
+      nb::arg("read") = true);
+  m.def(
+      "backend_attend",
+      [](const std::string& b, F2 q, int nh, F2 k, F2 v, int64_t n0, float scale, std::vector<int32_t> cells) {
+        // Backend::attend: o[T*nh][hd] (as _core.attend).
+        Backend& be = backend(b);
+        std::vector<float> o(q.size());
+        nb::gil_scoped_release rel;
+        AttendInputs in(be, q, nh, k, v, n0, scale, cells);
+        be.attend(in.a);
+        be.download(o.data(), in.o.p, o.size() * 4);
+        return o;
+      },
+      nb::arg("backend"), nb::arg("q"), nb::arg("nh"), nb::arg("k"), nb::arg("v"), nb::arg("n0"), nb::arg("scale"),
+      nb::arg("cells") = std::vector<int32_t>{});
+  m.def(
+      "backend_moe_route",
+      [](const std::string& b, F2 logits, int k) {
+        // Backend::moe_route of logits[T][E]: (sel[T*k], wt[T*k]).
+        Backend& be = backend(b);
+        const int T = (int)logits.shape(0);
+        const int64_t E = (int64_t)logits.shape(1);
+        STRATA_CHECK(T >= 1, "backend_moe_route: logits[T][E] with T >= 1");
+        std::vector<int32_t> sel((size_t)T * std::max(k, 0));
+        std::vector<float> wt(sel.size());
+        nb::gil_scoped_release rel;
+        Buf dl(be, logits.data(), logits.size() * 4), ds(be, poisoned(sel.size(), -1).data(), sel.size() * 4),
+            dw(be, poisoned(wt.size(), kNaN).data(), wt.size() * 4);
+        be.moe_route(dl.as<float>(), T, E, k, ds.as<int32_t>(), dw.as<float>());
+        be.download(sel.data(), ds.p, sel.size() * 4);
+        be.download(wt.data(), dw.p, wt.size() * 4);
+        return std::make_tuple(sel, wt);
+      },
+      nb::arg("backend"), nb::arg("logits"), nb::arg("k"));
+  m.def(
+      "backend_sample_rows",
+      [](const std::string& b, F2 logits, const SamplingParams& p, I1 committed, I1 inputs, int64_t pos0) {
+        // Backend::sample_rows (as _core.sample_rows): int32 tokens[T].
+        Backend& be = backend(b);
+        const int T = (int)logits.shape(0);
+        const int64_t V = (int64_t)logits.shape(1);
+        STRATA_CHECK((int)inputs.shape(0) == T, "backend_sample_rows: logits has ", T, " rows but inputs has ",
+                     inputs.shape(0), " tokens");
+        std::vector<int32_t> out((size_t)T);
+        nb::gil_scoped_release rel;
+        Buf dl(be, logits.data(), logits.size() * 4), dc(be, committed.data(), committed.size() * 4),
+            di(be, inputs.data(), inputs.size() * 4), dout(be, poisoned(out.size(), -1).data(), out.size() * 4);
+        be.sample_rows(dl.as<float>(), T, V, p, dc.as<int32_t>(), (int64_t)committed.shape(0), di.as<int32_t>(), pos0,
+                       dout.as<int32_t>());
+        be.download(out.data(), dout.p, out.size() * 4);
+        return out;
+      },
+      nb::arg("backend"), nb::arg("logits"), nb::arg("params"), nb::arg("committed"), nb::arg("inputs"),
+      nb::arg("pos0"));
+  m.def(
+      "cuda_bench_dn_rows",
+      [](int64_t dk, int64_t dv, int heads, std::vector<int> Ts, int n_src_mode, int reps) {
+        // [(median, min) seconds per call] of Backend::dn_rows for each T on the GPU, over `heads` distinct states
+        // (one head per call, as the model calls it). n_src_mode: 0 = in place (n_src = T), 1 = verify (n_src = 0).
+        Backend& be = backend("cuda");
+        const int Tmax = *std::max_element(Ts.begin(), Ts.end());
+        std::vector<float> h((size_t)heads * dk * dv), hk((size_t)Tmax * dk), hv((size_t)Tmax * dv);
+        uint32_t x = 12345;
+        auto rnd = [&] { x = x * 1664525u + 1013904223u; return (float)(x >> 8) / 16777216.f - 0.5f; };
+        for (auto& f : h) f = rnd() * 0.1f;
+        for (auto& f : hk) f = rnd() * 0.1f;
+        for (auto& f : hv) f = rnd();
+        std::vector<std::tuple<double, double>> out;
+        nb::gil_scoped_release rel;
+        Buf S(be, h.data(), h.size() * 4), W(be, h.size() * 4), K(be, hk.data(), hk.size() * 4),
+            Q(be, hk.data(), hk.size() * 4), Vv(be, hv.data(), hv.size() * 4), O(be, (size_t)Tmax * dv * 4);
+        for (int T : Ts) {
+          std::vector<DnRow> rows;
+          for (int t = 0; t < T; t++)
+            rows.push_back({K.as<float>() + t * dk, Vv.as<float>() + t * dv, Q.as<float>() + t * dk, 0.99f, 0.5f,
+                            O.as<float>() + t * dv});
+          const CudaTiming tm = cuda_time_calls(be, heads, reps, [&](int i) {
+            be.dn_rows(S.as<float>() + (size_t)i * dk * dv, W.as<float>() + (size_t)i * dk * dv, rows.data(), T,
+                       n_src_mode == 0 ? T : 0, dk, dv);
+          });
+          out.emplace_back(tm.median_s, tm.min_s);
+        }
+        return out;
+      },
+      nb::arg("dk"), nb::arg("dv"), nb::arg("heads"), nb::arg("Ts"), nb::arg("n_src_mode") = 0, nb::arg("reps") = 10);
+  m.def(
+      "cuda_bench_attend",
+      [](int64_t n, int nh, int64_t hd, int kv_heads, std::vector<int> Ts, int reps) {
+        // [(median, min) seconds per call] of Backend::attend (T rows x nh query heads over one KV head's n cells)
+        // for each T, rotating over kv_heads distinct caches of n + max(T) cells.
+        Backend& be = backend("cuda");
+        const int Tmax = *std::max_element(Ts.begin(), Ts.end());
+        const int64_t cells = n + Tmax;
+        std::vector<float> kv((size_t)cells * hd), hq((size_t)Tmax * nh * hd);
+        uint32_t x = 777;
+        auto rnd = [&] { x = x * 1664525u + 1013904223u; return (float)(x >> 8) / 16777216.f - 0.5f; };
+        for (auto& f : kv) f = rnd();
+        for (auto& f : hq) f = rnd();
+        std::vector<std::tuple<double, double>> out;
+        nb::gil_scoped_release rel;
+        Buf K(be, (size_t)kv_heads * kv.size() * 4), Vv(be, (size_t)kv_heads * kv.size() * 4),
+            Q(be, hq.data(), hq.size() * 4), O(be, hq.size() * 4);
+        for (int i = 0; i < kv_heads; i++) {
+          be.upload(K.as<float>() + (size_t)i * kv.size(), kv.data(), kv.size() * 4);
+          be.upload(Vv.as<float>() + (size_t)i * kv.size(), kv.data(), kv.size() * 4);
+        }
+        for (int T : Ts) {
+          const CudaTiming tm = cuda_time_calls(be, kv_heads, reps, [&](int i) {
+            const AttendArgs a{Q.as<float>(), nh * hd, hd, T, nh, K.as<float>() + (size_t)i * kv.size(),
+                               Vv.as<float>() + (size_t)i * kv.size(), hd, n, hd, 0.0625f, O.as<float>(), nh * hd, hd};
+            be.attend(a);
+          });
+          out.emplace_back(tm.median_s, tm.min_s);
+        }
+        return out;
+      },
+      nb::arg("n"), nb::arg("nh"), nb::arg("hd"), nb::arg("kv_heads"), nb::arg("Ts"), nb::arg("reps") = 10);
+  m.def(
+      "cuda_bench_route",
+      [](F2 logits, int k, int reps) {
+        // (median, min) seconds per Backend::moe_route of logits[T][E] on the GPU.
+        Backend& be = backend("cuda");
+        const int T = (int)logits.shape(0);
+        const int64_t E = (int64_t)logits.shape(1);
+        nb::gil_scoped_release rel;
+        Buf dl(be, logits.data(), logits.size() * 4), ds(be, (size_t)T * k * 4), dw(be, (size_t)T * k * 4);
+        const CudaTiming tm = cuda_time_calls(be, 20, reps, [&](int) {
+          be.moe_route(dl.as<float>(), T, E, k, ds.as<int32_t>(), dw.as<float>());
+        });
+        return std::make_tuple(tm.median_s, tm.min_s);
+      },
+      nb::arg("logits"), nb::arg("k"), nb::arg("reps") = 10);
+  m.def(
+      "cuda_bench_sample",
+      [](F2 logits, const SamplingParams& p, int reps) {
+        // (median, min) seconds per Backend::sample_rows of logits[T][V] on the GPU (each call waits for its
+        // tokens: the window finish is synchronous). History: T tokens, none committed.
+        Backend& be = backend("cuda");
+        const int T = (int)logits.shape(0);
+        const int64_t V = (int64_t)logits.shape(1);
+        std::vector<int32_t> in((size_t)T);
+        for (int t = 0; t < T; t++) in[t] = (int32_t)(t * 7919 % V);
+        nb::gil_scoped_release rel;
+        Buf dl(be, logits.data(), logits.size() * 4), di(be, in.data(), in.size() * 4), dout(be, (size_t)T * 4);
+        const CudaTiming tm = cuda_time_calls(be, 5, reps, [&](int i) {
+          be.sample_rows(dl.as<float>(), T, V, p, nullptr, 0, di.as<int32_t>(), 100 + i, dout.as<int32_t>());
+        });
+        return std::make_tuple(tm.median_s, tm.min_s);
+      },
+      nb::arg("logits"), nb::arg("params"), nb::arg("reps") = 10);
 }

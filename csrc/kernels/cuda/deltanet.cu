@@ -1,0 +1,173 @@
+// DeltaNet rows on the card (ops_cuda.h dn_rows): one thread per column j of S. Column j of S only ever meets
+// column j of v, m and o (deltanet_state.h), so each thread runs all T rows over its own column with exactly the
+// CPU's per-element operations in the CPU's order (dn_decay_delta, then dn_update / dn_update_read; increasing a,
+// no contraction), and the result equals dn_rows_ref (and every CPU path) bit for bit. For dk = 64 the column
+// stays in one thread's registers through the window (read once, written once), for dk = 128 in two threads'
+// (k_dn_rows_split); other dk run on memory.
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+
+#include "kernels/cuda/ops_cuda.h"
+#include "util/common.h"
+
+namespace strata::cuda {
+
+namespace {
+
+constexpr int kRowsPerLaunch = 32;  // rows passed by value per launch (longer windows: several launches)
+struct DnLaunch {
+  DnRow rows[kRowsPerLaunch];
+};
+
+// Rows 0..T-1 of L start on `S0`; at row `sw` (if < T) the column is copied from S0 to S_work and the rest run on
+// S_work (S0 keeps the state after rows 0..sw-1). DK > 0: the column in registers; DK == 0: in memory (dk rows).
+template <int DK>
+__global__ void __launch_bounds__(32) k_dn_rows(float* __restrict__ S0, float* __restrict__ S_work,
+                                                const __grid_constant__ DnLaunch L, int T, int sw, int64_t dk,
+                                                int64_t dv) {
+  const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= dv) return;
+  constexpr int kReg = DK > 0 ? DK : 1;
+  float s[kReg];
+  float* Sc = S0;
+  if constexpr (DK > 0) {
+#pragma unroll
+    for (int a = 0; a < DK; a++) s[a] = S0[a * dv + j];
+  }
+  for (int t = 0; t < T; t++) {
+    if (t == sw) {  // the working copy starts from this column of S as it stands now
+      if constexpr (DK > 0) {
+#pragma unroll
+        for (int a = 0; a < DK; a++) S0[a * dv + j] = s[a];
+      } else {
+        for (int64_t a = 0; a < dk; a++) S_work[a * dv + j] = S0[a * dv + j];
+      }
+      Sc = S_work;
+    }
+    const DnRow& R = L.rows[t];
+    const float eg = R.eg, beta = R.beta;
+    float m = 0.f;
+    if constexpr (DK > 0) {
+#pragma unroll
+      for (int a = 0; a < DK; a++) {
+        s[a] = __fmul_rn(s[a], eg);
+        m = __fadd_rn(m, __fmul_rn(s[a], __ldg(R.k + a)));
+      }
+    } else {
+      for (int64_t a = 0; a < dk; a++) {
+        const float x = __fmul_rn(Sc[a * dv + j], eg);
+        Sc[a * dv + j] = x;
+        m = __fadd_rn(m, __fmul_rn(x, __ldg(R.k + a)));
+      }
+    }
+    m = __fmul_rn(__fsub_rn(__ldg(R.v + j), m), beta);
+    float o = 0.f;
+    const bool read = R.o != nullptr;
+    if constexpr (DK > 0) {
+#pragma unroll
+      for (int a = 0; a < DK; a++) {
+        s[a] = __fadd_rn(s[a], __fmul_rn(__ldg(R.k + a), m));
+        if (read) o = __fadd_rn(o, __fmul_rn(s[a], __ldg(R.q + a)));
+      }
+    } else {
+      for (int64_t a = 0; a < dk; a++) {
+        const float x = __fadd_rn(Sc[a * dv + j], __fmul_rn(__ldg(R.k + a), m));
+        Sc[a * dv + j] = x;
+        if (read) o = __fadd_rn(o, __fmul_rn(x, __ldg(R.q + a)));
+      }
+    }
+    if (read) R.o[j] = o;
+  }
+  if constexpr (DK > 0) {
+#pragma unroll
+    for (int a = 0; a < DK; a++) Sc[a * dv + j] = s[a];
+  }
+}
+
+// dk = 128: two threads per column (lanes j and j + 16 of a warp), each holding 64 rows of it in registers (one
+// thread holding all 128 spilled). The running sums m and o keep the CPU's order: the upper half continues the
+// lower half's sum (passed by a shuffle), so m = ((0 + x_0) + x_1) ... + x_127 exactly as one thread would add.
+template <int DK>
+__global__ void __launch_bounds__(32) k_dn_rows_split(float* __restrict__ S0, float* __restrict__ S_work,
+                                                      const __grid_constant__ DnLaunch L, int T, int sw, int64_t dv) {
+  constexpr int H = DK / 2;
+  const int lane = threadIdx.x, half = lane >> 4, lo = lane & 15;
+  const int64_t j = (int64_t)blockIdx.x * 16 + lo;
+  const bool valid = j < dv;
+  const int a0 = half * H;
+  float s[H];
+#pragma unroll
+  for (int i = 0; i < H; i++) s[i] = valid ? S0[(a0 + i) * dv + j] : 0.f;
+  float* Sc = S0;
+  for (int t = 0; t < T; t++) {
+    if (t == sw) {  // the working copy starts from this column of S as it stands now
+      if (valid)
+#pragma unroll
+        for (int i = 0; i < H; i++) S0[(a0 + i) * dv + j] = s[i];
+      Sc = S_work;
+    }
+    const DnRow& R = L.rows[t];
+    const float eg = R.eg, beta = R.beta;
+    const float* k = R.k + a0;
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+      s[i] = __fmul_rn(s[i], eg);
+      m = __fadd_rn(m, __fmul_rn(s[i], __ldg(k + i)));
+    }
+    const float m_lo = __shfl_sync(0xffffffffu, m, lo);  // the lower half's sum, to both halves
+    if (half == 1) {
+      m = m_lo;
+#pragma unroll
+      for (int i = 0; i < H; i++) m = __fadd_rn(m, __fmul_rn(s[i], __ldg(k + i)));
+    }
+    m = __shfl_sync(0xffffffffu, m, lo + 16);  // the whole sum, from the upper half
+    m = __fmul_rn(__fsub_rn(valid ? __ldg(R.v + j) : 0.f, m), beta);
+    const bool read = R.o != nullptr;
+    float o = 0.f;
+    const float* q = R.q + a0;
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+      s[i] = __fadd_rn(s[i], __fmul_rn(__ldg(k + i), m));
+      if (read) o = __fadd_rn(o, __fmul_rn(s[i], __ldg(q + i)));
+    }
+    if (read) {
+      const float o_lo = __shfl_sync(0xffffffffu, o, lo);
+      if (half == 1) {
+        o = o_lo;
+#pragma unroll
+        for (int i = 0; i < H; i++) o = __fadd_rn(o, __fmul_rn(s[i], __ldg(q + i)));
+        if (valid) R.o[j] = o;
+      }
+    }
+  }
+  if (valid)
+#pragma unroll
+    for (int i = 0; i < H; i++) Sc[(a0 + i) * dv + j] = s[i];
+}
+
+}  // namespace
+
+void dn_rows(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv, void* stream) {
+  STRATA_CHECK(T >= 1 && n_src >= 0 && (n_src >= T || S_work), "dn_rows: T = ", T, ", n_src = ", n_src);
+  STRATA_CHECK(dk >= 1 && dv >= 1, "dn_rows: dk = ", dk, ", dv = ", dv);
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const dim3 grid((unsigned)((dv + 31) / 32));
+  for (int t0 = 0; t0 < T; t0 += kRowsPerLaunch) {
+    const int n = T - t0 < kRowsPerLaunch ? T - t0 : kRowsPerLaunch;
+    DnLaunch L;
+    for (int i = 0; i < n; i++) L.rows[i] = rows[t0 + i];
+    // this launch starts on S unless the switch to S_work came in an earlier launch (t0 == n_src: it comes at
+    // this launch's first row, and S_work is still to be made)
+    float* S0 = t0 <= n_src ? S : S_work;
+    const int sw = t0 <= n_src ? (n_src - t0 < n ? n_src - t0 : n) : n;
+    if (dk == 128) k_dn_rows_split<128><<<(unsigned)((dv + 15) / 16), 32, 0, st>>>(S0, S_work, L, n, sw, dv);
+    else if (dk == 64) k_dn_rows<64><<<grid, 32, 0, st>>>(S0, S_work, L, n, sw, dk, dv);
+    else k_dn_rows<0><<<grid, 32, 0, st>>>(S0, S_work, L, n, sw, dk, dv);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) fail<std::runtime_error>("cuda: launch of the dn_rows kernel: ", cudaGetErrorString(e));
+  }
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,82 @@
+// MoE routing on the card (ops_cuda.h moe_route): the CPU backend's route_row per row, one thread block a row.
+// p = exp_inl(l - max) (the maximum is order-free for non-NaN logits), one running float sum in expert order,
+// p / sum; the top k by (p desc, id asc) from each expert's rank (how many experts come before it in that order:
+// exact, no sort order to depend on); weights p / ws with ws a running sum over the k in rank order.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "kernels/cuda/exp_inl.cuh"
+#include "kernels/cuda/ops_cuda.h"
+#include "util/common.h"
+
+namespace strata::cuda {
+
+namespace {
+
+constexpr int kThreads = 512;
+
+__global__ void __launch_bounds__(kThreads) k_route(const float* __restrict__ logits, int64_t E, int k,
+                                                    int32_t* __restrict__ sel, float* __restrict__ wt) {
+  extern __shared__ float p[];  // [E] floats, then [k] ints
+  int32_t* idx = reinterpret_cast<int32_t*>(p + E);
+  __shared__ float red[kThreads / 32];
+  __shared__ float bcast;
+  const int t = blockIdx.x, tid = threadIdx.x;
+  const float* l = logits + t * E;
+  float mx = -INFINITY;  // std::max(mx, l[e]) order: (mx < x) ? x : mx
+  for (int64_t e = tid; e < E; e += kThreads) mx = mx < l[e] ? l[e] : mx;
+  for (int o = 16; o; o >>= 1) {
+    const float x = __shfl_xor_sync(0xffffffffu, mx, o);
+    mx = mx < x ? x : mx;
+  }
+  if ((tid & 31) == 0) red[tid >> 5] = mx;
+  __syncthreads();
+  mx = red[0];
+  for (int w = 1; w < kThreads / 32; w++) mx = mx < red[w] ? red[w] : mx;
+  for (int64_t e = tid; e < E; e += kThreads) p[e] = exp_inl_dev(__fsub_rn(l[e], mx));
+  __syncthreads();
+  if (tid == 0) {
+    float sum = 0.f;
+#pragma unroll 8
+    for (int64_t e = 0; e < E; e++) sum = __fadd_rn(sum, p[e]);
+    bcast = sum;
+  }
+  __syncthreads();
+  const float sum = bcast;
+  for (int64_t e = tid; e < E; e += kThreads) p[e] = __fdiv_rn(p[e], sum);
+  __syncthreads();
+  for (int64_t e = tid; e < E; e += kThreads) {
+    const float pe = p[e];
+    int64_t rank = 0;
+#pragma unroll 8
+    for (int64_t f = 0; f < E; f++) rank += p[f] > pe || (p[f] == pe && f < e);
+    if (rank < k) idx[rank] = (int32_t)e;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    float ws = 0.f;
+    for (int j = 0; j < k; j++) ws = __fadd_rn(ws, p[idx[j]]);
+    bcast = ws;
+  }
+  __syncthreads();
+  for (int j = tid; j < k; j += kThreads) {
+    sel[t * k + j] = idx[j];
+    wt[t * k + j] = __fdiv_rn(p[idx[j]], bcast);
+  }
+}
+
+}  // namespace
+
+void moe_route(const float* logits, int T, int64_t E, int k, int32_t* sel, float* wt, void* stream) {
+  STRATA_CHECK(k >= 1 && k <= E, "moe_route: k = ", k, " for ", E, " experts");
+  STRATA_CHECK(T >= 1, "moe_route: T = ", T);
+  const size_t smem = (size_t)E * 4 + (size_t)k * 4;
+  STRATA_CHECK(smem <= 48 * 1024, "cuda moe_route: ", E, " experts do not fit the kernel's shared memory");
+  k_route<<<(unsigned)T, kThreads, smem, static_cast<cudaStream_t>(stream)>>>(logits, E, k, sel, wt);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail<std::runtime_error>("cuda: launch of the routing kernel: ", cudaGetErrorString(e));
+}
+
+}  // namespace strata::cuda
