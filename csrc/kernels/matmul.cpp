@@ -87,6 +87,12 @@ RowsFn rows_fn(uint32_t type, Isa isa) {
   return nullptr;
 }
 
+RowsManyFn rows_many_fn(uint32_t type, Isa isa) {
+  if (isa != Isa::AVX512) return nullptr;
+  if (g_vbmi && g_vbmi_on && rows_fn_kq_avx512vbmi(type)) return rows_many_fn_kq_avx512vbmi(type);  // as rows_fn
+  return rows_many_fn_kq_avx512(type);
+}
+
 Act prepare_act(uint32_t type, const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf) {
   STRATA_CHECK(T >= 1 && T <= kMaxRowsPerPass, "prepare_act: T = ", T, " outside 1..", kMaxRowsPerPass);
   Act a;
@@ -141,6 +147,7 @@ void matmul_rows(const MatView& W, const ActRows& a, float* y, int64_t ldy, int6
   RowsFn f = get_fn(W);
   const int np = (int)a.pass.size();
   if (np == 1) return f(W, a.pass[0], y, ldy, r0, r1);
+  if (RowsManyFn g = rows_many_fn(W.type, g_active)) return g(W, a.pass.data(), np, y, ldy, r0, r1);
   const int64_t tile = std::max<int64_t>(16, ((int64_t)(32768 / std::max<size_t>(W.row_bytes, 1)) + 15) / 16 * 16);
   for (int64_t rb = r0; rb < r1; rb += tile) {
     const int64_t re = std::min(r1, rb + tile);

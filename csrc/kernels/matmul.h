@@ -125,6 +125,13 @@ RowsFn rows_fn_kq_avx2(uint32_t type);
 RowsFn rows_fn_kq8_avx2(uint32_t type);  // 8-bit weights x 8-bit activations for windows of <= 3 rows (AVX2)
 RowsFn rows_fn_kq_avx512(uint32_t type);
 RowsFn rows_fn_kq_avx512vbmi(uint32_t type);  // IQ2_XXS, IQ3_XXS with AVX-512 VBMI (cpu/kquants_avx512vbmi.cpp)
+// Several passes of one prepared ActRows at once (pass p's output rows at y + p * kMaxRowsPerPass * ldy): each
+// output element bit-identical to the RowsFn of the same type and ISA on that pass; nullptr where the type and
+// ISA have none (matmul_rows then runs the RowsFn pass after pass).
+using RowsManyFn = void (*)(const MatView& W, const Act* pass, int np, float* y, int64_t ldy, int64_t r0, int64_t r1);
+RowsManyFn rows_many_fn(uint32_t type, Isa isa);
+RowsManyFn rows_many_fn_kq_avx512(uint32_t type);
+RowsManyFn rows_many_fn_kq_avx512vbmi(uint32_t type);
 bool cpu_has_avx512vnni();
 bool cpu_has_avx512vbmi();
 // Tests: with false, the AVX-512 path leaves out the VBMI kernels (the same results either way, tested).

@@ -27,6 +27,24 @@ RowsFn rows_fn_kq_avx512(uint32_t type) {
   }
 }
 
+RowsManyFn rows_many_fn_kq_avx512(uint32_t type) {
+  switch (type) {
+    case GGML_Q3_K: return pick_many<DecQ3K>();
+    case GGML_Q4_K: return pick_many<DecQ4K>();
+    case GGML_Q5_K: return pick_many<DecQ5K>();
+    case GGML_Q6_K: return pick_many<DecQ6K>();
+    case GGML_IQ2_XXS: return pick_many<DecIQ2XXS>();
+    case GGML_IQ3_XXS: return pick_many<DecIQ3XXS>();
+    case GGML_IQ4_XS: return pick_many<DecIQ4XS>();
+    case GGML_IQ2_XS: return pick_many<DecIQ2XS>();
+    case GGML_IQ2_S: return pick_many<DecIQ2S>();
+    case GGML_IQ3_S: return pick_many<DecIQ3S>();
+    case GGML_IQ1_S: return pick_many<DecIQ1S>();
+    case GGML_IQ1_M: return pick_many<DecIQ1M>();
+    default: return nullptr;
+  }
+}
+
 // Same bytes as quantize_act_ref: max|x| is exact in any order, 127/amax and iscale*x are single IEEE
 // operations, and vcvtps2dq rounds half to even like nearbyint under the default rounding mode.
 void quantize_act_avx512(const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf, QAct& out) {

@@ -4,6 +4,8 @@
 #pragma once
 #include <immintrin.h>
 
+#include <vector>
+
 #include "kernels/cpu/kq_common.h"
 #include "kernels/cpu/reduce16.h"
 #include "kernels/matmul.h"
@@ -347,6 +349,84 @@ void rows_kq(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, 
 template <class Dec>
 RowsFn pick() {
   return cpu_has_avx512vnni() ? rows_kq<Dec, true> : rows_kq<Dec, false>;
+}
+
+// Many passes (a prompt window of more than kMaxRowsPerPass rows): kPanelRows weight rows are decoded once
+// into a panel and multiplied from it into every pass, instead of being decoded again for each pass of 8
+// activation rows. Each output element receives exactly the operations of rows_kq_t in the same order (the
+// decoded registers are stored and reloaded unchanged), so the results are bit-identical; only the decoding
+// is shared. (Decoders with per-16 mins, Q2_K, keep the per-pass path: their activation sums are per pass.)
+struct alignas(64) PanelBlock {
+  __m512i w[8];
+  __m128i mins;
+  float d, dmin;
+};
+constexpr int64_t kPanelRows = 8;
+
+template <class Dec, bool kVnni, int T>
+inline void panel_row(const PanelBlock* pb, int64_t nb, const Act& a, float* y, int64_t ldy, int64_t r) {
+  const __m512i idx01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+  __m512 L[T];
+  for (int t = 0; t < T; t++) L[t] = _mm512_setzero_ps();
+  __m256 Lm = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; b++) {
+    const PanelBlock& B = pb[b];
+    const int16_t* qb = a.q.q + b * QK_K;
+    const float* dx = a.q.d + b * 8;
+    for (int t = 0; t < T; t++) {
+      const int16_t* q = qb + t * a.q.ldq;
+      __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+      for (int j = 0; j < 8; j += 2) {
+        a0 = dot16<kVnni>(a0, _mm512_load_si512(&B.w[j]), _mm512_loadu_si512(q + 32 * j));
+        a1 = dot16<kVnni>(a1, _mm512_load_si512(&B.w[j + 1]), _mm512_loadu_si512(q + 32 * j + 32));
+      }
+      L[t] = _mm512_fmadd_ps(_mm512_set1_ps(B.d * dx[t]), _mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), L[t]);
+    }
+    if constexpr (Dec::kHasMin) {
+      const __m512i mz = _mm512_castsi128_si512(B.mins);
+      const int16_t* bs = a.q.bsum + b * 64;
+      const __m512i M16 = _mm512_add_epi32(_mm512_madd_epi16(_mm512_loadu_si512(bs), _mm512_permutexvar_epi32(idx01, mz)),
+                                           _mm512_madd_epi16(_mm512_loadu_si512(bs + 32), _mm512_permutexvar_epi32(idx23, mz)));
+      const __m256i M8 = _mm256_add_epi32(_mm512_castsi512_si256(M16), _mm512_extracti64x4_epi64(M16, 1));
+      Lm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(B.dmin), _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(M8), Lm);
+    }
+  }
+  alignas(32) float lm[8];
+  _mm256_store_ps(lm, Lm);
+  for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16(L[t]) - lm[t];
+}
+
+template <class Dec, bool kVnni>
+void rows_kq_many(const MatView& W, const Act* pass, int np, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  static_assert(!HasMins16<Dec>::value, "per-16 mins: the per-pass path");
+  const int64_t nb = W.cols / QK_K;
+  thread_local std::vector<PanelBlock> panel;  // [kPanelRows][nb]
+  if ((int64_t)panel.size() < kPanelRows * nb) panel.resize(kPanelRows * nb);
+  for (int64_t rb = r0; rb < r1; rb += kPanelRows) {
+    const int64_t re = rb + kPanelRows < r1 ? rb + kPanelRows : r1;
+    for (int64_t r = rb; r < re; r++) {
+      const uint8_t* row = W.data + r * W.row_bytes;
+      PanelBlock* pb = panel.data() + (r - rb) * nb;
+      for (int64_t b = 0; b < nb; b++) {
+        const uint8_t* blk = row + b * Dec::kBytes;
+        if (b + 1 < nb) _mm_prefetch(reinterpret_cast<const char*>(blk + Dec::kBytes + 64), _MM_HINT_T0);
+        Dec::decode(blk, pb[b].w, pb[b].d, pb[b].dmin, pb[b].mins);
+      }
+    }
+    for (int p = 0; p < np; p++)
+      with_rows(pass[p].T, [&](auto t) {
+        for (int64_t r = rb; r < re; r++)
+          panel_row<Dec, kVnni, decltype(t)::value>(panel.data() + (r - rb) * nb, nb, pass[p],
+                                                    y + (int64_t)p * kMaxRowsPerPass * ldy, ldy, r);
+      });
+  }
+}
+
+template <class Dec>
+RowsManyFn pick_many() {
+  if constexpr (HasMins16<Dec>::value) return nullptr;
+  else return cpu_has_avx512vnni() ? rows_kq_many<Dec, true> : rows_kq_many<Dec, false>;
 }
 
 }  // namespace

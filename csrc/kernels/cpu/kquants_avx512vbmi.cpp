@@ -163,4 +163,12 @@ RowsFn rows_fn_kq_avx512vbmi(uint32_t type) {
   }
 }
 
+RowsManyFn rows_many_fn_kq_avx512vbmi(uint32_t type) {
+  switch (type) {
+    case GGML_IQ2_XXS: return pick_many<DecIQ2XXSVbmi>();
+    case GGML_IQ3_XXS: return pick_many<DecIQ3XXSVbmi>();
+    default: return nullptr;
+  }
+}
+
 }  // namespace strata
