@@ -36,11 +36,11 @@ void attend_ref(const AttendArgs& a, float* sc) {
     }
 }
 
-void attend_on(int isa, const AttendArgs& a, float* scratch) {
+void attend_on(int isa, const AttendArgs& a, float* scratch, bool one_query) {
   STRATA_CHECK(!a.cells || a.T == 1, "attend: a cell list needs T = 1, got T = ", a.T);
   switch ((Isa)isa) {
-    case Isa::AVX512: return attend_avx512(a, scratch);
-    case Isa::AVX2: return attend_avx2(a, scratch);
+    case Isa::AVX512: return attend_avx512(a, scratch, one_query);
+    case Isa::AVX2: return attend_avx2(a, scratch, one_query);
     default: return attend_ref(a, scratch);
   }
 }
