@@ -165,6 +165,8 @@ void init_kernels(nb::module_& m) {
       nb::arg("q"), nb::arg("nh"), nb::arg("k"), nb::arg("v"), nb::arg("n0"), nb::arg("scale"),
       nb::arg("isa") = "", nb::arg("cells") = std::vector<int32_t>{}, nb::arg("one_query") = false,
       "Causal attention of T rows x nh heads over shared cells, or one row over a cell list (tests).");
+  m.def("attend_one_query", &attend_set_one_query, nb::arg("on"),
+        "Benches only: the model's attention takes the one-query path (same bits, slower) while on.");
   m.def(
       "bench_attend",
       [](int T, int nh, int64_t n0, int64_t hd, int64_t ldkv, const std::string& isa, bool one_query, int reps) {

@@ -2,6 +2,7 @@
 // (16 lanes, fixed tree), softmax after subtracting the maximum, o accumulated over cells in order.
 #include "kernels/attend.h"
 
+#include <atomic>
 #include <cmath>
 
 #include "kernels/matmul.h"
@@ -45,6 +46,14 @@ void attend_on(int isa, const AttendArgs& a, float* scratch, bool one_query) {
   }
 }
 
-void attend(const AttendArgs& a, float* scratch) { attend_on((int)active_isa(), a, scratch); }
+namespace {
+std::atomic<bool> g_one_query{false};
+}
+
+void attend_set_one_query(bool on) { g_one_query.store(on, std::memory_order_relaxed); }
+
+void attend(const AttendArgs& a, float* scratch) {
+  attend_on((int)active_isa(), a, scratch, g_one_query.load(std::memory_order_relaxed));
+}
 
 }  // namespace strata

@@ -42,5 +42,8 @@ void attend_avx2(const AttendArgs& a, float* scratch, bool one_query = false);
 void attend_on(int isa, const AttendArgs& a, float* scratch, bool one_query = false);
 // The active ISA's path.
 void attend(const AttendArgs& a, float* scratch);
+// Benches only (bench/bench_history.py): every attend() call after this takes the one-query path (the same
+// bits, slower), so that a bench can time the grouping inside a model, alternating in one process.
+void attend_set_one_query(bool on);
 
 }  // namespace strata
