@@ -6,8 +6,10 @@ process: what issue 16's turn-10 / turn-2 ratio is made of (attention over the h
                                   [--rounds 3] [--json OUT]
 
 Per (history, path): a fresh session prefills the history in windows of 512 (committed), then the `--new`
-tokens are timed (one window, committed); best over reps x rounds, the two paths alternated every rep. The
-text is this repository's server source, tokenized, so the tokens are real code.
+tokens are timed (one window, committed): wall time and the process's CPU time (user + system of all its
+threads: on a loaded machine the comparable cost, as a descheduled thread does not count), best of each over
+reps x rounds, the two paths alternated every rep. The text is this repository's server source, tokenized, so
+the tokens are real code.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def main(argv=None) -> int:
     ids = m.tokenizer.encode(src)
     while len(ids) < max(hist) + a.new:
         ids = ids + ids
-    best = {}
+    best, cpu = {}, {}
     load0 = os.getloadavg()
     try:
         for _ in range(a.rounds):
@@ -53,11 +55,12 @@ def main(argv=None) -> int:
                             s.run(part, last_only=True)
                             s.commit(len(part))
                         x = ids[h:h + a.new]
-                        t0 = time.perf_counter()
+                        t0, c0 = time.perf_counter(), time.process_time()
                         s.run(x, last_only=True)
                         s.commit(len(x))
-                        dt = time.perf_counter() - t0
+                        dt, dc = time.perf_counter() - t0, time.process_time() - c0
                         best[(h, one)] = min(best.get((h, one), 1e9), dt)
+                        cpu[(h, one)] = min(cpu.get((h, one), 1e9), dc)
     finally:
         _core.attend_one_query(False)
     load1 = os.getloadavg()
@@ -66,12 +69,14 @@ def main(argv=None) -> int:
            "threads": a.threads, "new": a.new, "load_average": [load0[0], load1[0]], "ms": {}}
     for h in hist:
         g, o = best[(h, False)] * 1e3, best[(h, True)] * 1e3
-        res["ms"][h] = {"grouped": g, "one_query": o}
-        print(f"  after {h:5d}: grouped {g:7.1f} ms   one-query {o:7.1f} ms")
+        gc, oc = cpu[(h, False)] * 1e3, cpu[(h, True)] * 1e3
+        res["ms"][h] = {"grouped": g, "one_query": o, "grouped_cpu": gc, "one_query_cpu": oc}
+        print(f"  after {h:5d}: grouped {g:7.1f} ms (CPU {gc:7.1f})   one-query {o:7.1f} ms (CPU {oc:7.1f})")
     if len(hist) > 1:
         h0, h1 = hist[0], hist[-1]
         for key, name in ((False, "grouped"), (True, "one-query")):
-            print(f"  {name}: after {h1} / after {h0} = {best[(h1, key)] / best[(h0, key)]:.2f}x")
+            print(f"  {name}: after {h1} / after {h0} = {best[(h1, key)] / best[(h0, key)]:.2f}x wall, "
+                  f"{cpu[(h1, key)] / cpu[(h0, key)]:.2f}x CPU")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
