@@ -1,7 +1,9 @@
 """Effective GB/s of each weight type's row-product kernel (weight bytes / time) for T = 1..8 activation
-rows, against the machine's memory bandwidth measured in the same run.
+rows, against the machine's memory bandwidth measured in the same run; with --attention, the attention
+kernel's GFLOP/s instead (one job, one thread), grouped queries against the one-query path in the same run.
 
     python bench/bench_kernels.py [--threads 2] [--isa best] [--mib 192] [--json OUT]
+    python bench/bench_kernels.py --attention [--isa best] [--json OUT]
 
 Each shape is timed over enough distinct matrices (stored back to back, --mib in all) that every product
 streams its weights from DRAM, as decode does. Bandwidth: numpy sum (read) and copy over a 1 GiB array,
@@ -60,6 +62,35 @@ def weights(rng, typ: str, rows: int, cols: int, nmat: int) -> np.ndarray:
     return (x.astype(np.float16) if typ == "F16" else gguf.quants.quantize(x, qt)).view(np.uint8).ravel()
 
 
+# attention jobs as the model runs them: (T rows, nh query heads per KV head, n0 cells seen by row 0, hd, ldkv)
+ATTN_SHAPES = [(58, 2, 1888, 128, 256),   # default model: a 230-token turn after 1888 tokens, one of 4 row runs
+               (1, 2, 1888, 128, 256),    # default model: decode
+               (64, 4, 4096, 128, 256),   # bench model: a 4k prompt's last rows
+               (64, 8, 4096, 256, 512),   # Qwen3-Next-80B shapes
+               (64, 2, 512, 64, 128)]     # tiny model
+
+
+def attention(isa: str, reps: int, rounds: int = 3) -> dict:
+    """Seconds per job (best over rounds, the two paths alternated) and GFLOP/s (4 T nh n hd flops)."""
+    best = {}
+    for _ in range(rounds):
+        for shape in ATTN_SHAPES:
+            for one in (False, True):
+                t = _core.bench_attend(*shape, isa=isa, one_query=one, reps=reps)
+                best[(shape, one)] = min(best.get((shape, one), 1e9), t)
+    out = {}
+    print(f"attention, isa={isa}, 1 thread: us per job (GFLOP/s); grouped queries vs the one-query path")
+    for shape in ATTN_SHAPES:
+        T, nh, n0, hd, _ = shape
+        flop = 4.0 * T * nh * (n0 + (T - 1) / 2) * hd
+        g, o = best[(shape, False)], best[(shape, True)]
+        out[f"T={T} nh={nh} n0={n0} hd={hd}"] = {"us": g * 1e6, "us_one_query": o * 1e6, "gflops": flop / g / 1e9,
+                                                  "gflops_one_query": flop / o / 1e9}
+        print(f"  T={T:<3} nh={nh} n0={n0:<5} hd={hd:<4} {g * 1e6:9.1f} ({flop / g / 1e9:5.1f})   "
+              f"one query {o * 1e6:9.1f} ({flop / o / 1e9:5.1f})   x{o / g:.2f}")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -68,8 +99,16 @@ def main(argv=None) -> int:
     ap.add_argument("--types", default=",".join(TYPES))
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--json")
+    ap.add_argument("--attention", action="store_true", help="the attention kernel instead of the row products")
     a = ap.parse_args(argv)
     isa = a.isa or _core.best_isa()
+    if a.attention:
+        res = {"machine": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M"),
+               "isa": isa, "attention": attention(isa, max(a.reps, 5))}
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=1)
+        return 0
     rng = np.random.default_rng(0)
     res = {"machine": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M"),
            "threads": a.threads, "isa": isa, "bandwidth": bandwidth(a.threads), "kernels": {}}

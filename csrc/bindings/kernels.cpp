@@ -5,6 +5,8 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "kernels/attend.h"
@@ -137,10 +139,11 @@ void init_kernels(nb::module_& m) {
       nb::arg("scores"), nb::arg("kb"), "QSA's block selection rule (tests): kb best, ties to the lower index.");
   m.def(
       "attend",
-      [](F2 q, int nh, F2 k, F2 v, int64_t n0, float scale, const std::string& isa, std::vector<int32_t> cells) {
+      [](F2 q, int nh, F2 k, F2 v, int64_t n0, float scale, const std::string& isa, std::vector<int32_t> cells,
+         bool one_query) {
         // Rows t = 0..T-1 of nh heads (q[T*nh][hd], row-major by row then head) over cells 0..n0+t-1 of
         // k/v[n][hd] (tests); returns o[T*nh][hd] on the chosen path. cells (T = 1): attend to those cells
-        // of k/v instead (n0 must be their count).
+        // of k/v instead (n0 must be their count). one_query: the fast path's one-query-at-a-time twin.
         const int64_t nq = q.shape(0), hd = q.shape(1), n = k.shape(0);
         STRATA_CHECK(nh >= 1 && nq % nh == 0 && n0 >= 1 && (int64_t)k.shape(1) == hd && (int64_t)v.shape(0) == n &&
                          (int64_t)v.shape(1) == hd && n0 + nq / nh - 1 <= n,
@@ -156,12 +159,47 @@ void init_kernels(nb::module_& m) {
         std::vector<float> sc((size_t)attend_scratch(a));
         const Isa want = parse_isa(isa);
         STRATA_CHECK((int)want <= (int)best_isa(), "attend: this CPU lacks ", isa);
-        attend_on((int)want, a, sc.data());
+        attend_on((int)want, a, sc.data(), one_query);
         return o;
       },
       nb::arg("q"), nb::arg("nh"), nb::arg("k"), nb::arg("v"), nb::arg("n0"), nb::arg("scale"),
-      nb::arg("isa") = "", nb::arg("cells") = std::vector<int32_t>{},
+      nb::arg("isa") = "", nb::arg("cells") = std::vector<int32_t>{}, nb::arg("one_query") = false,
       "Causal attention of T rows x nh heads over shared cells, or one row over a cell list (tests).");
+  m.def("attend_one_query", &attend_set_one_query, nb::arg("on"),
+        "Benches only: the model's attention takes the one-query path (same bits, slower) while on.");
+  m.def(
+      "bench_attend",
+      [](int T, int nh, int64_t n0, int64_t hd, int64_t ldkv, const std::string& isa, bool one_query, int reps) {
+        // Seconds per call (best of reps, after a warm-up) of one attention job as the model runs it: T rows x
+        // nh heads over n0 + T - 1 cells of a cache whose cells are ldkv floats apart (several KV heads per
+        // cell), random inputs, one thread, GIL released.
+        STRATA_CHECK(T >= 1 && nh >= 1 && n0 >= 1 && hd >= 1 && ldkv >= hd && reps >= 1, "bench_attend: bad sizes");
+        const int64_t n = n0 + T - 1;
+        std::vector<float> q((size_t)(T * nh * hd)), kv((size_t)(2 * n * ldkv)), o((size_t)(T * nh * hd));
+        uint32_t r = 12345;
+        auto rnd = [&] { r = r * 1664525u + 1013904223u; return (float)(int32_t)(r >> 8) / (float)(1 << 23) - 1.f; };
+        for (float& x : q) x = rnd();
+        for (float& x : kv) x = rnd();
+        AttendArgs a{q.data(), nh * hd, hd, T, nh, kv.data(), kv.data() + n * ldkv, ldkv, n0, hd,
+                     1.f / std::sqrt((float)hd), o.data(), nh * hd, hd};
+        std::vector<float> sc((size_t)attend_scratch(a));
+        const Isa want = parse_isa(isa);
+        STRATA_CHECK((int)want <= (int)best_isa(), "bench_attend: this CPU lacks ", isa);
+        double best = 1e30;
+        {
+          nb::gil_scoped_release rel;
+          attend_on((int)want, a, sc.data(), one_query);
+          for (int i = 0; i < reps; i++) {
+            Timer tm;
+            attend_on((int)want, a, sc.data(), one_query);
+            best = std::min(best, tm.seconds());
+          }
+        }
+        return best;
+      },
+      nb::arg("T"), nb::arg("nh"), nb::arg("n0"), nb::arg("hd"), nb::arg("ldkv"), nb::arg("isa") = "",
+      nb::arg("one_query") = false, nb::arg("reps") = 5,
+      "Seconds per attention job (benches): T rows x nh heads over n0 + T - 1 cells.");
   m.def(
       "dn_rows",
       [](F2 S, F2 k, F2 v, F2 q, F2 gates, int n_src, bool read, bool ref) {

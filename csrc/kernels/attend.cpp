@@ -2,6 +2,7 @@
 // (16 lanes, fixed tree), softmax after subtracting the maximum, o accumulated over cells in order.
 #include "kernels/attend.h"
 
+#include <atomic>
 #include <cmath>
 
 #include "kernels/matmul.h"
@@ -36,15 +37,23 @@ void attend_ref(const AttendArgs& a, float* sc) {
     }
 }
 
-void attend_on(int isa, const AttendArgs& a, float* scratch) {
+void attend_on(int isa, const AttendArgs& a, float* scratch, bool one_query) {
   STRATA_CHECK(!a.cells || a.T == 1, "attend: a cell list needs T = 1, got T = ", a.T);
   switch ((Isa)isa) {
-    case Isa::AVX512: return attend_avx512(a, scratch);
-    case Isa::AVX2: return attend_avx2(a, scratch);
+    case Isa::AVX512: return attend_avx512(a, scratch, one_query);
+    case Isa::AVX2: return attend_avx2(a, scratch, one_query);
     default: return attend_ref(a, scratch);
   }
 }
 
-void attend(const AttendArgs& a, float* scratch) { attend_on((int)active_isa(), a, scratch); }
+namespace {
+std::atomic<bool> g_one_query{false};
+}
+
+void attend_set_one_query(bool on) { g_one_query.store(on, std::memory_order_relaxed); }
+
+void attend(const AttendArgs& a, float* scratch) {
+  attend_on((int)active_isa(), a, scratch, g_one_query.load(std::memory_order_relaxed));
+}
 
 }  // namespace strata

@@ -33,11 +33,17 @@ struct AttendArgs {
 inline int64_t attend_scratch(const AttendArgs& a) { return (int64_t)a.T * a.nh * (a.n + a.T + 16); }
 void attend_ref(const AttendArgs& a, float* scratch);
 // AVX-512 / AVX2 (kernels/cpu/attend_avx512.cpp, attend_avx2.cpp) for hd = 64, 128 or 256, else attend_ref.
-void attend_avx512(const AttendArgs& a, float* scratch);
-void attend_avx2(const AttendArgs& a, float* scratch);
+// They run groups of queries through each block together (every key and value load shared by the group);
+// one_query (tests and benches only) runs one query at a time instead: the same operations in the same
+// order, so the same bits, only slower.
+void attend_avx512(const AttendArgs& a, float* scratch, bool one_query = false);
+void attend_avx2(const AttendArgs& a, float* scratch, bool one_query = false);
 // The path of an Isa value (matmul.h).
-void attend_on(int isa, const AttendArgs& a, float* scratch);
+void attend_on(int isa, const AttendArgs& a, float* scratch, bool one_query = false);
 // The active ISA's path.
 void attend(const AttendArgs& a, float* scratch);
+// Benches only (bench/bench_history.py): every attend() call after this takes the one-query path (the same
+// bits, slower), so that a bench can time the grouping inside a model, alternating in one process.
+void attend_set_one_query(bool on);
 
 }  // namespace strata

@@ -75,7 +75,10 @@ void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const fl
   const float* qgp = qg.data();
   float* attp = att.data();
   // jobs: a KV head with a run of rows (all T rows when there are enough KV heads for the threads); a long
-  // prompt window in runs of at most 64 rows, so that a job's scores (rows x heads x cells) stay small
+  // prompt window in runs of at most 64 rows. The runs are not shortened to fit a job's scores (rows x heads
+  // x cells) in L2: measured (bench_attend), the score buffer's passes stream well from L3, while every job
+  // reads all of its KV head's cells again, so shorter runs cost more per row at long contexts
+  // (docs/BENCHMARKS.md, issue 16)
   const int64_t chunks = std::min<int64_t>(
       T, std::max<int64_t>({(int64_t)1, (pool.size() + nkv - 1) / nkv, (T + 63) / 64}));
   const int64_t rows_per = (T + chunks - 1) / chunks;

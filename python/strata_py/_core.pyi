@@ -51,9 +51,19 @@ def rowop(name: str, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None
 def qsa_select(scores: Sequence[float], kb: int) -> list[int]:
     """QSA's block selection rule (tests): kb best, ties to the lower index."""
 
-def attend(q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], nh: int, k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], n0: int, scale: float, isa: str = '', cells: Sequence[int] = []) -> list[float]:
+def attend(q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], nh: int, k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], n0: int, scale: float, isa: str = '', cells: Sequence[int] = [], one_query: bool = False) -> list[float]:
     """
     Causal attention of T rows x nh heads over shared cells, or one row over a cell list (tests).
+    """
+
+def attend_one_query(on: bool) -> None:
+    """
+    Benches only: the model's attention takes the one-query path (same bits, slower) while on.
+    """
+
+def bench_attend(T: int, nh: int, n0: int, hd: int, ldkv: int, isa: str = '', one_query: bool = False, reps: int = 5) -> float:
+    """
+    Seconds per attention job (benches): T rows x nh heads over n0 + T - 1 cells.
     """
 
 def dn_rows(S: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], gates: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], n_src: int, read: bool = True, ref: bool = False) -> tuple[list[float], list[float], list[float]]:

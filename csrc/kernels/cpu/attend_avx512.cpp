@@ -3,8 +3,16 @@
 // then a transposing reduction whose tree is the same for every cell), softmax with exp_shift
 // (rowops.h), then o accumulated over cells in increasing order, 32 cells per block, o held in registers
 // within a block and carried in memory between blocks.
+//
+// The blocked path (the default) runs groups of kG = 4 consecutive queries together so that each key and
+// value vector loaded feeds 4 FMAs: scores for 4 queries x 4 cells at a time, p.V for 4 queries x 4
+// vectors of o; the softmax sums of 8 queries run side by side. Every score, sum and output goes through
+// exactly the operations of the one-query path (attend_one, the kernel before blocking) in the same order,
+// so the two give the same bits (tests/test_attention_blocked.py); a group only decides which independent
+// sums run side by side.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/attend.h"
@@ -14,27 +22,49 @@ namespace strata {
 
 namespace {
 
+// Levels 1-2 of the 16-cell reduction on cells 4g..4g+3 (v[0..3]): lane j of 128-bit quarter L is cell
+// 4g+j's sum over quarter L, ((e0+e2)+(e1+e3)).
+inline __m512 reduce4(const __m512* v) {
+  const __m512 a = _mm512_add_ps(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
+  const __m512 b = _mm512_add_ps(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
+  const __m512d ad = _mm512_castps_pd(a), bd = _mm512_castps_pd(b);
+  return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(ad, bd)), _mm512_castpd_ps(_mm512_unpackhi_pd(ad, bd)));
+}
+
+// Level 3 on two groups' reduce4 (cells 8h..8h+7), then level 4 on the two halves: lane c = cell c's sum,
+// (L0+L1)+(L2+L3).
+inline __m512 reduce_pair(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+inline __m512 reduce_groups(const __m512* r2) {
+  return reduce_pair(reduce_pair(r2[0], r2[1]), reduce_pair(r2[2], r2[3]));
+}
+
 // out lane c = sum of v[c]'s 16 lanes, by the same tree for every c:
 // ((e0+e2)+(e1+e3)) within each 128-bit quarter L, then (L0+L1)+(L2+L3).
-inline __m512 reduce16x16(__m512* v) {
-  __m512 r1[8], r2[4], r3[2];
-  for (int i = 0; i < 8; i++)
-    r1[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; i++) {
-    const __m512d a = _mm512_castps_pd(r1[2 * i]), b = _mm512_castps_pd(r1[2 * i + 1]);
-    r2[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  for (int i = 0; i < 2; i++)
-    r3[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r2[2 * i], r2[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                          _mm512_shuffle_f32x4(r2[2 * i], r2[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(r3[0], r3[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(r3[0], r3[1], _MM_SHUFFLE(3, 1, 3, 1)));
+inline __m512 reduce16x16(const __m512* v) {
+  const __m512 r2[4] = {reduce4(v), reduce4(v + 4), reduce4(v + 8), reduce4(v + 12)};
+  return reduce_groups(r2);
 }
 
 alignas(64) const float kZeroCell[256] = {};  // stands in for cells past the last one
 
+// The largest of s[0..n) (n >= 1). Only the value matters and max is exact, so any order gives it, up to
+// the sign of a zero maximum, which exp_shift's s - mx cannot see (x - (+0) == x - (-0) for x != 0, and
+// exp of +-0 is 1). NaN scores are skipped, as by the one-query path's s > mx ? s : mx.
+inline float row_max(const float* s, int64_t n) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) m = _mm512_max_ps(_mm512_loadu_ps(s + c), m);  // NaN in s: m kept
+  float mx = _mm512_reduce_max_ps(m);
+  for (; c < n; c++) mx = s[c] > mx ? s[c] : mx;
+  return mx;
+}
+
+// ---- the one-query path: one query at a time through each block (tests and benches: the blocked path's twin)
+
 template <int NC, bool kCells>  // NC = hd / 16; kCells: the attended cells are a.cells[0..n)
-void attend_t(const AttendArgs& args, float* sc) {
+void attend_one(const AttendArgs& args, float* sc) {
   const AttendArgs a = args;  // a copy: the stores below must not make the compiler reload the fields
   auto cell = [&](int64_t c) -> int64_t {
     if constexpr (kCells) return a.cells[c];
@@ -104,21 +134,197 @@ void attend_t(const AttendArgs& args, float* sc) {
   }
 }
 
+// ---- the blocked path
+
+constexpr int kG = 4;         // queries per group
+constexpr int64_t kB = 32;    // cells per block of the p.V pass
+
+// reduce4 of the score accumulators of G queries (q[i]) on the 4 cells whose keys are kc[0..4): per cell
+// the FMA chain over the head dimension in order from zero. Each key vector loaded feeds G FMAs, each query
+// vector 4; the head dimension is a loop (not unrolled), so that its 4 x G accumulators stay in registers.
+template <int NC, int G>
+__attribute__((always_inline)) inline void cells4(const float* const* q, const float* const* kc, __m512* r) {
+  __m512 acc[G][4];
+#pragma GCC unroll 4
+  for (int i = 0; i < G; i++)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
+#pragma GCC unroll 1
+  for (int d = 0; d < NC; d++) {
+    __m512 qv[G];
+#pragma GCC unroll 4
+    for (int i = 0; i < G; i++) qv[i] = _mm512_loadu_ps(q[i] + 16 * d);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+      const __m512 kv = _mm512_loadu_ps(kc[j] + 16 * d);
+#pragma GCC unroll 4
+      for (int i = 0; i < G; i++) acc[i][j] = _mm512_fmadd_ps(qv[i], kv, acc[i][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < G; i++) r[i] = reduce4(acc[i]);
+}
+
+// Scores of G queries (q[i]) on the 16 cells whose keys are kc[0..16), stored to out[i][0..16): reduce16x16's
+// tree on the FMA chains of cells4, then * scale, as in attend_one. The tree's levels run as soon as their
+// groups are done (reduce_pair), so that few partial vectors wait beside the accumulators.
+template <int NC, int G>
+inline void scores_group(const float* const* q, float* const* out, const float* const* kc, __m512 scale) {
+  __m512 a[G], b[G], h0[G];
+  cells4<NC, G>(q, kc, a);
+  cells4<NC, G>(q, kc + 4, b);
+#pragma GCC unroll 4
+  for (int i = 0; i < G; i++) h0[i] = reduce_pair(a[i], b[i]);
+  cells4<NC, G>(q, kc + 8, a);
+  cells4<NC, G>(q, kc + 12, b);
+#pragma GCC unroll 4
+  for (int i = 0; i < G; i++) _mm512_storeu_ps(out[i], _mm512_mul_ps(reduce_pair(h0[i], reduce_pair(a[i], b[i])), scale));
+}
+
+// o[i] += p v over cells c0..c1 in increasing order for G queries (p of query i at s[i][c]), kO vectors of
+// o at a time: each value vector loaded feeds G FMAs. Per output lane the FMA chain of attend_one.
+template <int NC, int G, bool kCells>
+inline void pv_group(const float* const* s, float* const* o, const AttendArgs& a, int64_t c0, int64_t c1) {
+  constexpr int kO = G == 1 ? (NC < 16 ? NC : 16) : G == 2 ? (NC < 8 ? NC : 8) : 4;
+  for (int d0 = 0; d0 < NC; d0 += kO) {
+    __m512 acc[G][kO];
+#pragma GCC unroll 4
+    for (int i = 0; i < G; i++)
+#pragma GCC unroll 16
+      for (int d = 0; d < kO; d++) acc[i][d] = _mm512_loadu_ps(o[i] + 16 * (d0 + d));
+    for (int64_t c = c0; c < c1; c++) {
+      __m512 p[G];
+#pragma GCC unroll 4
+      for (int i = 0; i < G; i++) p[i] = _mm512_set1_ps(s[i][c]);
+      const float* vp = a.v + (kCells ? (int64_t)a.cells[c] : c) * a.ldkv + 16 * d0;
+#pragma GCC unroll 16
+      for (int d = 0; d < kO; d++) {
+        const __m512 vv = _mm512_loadu_ps(vp + 16 * d);
+#pragma GCC unroll 4
+        for (int i = 0; i < G; i++) acc[i][d] = _mm512_fmadd_ps(p[i], vv, acc[i][d]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < G; i++)
+#pragma GCC unroll 16
+      for (int d = 0; d < kO; d++) _mm512_storeu_ps(o[i] + 16 * (d0 + d), acc[i][d]);
+  }
+}
+
+// sum[i] = s[i][0] + s[i][1] + ... + s[i][n[i]-1] in that order from 0, for G rows side by side (the chains
+// are independent: G additions in flight instead of one).
+template <int G>
+inline void row_sums(float* const* s, const int64_t* n, float* sum) {
+  float acc[G];
+  int64_t nlo = n[0];
+  for (int i = 0; i < G; i++) acc[i] = 0.f, nlo = std::min(nlo, n[i]);
+  for (int64_t c = 0; c < nlo; c++)
+#pragma GCC unroll 8
+    for (int i = 0; i < G; i++) acc[i] += s[i][c];
+  for (int i = 0; i < G; i++) {
+    for (int64_t c = nlo; c < n[i]; c++) acc[i] += s[i][c];
+    sum[i] = acc[i];
+  }
+}
+
+template <int NC, bool kCells>
+void attend_blocked(const AttendArgs& args, float* sc) {
+  const AttendArgs a = args;
+  const int nq = a.T * a.nh;
+  const int64_t nmax = a.n + a.T - 1, ld_sc = nmax + 16;
+  auto qp = [&](int i) { return a.q + (i / a.nh) * a.ldq_t + (i % a.nh) * a.ldq_h; };
+  auto op = [&](int i) { return a.o + (i / a.nh) * a.ldo_t + (i % a.nh) * a.ldo_h; };
+  auto ncells = [&](int i) { return a.n + i / a.nh; };  // nondecreasing in i
+  // scores: per block of 16 cells, every group with a query that sees any of them (its other queries'
+  // scores past their own cells are written and never read, as in attend_one)
+  const __m512 scale = _mm512_set1_ps(a.scale);
+  for (int64_t c0 = 0; c0 < nmax; c0 += 16) {
+    const float* kc[16];
+    for (int j = 0; j < 16; j++)
+      kc[j] = c0 + j < nmax ? a.k + (kCells ? (int64_t)a.cells[c0 + j] : c0 + j) * a.ldkv : kZeroCell;
+    for (int i0 = 0; i0 < nq; i0 += kG) {
+      const int g = std::min(kG, nq - i0);
+      if (c0 >= ncells(i0 + g - 1)) continue;
+      const float* q[kG];
+      float* out[kG];
+      for (int i = 0; i < g; i++) q[i] = qp(i0 + i), out[i] = sc + (i0 + i) * ld_sc + c0;
+      switch (g) {
+        case 4: scores_group<NC, 4>(q, out, kc, scale); break;
+        case 3: scores_group<NC, 3>(q, out, kc, scale); break;
+        case 2: scores_group<NC, 2>(q, out, kc, scale); break;
+        default: scores_group<NC, 1>(q, out, kc, scale); break;
+      }
+    }
+  }
+  // softmax per query over its own cells; the sums 8 rows side by side
+  for (int i0 = 0; i0 < nq; i0 += 8) {
+    const int g = std::min(8, nq - i0);
+    float* s[8];
+    int64_t n[8];
+    float sum[8];
+    for (int i = 0; i < g; i++) {
+      s[i] = sc + (i0 + i) * ld_sc;
+      n[i] = ncells(i0 + i);
+      exp_shift(s[i], row_max(s[i], n[i]), n[i]);
+    }
+    switch (g) {
+      case 8: row_sums<8>(s, n, sum); break;
+      case 7: row_sums<7>(s, n, sum); break;
+      case 6: row_sums<6>(s, n, sum); break;
+      case 5: row_sums<5>(s, n, sum); break;
+      case 4: row_sums<4>(s, n, sum); break;
+      case 3: row_sums<3>(s, n, sum); break;
+      case 2: row_sums<2>(s, n, sum); break;
+      default: row_sums<1>(s, n, sum); break;
+    }
+    for (int i = 0; i < g; i++) {
+      const float inv = 1.f / sum[i];
+      for (int64_t c = 0; c < n[i]; c++) s[i][c] = s[i][c] * inv;
+      float* o = op(i0 + i);
+      for (int d = 0; d < NC; d++) _mm512_storeu_ps(o + 16 * d, _mm512_setzero_ps());
+    }
+  }
+  // o += p v over cells in increasing order, a block of cells at a time for every group: the cells all of
+  // a group's queries see together, then each query's remaining cells of the block alone
+  for (int64_t c0 = 0; c0 < nmax; c0 += kB) {
+    for (int i0 = 0; i0 < nq; i0 += kG) {
+      const int g = std::min(kG, nq - i0);
+      if (c0 >= ncells(i0 + g - 1)) continue;
+      const float* s[kG];
+      float* o[kG];
+      for (int i = 0; i < g; i++) s[i] = sc + (i0 + i) * ld_sc, o[i] = op(i0 + i);
+      const int64_t ce = std::max(c0, std::min(c0 + kB, ncells(i0)));  // ncells(i0): the group's fewest
+      if (c0 < ce) {
+        switch (g) {
+          case 4: pv_group<NC, 4, kCells>(s, o, a, c0, ce); break;
+          case 3: pv_group<NC, 3, kCells>(s, o, a, c0, ce); break;
+          case 2: pv_group<NC, 2, kCells>(s, o, a, c0, ce); break;
+          default: pv_group<NC, 1, kCells>(s, o, a, c0, ce); break;
+        }
+      }
+      for (int i = 0; i < g; i++) {
+        const int64_t c1 = std::min(c0 + kB, ncells(i0 + i));
+        if (ce < c1) pv_group<NC, 1, kCells>(s + i, o + i, a, ce, c1);
+      }
+    }
+  }
+}
+
 template <bool kCells>
-void attend_hd(const AttendArgs& a, float* sc) {
+void attend_hd(const AttendArgs& a, float* sc, bool one_query) {
   switch (a.hd) {
-    case 64: return attend_t<4, kCells>(a, sc);
-    case 128: return attend_t<8, kCells>(a, sc);
-    case 256: return attend_t<16, kCells>(a, sc);  // Qwen3-Next's head size
+    case 64: return one_query ? attend_one<4, kCells>(a, sc) : attend_blocked<4, kCells>(a, sc);
+    case 128: return one_query ? attend_one<8, kCells>(a, sc) : attend_blocked<8, kCells>(a, sc);
+    case 256: return one_query ? attend_one<16, kCells>(a, sc) : attend_blocked<16, kCells>(a, sc);  // Qwen3-Next's
     default: return attend_ref(a, sc);
   }
 }
 
 }  // namespace
 
-void attend_avx512(const AttendArgs& a, float* sc) {
-  if (a.cells) attend_hd<true>(a, sc);
-  else attend_hd<false>(a, sc);
+void attend_avx512(const AttendArgs& a, float* sc, bool one_query) {
+  if (a.cells) attend_hd<true>(a, sc, one_query);
+  else attend_hd<false>(a, sc, one_query);
 }
 
 }  // namespace strata
