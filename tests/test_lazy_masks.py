@@ -262,12 +262,13 @@ def test_lazy_decoding_equals_full_masks(model, grammar):
 
 def test_validate_is_the_mask_without_forced_bytes(model):
     """fix_rows reads a token's mask bit as validate_tokens([t]) where the grammar forces no bytes: checked for
-    every token of the vocabulary at real states (random ones along JSON and regex outputs, the accepting state
-    before the end among them). Where bytes are forced the two differ (the mask keeps the canonical
-    tokenization only), which is why such rows take their full mask."""
+    every token of the vocabulary at real states (random ones along JSON and regex outputs, accepting ones among
+    them). Where bytes are forced the two differ (the mask keeps the canonical tokenization only): there the mask
+    is the first forced token alone when compute_ff_tokens gives one (as fix_rows reads it), else fix_rows
+    computes it."""
     rng = fresh_rng()
     V = model.n_vocab
-    tally = {"unforced": 0, "accepting": 0, "forced": 0, "forced, differ": 0}
+    tally = {"unforced": 0, "accepting": 0, "forced": 0, "forced, differ": 0, "forced, one token": 0}
     imports = (CODE, dict(regex=r"((import|from) [a-z_.]+( import [a-zA-Z_, ]+)?\n){1,4}"), True)  # accepting at each line end
     for grammar, (prompt, g, _) in [*((k, GRAMMARS[k]) for k in ("json_records", "json_vs_code")), ("imports", imports)]:
         cfg = exactness.config("sampled", int(rng.integers(1 << 31)), 24, **g)
@@ -289,6 +290,10 @@ def test_validate_is_the_mask_without_forced_bytes(model):
                     tally["forced"] += 1
                     tally["forced, differ"] += bool((valid != bits).any())
                     assert not (bits & ~valid).any()  # the mask only ever refuses more
+                    ff = m.compute_ff_tokens()
+                    if ff:  # the forced tokens' first one alone
+                        tally["forced, one token"] += 1
+                        assert bits[ff[0]] and bits.sum() == 1, (grammar, ff)
                 else:
                     n_unforced += 1
                     tally["unforced"] += 1
@@ -297,3 +302,4 @@ def test_validate_is_the_mask_without_forced_bytes(model):
                     assert (valid == bits).all(), (grammar, np.nonzero(valid != bits)[0][:8])
             assert m.consume_token(t)
     assert tally["unforced"] >= 5 and tally["accepting"] >= 1 and tally["forced, differ"] >= 1, tally
+    assert tally["forced, one token"] >= 1, tally

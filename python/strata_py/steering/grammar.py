@@ -45,10 +45,18 @@ def _lltokenizer(model):
                 self.tokens = [tok.token_bytes(i) for i in range(tok.n_vocab)]
                 self.special_token_ids = [i for i in range(tok.n_vocab) if tok.is_control(i)]
 
+                self.memo: dict = {}
+
             def __call__(self, text):
-                if isinstance(text, bytes):
-                    text = text.decode("utf-8", errors="replace")
-                return tok.encode(text)
+                # llguidance tokenizes the bytes a grammar forces (a JSON key and its separator: the same few
+                # strings again and again) for every mask there: remembered, as encoding is a pure function
+                ids = self.memo.get(text)
+                if ids is None:
+                    if len(self.memo) >= 4096:
+                        self.memo.clear()
+                    raw = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
+                    ids = self.memo[text] = tok.encode(raw)
+                return ids
 
         lt = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Wrapped()), n_vocab=model.n_vocab,
                                     eos_token=sorted(tok.eog_ids) or [0])
@@ -97,8 +105,9 @@ class GrammarMatcher:
         self._window = 0                 # tokens consumed by the pending window
         self._took: list[bool] = []      # per row of the pending window: its input went into the matcher
         self.origin = 0
-        # fix_rows: rows checked, candidates validated, rows finished again from their trace / under a full mask
-        self.checked = self.validated = self.repicked = self.full = 0
+        # fix_rows: rows checked, candidates validated, full masks computed, rows finished again from their trace /
+        # under their full mask
+        self.checked = self.validated = self.masks = self.repicked = self.full = 0
         self._row = np.empty(self.words, dtype=np.uint32)
         self._vetted = None         # (position, token): the next window's row 0 input, chosen under the grammar
         self._pending_out = None    # fix_rows: (the window's fixed choices, rows walked)
@@ -177,11 +186,12 @@ class GrammarMatcher:
           3. else a complete trace gives the masked choice from the candidates' bits alone:
              out[i] = repick(i, bits); an incomplete one (top-k cut them) needs the full mask.
         The grammar's bit of a token is validate_tokens([t]) except where the grammar forces bytes: there
-        llguidance's mask holds only the tokens of their canonical tokenization (it refuses '"' where '": '
-        is forced, which validate_tokens accepts), so such a row takes its full mask; without forced bytes the
-        mask is exactly the tokens validate_tokens accepts (llguidance's compute_mask: the token trie walked
-        from the empty prefix, plus end-of-generation when accepting; tests/test_lazy_masks.py checks every
-        token of real states). Greedy rows have cands[i] = [out[i]].
+        llguidance's mask holds only tokens of their canonical tokenization (it refuses '"' where '": ' is
+        forced, which validate_tokens accepts): the first forced token alone when the forced bytes make one
+        (compute_ff_tokens), else the row's full mask gives the bits. Without forced bytes the mask is exactly
+        the tokens validate_tokens accepts (compute_mask: the token trie walked from the empty prefix, plus
+        end-of-generation when accepting). tests/test_lazy_masks.py checks both on every token of real states.
+        Greedy rows have cands[i] = [out[i]].
         Walks the rows the acceptance walk can reach (until a row's choice differs from the next input),
         consuming inputs as window_masks does; commit(keep) is the same.
         Inputs are not validated again where that is proven: row i > 0's input is row i - 1's checked choice,
@@ -204,37 +214,14 @@ class GrammarMatcher:
                 n += 1
             walked = i + 1
             self.checked += 1
-            stopped = m.is_stopped()
             ids = cands[i]
-            full = ids is None
-            if not full:
-                if stopped:  # only end-of-generation tokens are allowed
-                    bits = [x in eog for x in ids]
-                elif m.compute_ff_bytes():  # forced bytes: validate_tokens is not the mask (see the docstring)
-                    bits = None
-                    full = True
-                else:
-                    bits = [m.validate_tokens([ids[0]]) == 1]
-                    if bits[0]:
-                        for x in ids[1:]:
-                            bits.append(m.validate_tokens([x]) == 1)
-                            if not (bits[-1] or complete[i]):  # an incomplete trace needs the full mask anyway
-                                break
-            if not full:
-                self.validated += len(bits)
-                if not bits[0] or (not all(bits) and not complete[i]):
-                    full = True
-                elif not all(bits):
-                    self.repicked += 1
-                    out[i] = repick(i, bytes(bits))
-            if full:
+            bits = None if ids is None else self._bits(ids, complete[i])
+            if bits is not None and bits[0] and not all(bits) and complete[i]:
+                self.repicked += 1
+                out[i] = repick(i, bytes(bits))
+            elif bits is None or not all(bits):  # the best token refused, or the trace cannot decide
                 self.full += 1
-                if stopped:
-                    out[i] = refinish(i, self._eog_mask)
-                else:
-                    row = self._row
-                    m.unsafe_compute_mask_ptr(row.ctypes.data, self.words * 4)
-                    out[i] = refinish(i, row)
+                out[i] = refinish(i, self._mask())
             if i + 1 >= T or out[i] != int(inputs[i + 1]):
                 break
         self._window = n
@@ -243,6 +230,34 @@ class GrammarMatcher:
         self._pending_pos0 = pos0
         self._pending_out = (out, walked)
         return out
+
+    def _bits(self, ids: list[int], complete: bool) -> list[bool]:
+        """The current state's mask bits of ids (up to the first refused one when the trace is incomplete; only
+        the first when it is refused, as nothing else matters then)."""
+        m = self.matcher
+        if m.is_stopped():
+            return [x in self._eog for x in ids]
+        if m.compute_ff_bytes():  # forced bytes: llguidance's mask is their canonical tokenization's
+            ff = m.compute_ff_tokens()
+            if ff:  # ... first token alone (compute_mask: "forcing ff_token by mask")
+                return [x == ff[0] for x in ids]
+            mask = self._mask()
+            return [(int(mask[x >> 5]) >> (x & 31)) & 1 == 1 for x in ids]
+        bits = []
+        for x in ids:
+            bits.append(m.validate_tokens([x]) == 1)
+            if not bits[-1] and (len(bits) == 1 or not complete):
+                break
+        self.validated += len(bits)
+        return bits
+
+    def _mask(self) -> np.ndarray:
+        """The current state's full mask (a buffer reused by every row)."""
+        if self.matcher.is_stopped():
+            return self._eog_mask
+        self.masks += 1
+        self.matcher.unsafe_compute_mask_ptr(self._row.ctypes.data, self.words * 4)
+        return self._row
 
     def commit(self, keep: int) -> None:
         """Keep the state after the first `keep` rows of the last window."""
