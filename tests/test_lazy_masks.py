@@ -224,6 +224,9 @@ def _walk_windows(model, prompt, cfg, path, rng, tally):
 
 
 def test_lazy_rows_equal_full_masks(model):
+    """Row by row on the default model, for random samplers, biases, phrases and DRY over the four grammars: every
+    kind of row occurs (stopped, best token refused, some candidates refused, all allowed), and a mask without one
+    allowed candidate's bit changes some rows' tokens."""
     rng = fresh_rng()
     tally = {k: 0 for k in ("over", "stopped", "best refused", "some refused", "all allowed", "dropped bit differs")}
     gen = lambda m, p, c, proposer, stats: exactness._generate_ids(m, p, c, proposer, stats)
