@@ -285,7 +285,7 @@ def test_validate_is_the_mask_without_forced_bytes(model):
             if m.is_stopped():
                 break
             forced, acc = bool(m.compute_ff_bytes()), m.is_accepting()
-            if (n_forced < 3 if forced else (acc and not n_acc) or (n_unforced < 3 and rng.random() < 0.5)):
+            if (n_forced < 3 if forced else (acc and not n_acc) or n_unforced < 3):
                 m.unsafe_compute_mask_ptr(row.ctypes.data, gm.words * 4)
                 bits = np.unpackbits(row.view(np.uint8), bitorder="little")[:V].astype(bool)
                 valid = np.array([m.validate_tokens([x]) == 1 for x in range(V)])
