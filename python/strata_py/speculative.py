@@ -101,9 +101,8 @@ def prefill(session, ids: Sequence[int], chunk: int = 512) -> None:
 
 
 # Decoding under a grammar finishes each row without a mask, then checks the row's candidates with the grammar
-# and computes a full mask only for a row that needs it (same tokens as always masking: GrammarMatcher.fix_rows),
-# for greedy windows and sampled single rows. A module constant, not an option: the benches and tests turn it off
-# to compare the two.
+# and computes a full mask only for a row that needs it (same tokens as always masking: GrammarMatcher.fix_rows).
+# A module constant, not an option: the benches and tests turn it off to compare the two.
 LAZY_MASKS = True
 # A sampled row with more candidates than this (sampler.h PickTrace; e.g. min-p 0 and no top-k) takes its full
 # mask: checking them one by one would cost more.
@@ -168,9 +167,7 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
                 drafts = list(proposer.propose(context, want))[:want]
         inputs = [root] + drafts
         t0 = time.perf_counter()
-        # lazy: check each row's candidates, mask only where needed; sampled windows of several rows take full
-        # masks (measured cheaper per row there: bench_steer, docs/BENCHMARKS.md "Steered decoding")
-        if steer.grammar is not None and lazy and (cfg.temperature == 0 or len(inputs) == 1):
+        if steer.grammar is not None and lazy:  # check each row's candidates, mask only where needed
             out, cands, complete = core.run_sample_traced(np.asarray(inputs, dtype=np.int32), params, LAZY_CAP)
             out = steer.grammar.fix_rows(inputs, session.position, out, cands, complete,
                                          lambda i, mask: core.sample_row(params, i, mask), core.repick)
