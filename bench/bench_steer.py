@@ -5,10 +5,12 @@ under a JSON schema.
 
 1. Per-token overhead, components (the same window's logits, finished again and again; rounds alternate
    plain and steered): for T = 1 and 16-row windows, the steered finish (Session.sample) minus the plain one,
-   plus the Python side per window (the grammar's masks + rollback; the phrase state's step is in commit),
-   per row, against a plain decode step (T = 1 run + finish) measured in the same rounds.
-   Processors: logit bias (8 ids), 100 phrases, 10 000 phrases, a JSON schema.
-2. End to end: plain decode (T = 1) tok/s with each processor, rounds alternating, median.
+   plus the Python side per window (the grammar's masks + rollback, or the lazy checks with their re-finishes;
+   the phrase state's step is in commit), per row, against a plain decode step (T = 1 run + finish) measured
+   in the same rounds. Processors: logit bias (8 ids), 100 phrases, 10 000 phrases, a JSON schema (full masks,
+   and lazy), greedy; then the JSON schema under sampled decoding (SAMPLED), full masks and lazy.
+2. End to end: plain decode (T = 1) tok/s with each processor, rounds alternating, median (greedy); and
+   sampled decoding on the JSON prompt: no schema, schema lazy, schema full masks.
 3. Suffix drafting vs plain, both under a JSON schema, on a repetitive JSON workload (a list of records);
    the outputs must be identical. Also the grammar masks computed during the forward ("overlap") vs before.
 Targets: 10 000 phrases <= 3 % of a plain decode step; JSON schema <= 10 %; suffix under the schema >= 1.5x.
@@ -69,17 +71,27 @@ def steer_configs(model):
             "phrases10k": dict(ban_phrases=synthetic_phrases(tok, 10_000)), "json": dict(json_schema=SCHEMA)}
 
 
-def components(model, configs, rounds, reps):
-    """Per-row cost of each processor at T = 1 and T = 16 (see the module docstring, part 1)."""
+# sampled decoding: the defaults' sampler (temperature 0.7, min-p 0.05; DRY off, as in every component here)
+SAMPLED = dict(temperature=0.7, min_p=0.05, top_k=0, top_p=1.0, seed=7, dry_multiplier=0.0)
+
+
+def components(model, configs, rounds, reps, sampled=False):
+    """Per-row cost of each processor at T = 1 and T = 16 (see the module docstring, part 1). sampled: the JSON
+    schema only, under the sampled decoding of SAMPLED (full masks, and lazy: traced finish + fix_rows), along
+    the sampled output (so a window's rows are kept, as in decoding), against a plain sampled step."""
     from strata_py.model import sampling_params
     from strata_py.steering import Steering
 
     tok = model.tokenizer
     # the rows: a real JSON continuation (valid under SCHEMA, so the grammar walks every row)
     base = GenerationConfig(max_tokens=200, json_schema=SCHEMA, draft="none", temperature=0.0, dry_multiplier=0.0)
+    if sampled:
+        base = base.replace(**SAMPLED)
+        configs = {"json_sampled": dict(json_schema=SCHEMA)}
     prompt = tok.encode(JSON_PROMPT)
     out = list(generate_ids(model, prompt, base))
-    params = sampling_params(GenerationConfig(temperature=0.0))  # greedy
+    params = sampling_params(base)
+    cap = speculative.LAZY_CAP
     res = {}
     for T in (1, 16):
         s = model.session(n_ctx=1024, max_window=16)
@@ -107,8 +119,10 @@ def components(model, configs, rounds, reps):
                 steps.append(time.perf_counter() - t0)
         steps.sort()
         step_s, step_p10 = steps[len(steps) // 2], steps[len(steps) // 10]
-        names = [*configs, "json_lazy"]
-        steers["json_lazy"] = steers["json"]
+        grammar = "json_sampled" if sampled else "json"
+        lazy_name = grammar + "_lazy"
+        names = [*configs, lazy_name]
+        steers[lazy_name] = steers[grammar]
         fin = {name: [] for name in ["plain", *names]}
         py = {name: [] for name in names}
         for _ in range(rounds):
@@ -120,20 +134,23 @@ def components(model, configs, rounds, reps):
                 if g:
                     g.sync(s.tokens, len(prompt))
                 s.run(inputs)
-                lazy = name == "json_lazy"  # greedy: unconstrained finish, then fix_greedy checks the rows
+                lazy = name == lazy_name  # unconstrained traced finish, then fix_rows checks the rows
                 masks = g.window_masks(inputs, pos0) if g and not lazy else None
                 if g:  # back to the committed state, as commit(keep) would after the window
                     g.matcher.rollback(g._window)
                     g._window = 0
                 t0 = time.perf_counter()
                 for _ in range(reps):
-                    s._core.sample(params, masks)
+                    if lazy:
+                        s._core.sample_traced(params, cap)
+                    else:
+                        s._core.sample(params, masks)
                 fin[name].append((time.perf_counter() - t0) / reps)
                 if st is not None and g is None:  # the C++ processors' Python side: nothing per window
                     py[name].append(0.0)
                 s.commit(1)
         plain_fin = _median(fin["plain"])
-        for name, lazy in (("json", False), ("json_lazy", True)):  # the grammar's work over new states
+        for name, lazy in ((grammar, False), (lazy_name, True)):  # the grammar's work over new states
             py[name] = grammar_walk(model, base, prompt, out, T, lazy, params)
         for name in names:
             extra = (_median(fin[name]) - plain_fin) + _median(py[name])
@@ -147,8 +164,8 @@ def components(model, configs, rounds, reps):
 
 
 def grammar_walk(model, cfg, prompt, out, T, lazy, params, start=40):
-    """The grammar's Python work per window (masks or lazy checks, then commit), over real and new states:
-    consecutive windows of T rows along the output (a state's mask is never asked for twice)."""
+    """The grammar's Python work per window (masks or lazy checks and their re-finishes, then commit), over real
+    and new states: consecutive windows of T rows along the output (a state's mask is never asked for twice)."""
     from strata_py.steering import Steering
 
     s = model.session(n_ctx=1024, max_window=16)
@@ -165,10 +182,12 @@ def grammar_walk(model, cfg, prompt, out, T, lazy, params, start=40):
     while pos + T < len(out):
         inputs = out[pos:pos + T]
         pos0 = s.position
-        free = core.run_sample(np.asarray(inputs, dtype=np.int32), params, None).tolist()  # the forward: not timed
+        # the forward and the unmasked (traced) finish: not timed
+        free, cands, complete = core.run_sample_traced(np.asarray(inputs, dtype=np.int32), params,
+                                                       speculative.LAZY_CAP)
         t0 = time.perf_counter()
         if lazy:
-            g.fix_greedy(inputs, pos0, free, lambda i, mk: core.sample_row(params, i, mk))
+            g.fix_rows(inputs, pos0, free, cands, complete, lambda i, mk: core.sample_row(params, i, mk), core.repick)
         else:
             g.window_masks(inputs, pos0)
         g.commit(T)
@@ -176,7 +195,8 @@ def grammar_walk(model, cfg, prompt, out, T, lazy, params, start=40):
         core.commit(T)
         pos += T
     if lazy:
-        print(f"  lazy walk T={T}: {g.refused} of {g.checked} rows refused by the grammar (full mask + re-finish)")
+        print(f"  lazy walk T={T} ({'sampled' if params.temperature > 0 else 'greedy'}): {g.checked} rows, "
+              f"{g.validated} candidates validated, {g.repicked} repicked, {g.full} full masks + re-finish")
     return times
 
 
@@ -195,13 +215,32 @@ def end_to_end(model, configs, rounds, n):
     return {name: {"tok_s": _median(v), "tok_s_runs": v, "tokens": len(outs[name])} for name, v in runs.items()}
 
 
+def sampled_json(model, rounds, n):
+    """End to end, sampled (SAMPLED), plain decode (T = 1) on the JSON prompt: no schema, the schema with lazy
+    masks (the default), the schema with full masks; rounds alternate. The two schema runs must be identical."""
+    ids = model.tokenizer.encode(JSON_PROMPT)
+    runs = {"plain": [], "json_lazy": [], "json_full": []}
+    outs = {}
+    for _ in range(rounds):
+        for name in runs:
+            speculative.LAZY_MASKS = name != "json_full"
+            cfg = GenerationConfig(max_tokens=n, draft="none", stop_at_eos=False, **SAMPLED,
+                                   json_schema=None if name == "plain" else SCHEMA)
+            st = LoopStats()
+            outs[name] = list(generate_ids(model, ids, cfg, stats=st))
+            runs[name].append(st.as_dict()["decode_tok_s"])
+    speculative.LAZY_MASKS = True
+    res = {name: {"tok_s": _median(v), "tok_s_runs": v, "tokens": len(outs[name])} for name, v in runs.items()}
+    return res, outs["json_lazy"] == outs["json_full"]
+
+
 def suffix_under_schema(model, rounds, n):
     ids = model.tokenizer.encode(JSON_PROMPT)
     res = {}
     outs = {}
     for overlap, lazy in ((False, False), (True, False), (False, True)):
         speculative.overlap_masks = (lambda m, o=overlap: o)
-        speculative.LAZY_GREEDY_MASKS = lazy
+        speculative.LAZY_MASKS = lazy
         runs = {"none": [], "suffix": []}
         for _ in range(rounds):
             for draft in runs:
@@ -215,7 +254,7 @@ def suffix_under_schema(model, rounds, n):
                 "draft": draft, "overlap": overlap, "lazy": lazy, "tok_s": _median([d["decode_tok_s"] for d in v]),
                 "tok_s_runs": [d["decode_tok_s"] for d in v], "tokens": v[-1]["generated_tokens"],
                 "acceptance": v[-1]["acceptance"], "e_keep": v[-1]["e_keep"], "stop": v[-1]["stop"]}
-    speculative.LAZY_GREEDY_MASKS = True
+    speculative.LAZY_MASKS = True
     plain = outs[(False, False, "none")]
     identical = all(o == plain for o in outs.values())
     return res, identical, model.tokenizer.decode(plain, skip_special=True)
@@ -241,7 +280,9 @@ def main(argv=None) -> int:
     list(generate_ids(model, model.tokenizer.encode("warm up"), GenerationConfig(max_tokens=8)))
     load0 = os.getloadavg()
     comp = components(model, configs, a.rounds, a.reps)
+    comp.update(components(model, configs, a.rounds, a.reps, sampled=True))
     e2e = end_to_end(model, configs, a.rounds, a.max_tokens)
+    e2e_s, identical_s = sampled_json(model, a.rounds, a.max_tokens)
     spec, identical, sample_text = suffix_under_schema(model, a.rounds, a.max_tokens)
     load1 = os.getloadavg()
 
@@ -265,6 +306,12 @@ def main(argv=None) -> int:
         ref = e2e["plain_json_prompt" if name == "json" else "plain"]["tok_s"]  # the same prompt without steering
         t.add_row(name, f"{r['tok_s']:.0f}", f"{r['tok_s'] / ref:.3f}")
     con.print(t)
+    t = Table(title=f"end to end, sampled ({SAMPLED}), plain decode (T = 1) on the JSON prompt, {a.max_tokens} tokens")
+    for c in ("run", "tok/s", "vs plain"):
+        t.add_column(c)
+    for name, r in e2e_s.items():
+        t.add_row(name, f"{r['tok_s']:.0f}", f"{r['tok_s'] / e2e_s['plain']['tok_s']:.3f}")
+    con.print(t)
     t = Table(title="suffix drafting under the JSON schema (repetitive records)")
     for c in ("draft", "masks", "tok/s", "speedup", "accept", "E[keep]", "stop"):
         t.add_column(c)
@@ -272,18 +319,19 @@ def main(argv=None) -> int:
         return f"none/overlap={r['overlap']}/lazy={r['lazy']}"
 
     for r in spec.values():
-        how = "lazy (greedy checks)" if r["lazy"] else "full, during forward" if r["overlap"] else "full, before forward"
+        how = "lazy (checks)" if r["lazy"] else "full, during forward" if r["overlap"] else "full, before forward"
         t.add_row(r["draft"], how, f"{r['tok_s']:.0f}",
                   f"{r['tok_s'] / spec[base_key(r)]['tok_s']:.2f}x",
                   f"{r['acceptance']:.2f}", f"{r['e_keep']:.2f}", r["stop"])
     con.print(t)
-    print(f"outputs identical: {identical}; 10k-phrase automaton: {auto10k.n_patterns} patterns, "
+    identical = identical and identical_s
+    print(f"outputs identical (suffix runs; sampled lazy vs full: {identical_s}): {identical}; 10k-phrase automaton: {auto10k.n_patterns} patterns, "
           f"{auto10k.n_nodes} nodes, built in {t_build:.2f} s; load average {load0[0]:.2f} -> {load1[0]:.2f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"model": str(model.path), "threads": model.threads, "rounds": a.rounds, "reps": a.reps,
                        "max_tokens": a.max_tokens, "machine": platform.platform(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-                       "loadavg": [load0, load1], "components": comp, "end_to_end": e2e, "suffix_under_schema": spec,
+                       "loadavg": [load0, load1], "components": comp, "end_to_end": e2e, "sampled_json": e2e_s, "suffix_under_schema": spec,
                        "identical": identical, "automaton_10k": {"patterns": auto10k.n_patterns,
                                                                  "nodes": auto10k.n_nodes, "build_s": t_build},
                        "sample_output": sample_text[:400]}, f, indent=1)

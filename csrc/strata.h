@@ -154,8 +154,15 @@ class Session {
   // Steering (sampling/processor.h): with masks ([logits_rows()][mask_words] or null), each output row also
   // gets the row's token mask; the session's steering processors apply to every row.
   std::vector<int32_t> sample(const SamplingParams& p, const uint32_t* masks, int64_t mask_words) const;
-  // One row of the last run finished again with this token mask (lazy grammar checks for greedy decoding).
+  // One row of the last run finished again with this token mask (lazy grammar masks: a row that needs its full mask).
   int32_t sample_row(const SamplingParams& p, int row, const uint32_t* mask, int64_t mask_words) const;
+  // Lazy grammar masks (python/strata_py/steering/grammar.py): sample(p) without masks, also recording per row
+  // what its choice depends on under a mask (sampler.h PickTrace, at most `cap` candidates), for repick().
+  std::vector<int32_t> sample_traced(const SamplingParams& p, int32_t cap);
+  const std::vector<PickTrace>& traces() const { return traces_; }
+  // Row `row` of the last sample_traced finished under a mask that allows exactly its trace's candidates j with
+  // allowed[j] (a kComplete trace whose best token is allowed): the token sample() would give with that mask.
+  int32_t repick(int row, const uint8_t* allowed, int64_t n) const;
   // The processors of the generation whose first output token is at position `origin` (null: none);
   // their committed state is rebuilt from the committed tokens [origin, position).
   void set_steering(std::shared_ptr<const Steering> steer, int64_t origin);
@@ -203,6 +210,7 @@ class Session {
   bool last_last_only_ = false;
   int64_t last_rows_ = 0;
   std::vector<int32_t> last_tokens_;
+  std::vector<PickTrace> traces_;  // of the last window's sample_traced (cleared by run)
   std::vector<float> logits_, hidden_;
   int64_t pend_first_ = 0, pend_n_ = 0;  // pending lazy fold: saved rows [first, first+n)
   double fold_s_ = 0;

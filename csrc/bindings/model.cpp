@@ -43,6 +43,24 @@ struct MaskRows {
   const uint32_t* ptr = nullptr;
   int64_t words = 0;
 };
+// (out, cands, complete) of a traced finish (Session::sample_traced), as Python lists.
+static nb::tuple traced_rows(const Session& s, const std::vector<int32_t>& out) {
+  nb::list o, cands, complete;
+  for (size_t i = 0; i < out.size(); i++) {
+    const PickTrace& tr = s.traces()[i];
+    o.append(out[i]);
+    if (tr.kind == PickTrace::kOver) {
+      cands.append(nb::none());
+    } else {
+      nb::list ids;
+      for (int32_t t : tr.ids) ids.append(t);
+      cands.append(ids);
+    }
+    complete.append(tr.kind == PickTrace::kComplete);
+  }
+  return nb::make_tuple(o, cands, complete);
+}
+
 static MaskRows mask_rows(nb::handle masks, int64_t rows, int64_t V) {
   MaskRows r;
   if (masks.is_none()) return r;
@@ -558,6 +576,42 @@ void init_model(nb::module_& m) {
           nb::arg("tokens"), nb::arg("params"), nb::arg("masks").none() = nb::none(),
           "run(tokens) then sample(params, masks); returns the chosen token per row. masks: None, uint32\n"
           "[T, ceil(n_vocab / 32)], or a callable returning them (computed while the forward runs).")
+      .def(
+          "run_sample_traced",
+          [](Session& s, I32 tokens, const SamplingParams& p, int cap) {
+            // lazy grammar masks: run + an unmasked finish that records each row's candidates (sampler.h PickTrace)
+            std::vector<int32_t> out;
+            {
+              nb::gil_scoped_release rel;
+              s.run(tokens.data(), (int)tokens.shape(0), false);
+              out = s.sample_traced(p, cap);
+            }
+            return traced_rows(s, out);
+          },
+          nb::arg("tokens"), nb::arg("params"), nb::arg("cap"),
+          "run(tokens), then finish every row without masks: (out, cands, complete), lists per row. cands[i]:\n"
+          "the row's candidates in the sampler's order (cands[i][0] its best token), or None when there are more\n"
+          "than cap; complete[i]: any mask allowing cands[i][0] gives repick(i, its bits of cands[i]); otherwise\n"
+          "the row's choice stands under a mask allowing all of cands[i], and needs its full mask if not.")
+      .def(
+          "sample_traced",
+          [](Session& s, const SamplingParams& p, int cap) {
+            std::vector<int32_t> out;
+            {
+              nb::gil_scoped_release rel;
+              out = s.sample_traced(p, cap);
+            }
+            return traced_rows(s, out);
+          },
+          nb::arg("params"), nb::arg("cap"), "The finish of run_sample_traced, for the last run.")
+      .def(
+          "repick",
+          [](const Session& s, int row, nb::bytes allowed) {
+            return s.repick(row, reinterpret_cast<const uint8_t*>(allowed.c_str()), (int64_t)allowed.size());
+          },
+          nb::arg("row"), nb::arg("allowed"),
+          "Row `row` of the last traced finish under a mask allowing cands[row][j] where allowed[j] != 0 (bytes;\n"
+          "complete rows, allowed[0] set): the token sample() gives with such a mask.")
       .def(
           "sample_row",
           [](const Session& s, const SamplingParams& p, int row, nb::object mask) {

@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstring>
 #include <sstream>
@@ -105,6 +106,25 @@ void init_sampling(nb::module_& m) {
       },
       "logits"_a, "params"_a, "pos"_a,
       "Token for absolute position pos from processed logits [V] (the input is not modified).");
+
+  m.def(
+      "pick_traced",
+      [](In<float, nb::ndim<1>> logits, const SamplingParams& p, int64_t pos, int32_t cap, nb::object allowed) {
+        const size_t V = logits.shape(0);
+        std::vector<float> row(logits.data(), logits.data() + V);
+        strata::PickTrace tr;
+        const int32_t t = strata::pick_token(row.data(), (int64_t)V, p, pos, &tr, cap);
+        nb::object re = nb::none();
+        if (!allowed.is_none()) {
+          const nb::bytes b = nb::cast<nb::bytes>(allowed);
+          re = nb::int_(strata::repick(tr, reinterpret_cast<const uint8_t*>(b.c_str()), (int64_t)b.size()));
+        }
+        return nb::make_tuple(t, (int)tr.kind, tr.ids, re);
+      },
+      "logits"_a, "params"_a, "pos"_a, "cap"_a, "allowed"_a.none() = nb::none(),
+      "pick_token with its trace (sampler.h PickTrace): (token, kind, candidate ids, repick or None). kind: 0 =\n"
+      "more than cap candidates, 1 = check (stands if all allowed), 2 = complete; allowed (bytes, one per\n"
+      "candidate): the repick under a mask allowing exactly those.");
 
   m.def(
       "sample_rows",

@@ -13,6 +13,10 @@
 //      (prob >= min_p * max prob, since the max has w = 1).
 //   5. Inverse CDF: u = uniform_at(seed, pos); walk the kept prefix in order, summing w in double;
 //      the first token whose running sum exceeds u * total wins (the last one if rounding runs out).
+// Under a token mask (refused logits = -inf) that allows the best token, m is unchanged, so step 1's first cut
+// (a comparison of (double)s - m with a floor: code steps 1-2) keeps exactly the unmasked candidates that the
+// mask allows, in the same order; steps 3-5 see nothing else. So the masked choice is a function of those
+// candidates' mask bits alone (PickTrace, repick: the same code, `choose`, finishes both).
 #include "sampling/sampler.h"
 
 #include <algorithm>
@@ -51,7 +55,9 @@ inline uint32_t key_of(float s) {
   s += 0.f;
   uint32_t u;
   std::memcpy(&u, &s, 4);
-  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // ascending in s
+  // ascending in s: negative -> ~u, else u | sign bit; without a branch (logits' signs are random: a branch on
+  // them mispredicts about half the time over a whole row)
+  u ^= (uint32_t)((int32_t)u >> 31) | 0x80000000u;
   return ~u;
 }
 inline float s_of(uint32_t key) {
@@ -165,10 +171,82 @@ void apply_penalties(float* logits, int64_t n_vocab, const SamplingParams& p, co
   }
 }
 
-int32_t pick_token(float* logits, int64_t n_vocab, const SamplingParams& p, int64_t pos) {
+namespace {
+
+// Steps 3-5 over the ordered candidates (after top-k); shared by pick_token and repick.
+int32_t choose(const std::vector<Cand>& cand, double md, const SamplingParams& p, int64_t pos) {
+  thread_local std::vector<double> tls_w;
+  std::vector<double>& w = tls_w;
+  // 3. Weights along the order; the tail cut keeps a prefix (exp is monotone).
+  w.clear();
+  for (const Cand& c : cand) {
+    const double x = std::exp((double)s_of(c.key) - md);
+    if (x < kTailCut) break;
+    w.push_back(x);
+  }
+  size_t n = w.size();  // >= 1: the top token has w = exp(0) = 1
+  // 4. top-p over the set after top-k, then min-p.
+  if (p.top_p < 1.f) {
+    double total = 0;
+    for (size_t j = 0; j < n; ++j) total += w[j];
+    const double thr = (double)p.top_p * total;
+    double cum = 0;
+    for (size_t j = 0; j < n; ++j) {
+      cum += w[j];
+      if (cum >= thr) {
+        n = j + 1;
+        break;
+      }
+    }
+  }
+  if (p.min_p > 0.f) {
+    size_t j = 1;
+    while (j < n && w[j] >= (double)p.min_p) ++j;
+    n = j;
+  }
+  // 5. Inverse CDF over the kept prefix.
+  double total = 0;
+  for (size_t j = 0; j < n; ++j) total += w[j];
+  const double target = uniform_at(p.seed, pos) * total;
+  double cum = 0;
+  for (size_t j = 0; j < n; ++j) {
+    cum += w[j];
+    if (cum > target) return cand[j].id;
+  }
+  return cand[n - 1].id;
+}
+
+// The trace of a sampled row (sampler.h PickTrace): complete unless top-k may have cut candidates.
+void record(const std::vector<Cand>& cand, double md, const SamplingParams& p, int32_t cap, PickTrace& tr) {
+  tr.md = md;
+  tr.ids.clear();
+  tr.keys.clear();
+  if (cand.size() > (size_t)std::max(cap, 0)) {
+    tr.kind = PickTrace::kOver;
+    return;
+  }
+  // fewer than top_k candidates: every candidate of the first cut is here (both paths of step 2 agree)
+  tr.kind = p.top_k == 0 || cand.size() < (size_t)p.top_k ? PickTrace::kComplete : PickTrace::kCheck;
+  for (const Cand& c : cand) tr.ids.push_back(c.id);
+  if (tr.kind == PickTrace::kComplete)
+    for (const Cand& c : cand) tr.keys.push_back(c.key);
+}
+
+}  // namespace
+
+int32_t pick_token(float* logits, int64_t n_vocab, const SamplingParams& p, int64_t pos, PickTrace* trace,
+                   int32_t cap) {
   check_row(logits, n_vocab, "pick_token");
   p.validate();
   const int32_t greedy = argmax_or_throw(logits, n_vocab, pos);
+  if (trace) {  // greedy (below: also a +inf maximum): the choice stands under any mask that allows it
+    trace->kind = PickTrace::kCheck;
+    trace->ids.assign(1, greedy);
+    trace->keys.clear();
+    trace->md = 0;
+    trace->pos = pos;
+    trace->p = p;
+  }
   if (p.temperature == 0.f) return greedy;
 
   const float T = p.temperature;
@@ -183,9 +261,7 @@ int32_t pick_token(float* logits, int64_t n_vocab, const SamplingParams& p, int6
   if (p.top_p >= 1.f && p.min_p > 0.f) floor_log = std::max(floor_log, std::log((double)p.min_p) - 1e-6);
   constexpr size_t kSmall = 2048;
   thread_local std::vector<Cand> tls_cand;
-  thread_local std::vector<double> tls_w;
   std::vector<Cand>& cand = tls_cand;
-  std::vector<double>& w = tls_w;
   cand.clear();
   if (p.top_k > 0 && (size_t)p.top_k <= kSmall) {
     // 2a. A small top-k: keep the best k seen so far in a heap whose front is the worst of them.
@@ -225,43 +301,22 @@ int32_t pick_token(float* logits, int64_t n_vocab, const SamplingParams& p, int6
     else radix_sort(cand);
     if (p.top_k > 0 && (size_t)p.top_k < cand.size()) cand.resize(p.top_k);
   }
-  // 3. Weights along the order; the tail cut keeps a prefix (exp is monotone).
-  w.clear();
-  for (const Cand& c : cand) {
-    const double x = std::exp((double)s_of(c.key) - md);
-    if (x < kTailCut) break;
-    w.push_back(x);
-  }
-  size_t n = w.size();  // >= 1: the top token has w = exp(0) = 1
-  // 4. top-p over the set after top-k, then min-p.
-  if (p.top_p < 1.f) {
-    double total = 0;
-    for (size_t j = 0; j < n; ++j) total += w[j];
-    const double thr = (double)p.top_p * total;
-    double cum = 0;
-    for (size_t j = 0; j < n; ++j) {
-      cum += w[j];
-      if (cum >= thr) {
-        n = j + 1;
-        break;
-      }
-    }
-  }
-  if (p.min_p > 0.f) {
-    size_t j = 1;
-    while (j < n && w[j] >= (double)p.min_p) ++j;
-    n = j;
-  }
-  // 5. Inverse CDF over the kept prefix.
-  double total = 0;
-  for (size_t j = 0; j < n; ++j) total += w[j];
-  const double target = uniform_at(p.seed, pos) * total;
-  double cum = 0;
-  for (size_t j = 0; j < n; ++j) {
-    cum += w[j];
-    if (cum > target) return cand[j].id;
-  }
-  return cand[n - 1].id;
+  if (trace) record(cand, md, p, cap, *trace);
+  return choose(cand, md, p, pos);
+}
+
+int32_t repick(const PickTrace& tr, const uint8_t* allowed, int64_t n) {
+  STRATA_CHECK(tr.kind == PickTrace::kComplete, "repick: the row's trace is not complete (kind ", (int)tr.kind, ")");
+  STRATA_CHECK(n == (int64_t)tr.ids.size() && allowed != nullptr, "repick: ", n, " allowed flags for ", tr.ids.size(),
+               " candidates");
+  STRATA_CHECK(allowed[0], "repick: the mask refuses the row's best token ", tr.ids[0], " (it needs its full mask)");
+  // The masked row's candidates: the allowed ones, in the same order (a mask only removes candidates).
+  thread_local std::vector<Cand> cand;
+  cand.clear();
+  for (int64_t j = 0; j < n; j++)
+    if (allowed[j]) cand.push_back({tr.keys[j], tr.ids[j]});
+  if (tr.p.top_k > 0 && (size_t)tr.p.top_k < cand.size()) cand.resize(tr.p.top_k);
+  return choose(cand, tr.md, tr.p, tr.pos);
 }
 
 void row_history(const int32_t* committed, int64_t n_committed, const int32_t* inputs, int row, int32_t last_n,

@@ -35,9 +35,38 @@ void apply_penalties(float* logits, int64_t n_vocab, const SamplingParams& p, co
 // Lowest id among the largest non-NaN logits; -1 if every logit is NaN or -inf.
 int32_t argmax(const float* logits, int64_t n_vocab);
 
+// What one row's choice depends on under a token mask (lazy grammar masks, python/strata_py/steering/grammar.py).
+// For any mask that allows ids[0] (the first in the sampler's order: a token of the largest scaled logit; the
+// argmax when greedy), the masked row has the same maximum scaled logit, so the same
+// first cut (sampler.cpp step 1, a comparison with the maximum in log space), and its candidate order is the
+// unmasked one restricted to the allowed tokens. Hence, in order of kind:
+//   kComplete: ids are every candidate of that cut (top-k did not truncate them): the masked choice is
+//              repick(trace, allowed bits of ids), computed by the same code as pick_token's.
+//   kCheck:    ids are the candidates after top-k (or the greedy choice): if the mask allows all of them,
+//              the masked candidates after top-k are these, so the choice is unchanged; otherwise the row
+//              needs its full mask.
+//   kOver:     more than `cap` candidates (ids is empty): the row needs its full mask.
+// A mask that refuses ids[0] may change the maximum: the row needs its full mask, whatever the kind.
+struct PickTrace {
+  enum Kind : int8_t { kOver = 0, kCheck = 1, kComplete = 2 };
+  Kind kind = kOver;
+  std::vector<int32_t> ids;  // the candidates in the sampler's order (scaled logit descending, lower id first)
+                             // or, greedy, the argmax
+  std::vector<uint32_t> keys;  // their order keys (kComplete only; the scaled logit, order-reversed)
+  double md = 0;             // the row's maximum scaled logit
+  int64_t pos = 0;
+  SamplingParams p;
+};
+
 // Pick a token from processed logits (modified in place): greedy if temperature == 0, else
 // temperature -> top-k -> top-p -> min-p -> softmax -> inverse-CDF with uniform_at(seed, pos).
-int32_t pick_token(float* logits, int64_t n_vocab, const SamplingParams& p, int64_t pos);
+// trace (or null): records what the choice depends on (see PickTrace), at most `cap` candidates.
+int32_t pick_token(float* logits, int64_t n_vocab, const SamplingParams& p, int64_t pos, PickTrace* trace = nullptr,
+                   int32_t cap = 0);
+
+// The choice of a kComplete trace's row under a mask that allows exactly the ids[j] with allowed[j] != 0
+// (allowed[0] must be set): equal to pick_token on that masked row.
+int32_t repick(const PickTrace& trace, const uint8_t* allowed, int64_t n);
 
 // The penalty history of window row `row`: the last last_n tokens of committed ++ inputs[0..row].
 void row_history(const int32_t* committed, int64_t n_committed, const int32_t* inputs, int row, int32_t last_n,

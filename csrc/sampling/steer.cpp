@@ -158,11 +158,19 @@ void steer_rows(const float* logits, int T, int64_t n_vocab, const SamplingParam
     const PhraseState* st = sr.states ? sr.states + i : nullptr;
     const float* stat = st && sr.steer && sr.steer->phrases ? sr.steer->phrases->static_penalties(st->boundary) : nullptr;
     row_edits(sr.steer, st, stat, edits);
+    PickTrace* trace = sr.traces ? sr.traces + i : nullptr;
     if (!pen && !dry && p.temperature == 0.f) {
       int32_t t = greedy_in_place(src, n_vocab, mask, stat, edits, false);
       if (t < 0) t = greedy_in_place(src, n_vocab, mask, stat, edits, true);
       if (t < 0) nothing_allowed(pos, n_vocab, mask != nullptr);
       out[i] = t;
+      if (trace) {  // the argmax stands under any mask that allows it
+        trace->kind = PickTrace::kCheck;
+        trace->ids.assign(1, t);
+        trace->keys.clear();
+        trace->pos = pos;
+        trace->p = p;
+      }
       continue;
     }
     row.resize((size_t)n_vocab);
@@ -173,7 +181,7 @@ void steer_rows(const float* logits, int T, int64_t n_vocab, const SamplingParam
       edit_copy(src, row.data(), n_vocab, p, stat, edits, mask, hist, dry, dry_hist, true);
       if (argmax(row.data(), n_vocab) < 0) nothing_allowed(pos, n_vocab, mask != nullptr);
     }
-    out[i] = pick_token(row.data(), n_vocab, p, pos);
+    out[i] = pick_token(row.data(), n_vocab, p, pos, trace, sr.trace_cap);
   }
 }
 

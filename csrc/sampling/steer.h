@@ -12,6 +12,8 @@ struct SteerRows {
   const Steering* steer = nullptr;      // null: masks only
   const PhraseState* states = nullptr;  // [T] each row's phrase state (after its input); null if none
   const uint32_t* masks = nullptr;      // [T][mask_words(n_vocab)] or null
+  PickTrace* traces = nullptr;          // [T] or null: what each row's choice depends on (sampler.h)
+  int32_t trace_cap = 0;                // at most this many candidates per trace
 };
 
 // Like sample_rows: out[i] for row i at position pos0 + i + 1, penalty history committed ++ inputs[0..i].

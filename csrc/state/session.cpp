@@ -70,6 +70,7 @@ const float* Session::run(const int32_t* tokens, int T, bool last_only) {
                            " rows first");
   if (!broken_.empty()) fail<std::logic_error>("run(): refused: ", broken_);
   STRATA_CHECK(T >= 1, "run(): empty window (T = 0)");
+  traces_.clear();
   for (int i = 0; i < T; i++)
     STRATA_CHECK(tokens[i] >= 0 && tokens[i] < hp.n_vocab, "run(): token id ", tokens[i], " at row ", i,
                  " is outside the vocabulary [0, ", hp.n_vocab, ")");
@@ -170,6 +171,31 @@ int32_t Session::sample_row(const SamplingParams& p, int row, const uint32_t* ma
   steer_rows(logits_.data() + (size_t)row * V, 1, V, p, sr, hist.data(), (int64_t)hist.size(),
              last_tokens_.data() + row, pos_ + row, &out);
   return out;
+}
+
+std::vector<int32_t> Session::sample_traced(const SamplingParams& p, int32_t cap) {
+  if (last_T_ == 0) fail<std::logic_error>("sample_traced(): no window to finish (call run first)");
+  if (last_last_only_) fail<std::logic_error>("sample_traced(): the last run kept only the last row's logits");
+  p.validate();
+  STRATA_CHECK(cap >= 1, "sample_traced(): cap must be >= 1, got ", cap);
+  std::vector<PhraseState> st(last_T_);
+  PhraseState cur = steer_state_;
+  for (int i = 0; i < last_T_; i++) {  // as in sample()
+    if (steer_ && pos_ + i >= steer_origin_) cur = steer_->step(cur, last_tokens_[i]);
+    st[i] = cur;
+  }
+  traces_.resize(last_T_);
+  SteerRows sr{steer_.get(), steer_ ? st.data() : nullptr, nullptr, traces_.data(), cap};
+  std::vector<int32_t> out(last_T_);
+  steer_rows(logits_.data(), last_T_, model_->hp().n_vocab, p, sr, tokens_.data(), (int64_t)tokens_.size(),
+             last_tokens_.data(), pos_, out.data());
+  return out;
+}
+
+int32_t Session::repick(int row, const uint8_t* allowed, int64_t n) const {
+  STRATA_CHECK(last_T_ > 0 && (int)traces_.size() == last_T_, "repick(): no traced window (call sample_traced first)");
+  STRATA_CHECK(row >= 0 && row < last_T_, "repick(): row ", row, " outside 0..", last_T_ - 1);
+  return strata::repick(traces_[row], allowed, n);
 }
 
 void Session::commit(int keep) {

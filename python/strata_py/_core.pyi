@@ -164,6 +164,13 @@ def pick_token(logits: Annotated[NDArray[numpy.float32], dict(shape=(None,), ord
     Token for absolute position pos from processed logits [V] (the input is not modified).
     """
 
+def pick_traced(logits: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], params: SamplingParams, pos: int, cap: int, allowed: object | None = None) -> tuple:
+    """
+    pick_token with its trace (sampler.h PickTrace): (token, kind, candidate ids, repick or None). kind: 0 =
+    more than cap candidates, 1 = check (stands if all allowed), 2 = complete; allowed (bytes, one per
+    candidate): the repick under a mask allowing exactly those.
+    """
+
 def sample_rows(logits: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], params: SamplingParams, committed: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], inputs: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], pos0: int) -> Annotated[NDArray[numpy.int32], dict(shape=(None,))]:
     """
     Window finish: int32 [T]; row i predicts position pos0+i+1 with penalty history committed ++ inputs[:i+1]. logits [T, V] float32 is not modified.
@@ -299,6 +306,23 @@ class Session:
         """
         run(tokens) then sample(params, masks); returns the chosen token per row. masks: None, uint32
         [T, ceil(n_vocab / 32)], or a callable returning them (computed while the forward runs).
+        """
+
+    def run_sample_traced(self, tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], params: SamplingParams, cap: int) -> tuple:
+        """
+        run(tokens), then finish every row without masks: (out, cands, complete), lists per row. cands[i]:
+        the row's candidates in the sampler's order (cands[i][0] its best token), or None when there are more
+        than cap; complete[i]: any mask allowing cands[i][0] gives repick(i, its bits of cands[i]); otherwise
+        the row's choice stands under a mask allowing all of cands[i], and needs its full mask if not.
+        """
+
+    def sample_traced(self, params: SamplingParams, cap: int) -> tuple:
+        """The finish of run_sample_traced, for the last run."""
+
+    def repick(self, row: int, allowed: bytes) -> int:
+        """
+        Row `row` of the last traced finish under a mask allowing cands[row][j] where allowed[j] != 0 (bytes;
+        complete rows, allowed[0] set): the token sample() gives with such a mask.
         """
 
     def sample_row(self, params: SamplingParams, row: int, mask: object) -> int:

@@ -100,10 +100,13 @@ def prefill(session, ids: Sequence[int], chunk: int = 512) -> None:
         session.commit(len(part))
 
 
-# Greedy decoding under a grammar checks each row's unconstrained choice and computes a full mask only where
-# the grammar refuses it (same tokens as always masking: GrammarMatcher.fix_greedy). A module constant, not an
-# option: the benches and tests turn it off to compare the two.
-LAZY_GREEDY_MASKS = True
+# Decoding under a grammar finishes each row without a mask, then checks the row's candidates with the grammar
+# and computes a full mask only for a row that needs it (same tokens as always masking: GrammarMatcher.fix_rows).
+# A module constant, not an option: the benches and tests turn it off to compare the two.
+LAZY_MASKS = True
+# A sampled row with more candidates than this (sampler.h PickTrace; e.g. min-p 0 and no top-k) takes its full
+# mask: checking them one by one would cost more.
+LAZY_CAP = 16
 
 
 def overlap_masks(model) -> bool:
@@ -148,7 +151,7 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
             stats.stop = "stop"
             return
     overlap = steer.grammar is not None and overlap_masks(session.model)
-    lazy = cfg.temperature == 0 and LAZY_GREEDY_MASKS  # greedy: full masks only for rows the grammar refuses
+    lazy = LAZY_MASKS  # full masks only for rows whose candidates the grammar refuses (fix_rows)
     # ---
     context = list(session.tokens) + [root]
     while stats.generated < cfg.max_tokens:
@@ -164,10 +167,10 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
                 drafts = list(proposer.propose(context, want))[:want]
         inputs = [root] + drafts
         t0 = time.perf_counter()
-        if steer.grammar is not None and lazy:  # greedy: check each row's choice, mask only where refused
-            out = core.run_sample(np.asarray(inputs, dtype=np.int32), params, None).tolist()
-            out = steer.grammar.fix_greedy(inputs, session.position, out,
-                                           lambda i, mask: core.sample_row(params, i, mask))
+        if steer.grammar is not None and lazy:  # check each row's candidates, mask only where needed
+            out, cands, complete = core.run_sample_traced(np.asarray(inputs, dtype=np.int32), params, LAZY_CAP)
+            out = steer.grammar.fix_rows(inputs, session.position, out, cands, complete,
+                                         lambda i, mask: core.sample_row(params, i, mask), core.repick)
         else:
             masks = None
             if steer.grammar is not None:  # computed during the forward (a callable) or before it

@@ -45,10 +45,18 @@ def _lltokenizer(model):
                 self.tokens = [tok.token_bytes(i) for i in range(tok.n_vocab)]
                 self.special_token_ids = [i for i in range(tok.n_vocab) if tok.is_control(i)]
 
+                self.memo: dict = {}
+
             def __call__(self, text):
-                if isinstance(text, bytes):
-                    text = text.decode("utf-8", errors="replace")
-                return tok.encode(text)
+                # llguidance tokenizes the bytes a grammar forces (a JSON key and its separator: the same few
+                # strings again and again) for every mask there: remembered, as encoding is a pure function
+                ids = self.memo.get(text)
+                if ids is None:
+                    if len(self.memo) >= 4096:
+                        self.memo.clear()
+                    raw = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
+                    ids = self.memo[text] = tok.encode(raw)
+                return ids
 
         lt = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Wrapped()), n_vocab=model.n_vocab,
                                     eos_token=sorted(tok.eog_ids) or [0])
@@ -97,7 +105,12 @@ class GrammarMatcher:
         self._window = 0                 # tokens consumed by the pending window
         self._took: list[bool] = []      # per row of the pending window: its input went into the matcher
         self.origin = 0
-        self.checked = self.refused = 0  # fix_greedy: rows checked, rows whose free choice the grammar refused
+        # fix_rows: rows checked, candidates validated, full masks computed, rows finished again from their trace /
+        # under their full mask
+        self.checked = self.validated = self.masks = self.repicked = self.full = 0
+        self._row = np.empty(self.words, dtype=np.uint32)
+        self._vetted = None         # (position, token): the next window's row 0 input, chosen under the grammar
+        self._pending_out = None    # fix_rows: (the window's fixed choices, rows walked)
         # once the grammar is complete and an end-of-generation token was consumed, the matcher is stopped:
         # from then on only end-of-generation tokens are allowed, and they change nothing
         self._eog = frozenset(model.tokenizer.eog_ids)
@@ -111,6 +124,8 @@ class GrammarMatcher:
         want = list(tokens[origin:]) if origin < len(tokens) else []
         self.origin = origin
         self._window = 0
+        self._vetted = None
+        self._pending_out = None
         if want == self._consumed:
             return
         m = self.matcher
@@ -158,45 +173,91 @@ class GrammarMatcher:
         self._took = took
         self._pending_inputs = [int(x) for x in inputs[:T]]
         self._pending_pos0 = pos0
+        self._pending_out = None
         return buf
 
-    def fix_greedy(self, inputs: Sequence[int], pos0: int, out: list[int], refinish) -> list[int]:
-        """Greedy decoding without full masks: out[i] (the row's choice over every token) stands when the
-        grammar allows it, since the argmax over all tokens is then the argmax over the allowed ones (ties
-        and bans included); otherwise refinish(i, mask) finishes row i again under its mask. Walks the rows
-        the acceptance walk can reach (until a row's choice differs from the next input), consuming inputs
-        as window_masks does; commit(keep) is the same."""
+    def fix_rows(self, inputs: Sequence[int], pos0: int, out: list[int], cands: list, complete: list[bool],
+                 refinish, repick) -> list[int]:
+        """Lazy masks, greedy and sampled: out[i] is row i finished without a mask, cands[i] and complete[i] its
+        trace (Session.run_sample_traced; csrc/sampling/sampler.h PickTrace). Under the row's mask:
+          1. if the grammar refuses cands[i][0] (the row's best token) or cands[i] is None (too many
+             candidates), the row needs its full mask: out[i] = refinish(i, mask);
+          2. else if it allows every candidate, out[i] stands (the masked row keeps the same candidates);
+          3. else a complete trace gives the masked choice from the candidates' bits alone:
+             out[i] = repick(i, bits); an incomplete one (top-k cut them) needs the full mask.
+        The grammar's bit of a token is validate_tokens([t]) except where the grammar forces bytes: there
+        llguidance's mask holds only tokens of their canonical tokenization (it refuses '"' where '": ' is
+        forced, which validate_tokens accepts): the first forced token alone when the forced bytes make one
+        (compute_ff_tokens), else the row's full mask gives the bits. Without forced bytes the mask is exactly
+        the tokens validate_tokens accepts (compute_mask: the token trie walked from the empty prefix, plus
+        end-of-generation when accepting). tests/test_lazy_masks.py checks both on every token of real states.
+        Greedy rows have cands[i] = [out[i]].
+        Walks the rows the acceptance walk can reach (until a row's choice differs from the next input),
+        consuming inputs as window_masks does; commit(keep) is the same.
+        Inputs are not validated again where that is proven: row i > 0's input is row i - 1's checked choice,
+        and row 0's is the last window's kept choice (self._vetted)."""
         T = len(inputs)
         m = self.matcher
+        eog = self._eog
         n = 0
         took = [False] * T
-        row = np.empty(self.words, dtype=np.uint32)
+        vetted = self._vetted == (pos0, int(inputs[0]))
+        walked = 0
         for i in range(T):
             t = int(inputs[i])
-            if pos0 + i >= self.origin:
-                if not ((m.is_stopped() and t in self._eog) or m.validate_tokens([t]) == 1):
-                    raise ValueError(f"{self.field}: the window's input {t} at row {i} does not satisfy the grammar")
-                if not (m.is_stopped() and t in self._eog):
-                    if not m.consume_token(t):
-                        raise RuntimeError(f"{self.field}: the grammar matcher refused token {t}: {m.get_error()}")
-                    took[i] = True
-                    n += 1
-            c = out[i]
+            if pos0 + i >= self.origin and not (m.is_stopped() and t in eog):
+                if i == 0 and not vetted and m.validate_tokens([t]) != 1:
+                    raise ValueError(f"{self.field}: the window's input {t} at row 0 does not satisfy the grammar")
+                if not m.consume_token(t):
+                    raise RuntimeError(f"{self.field}: the grammar matcher refused token {t}: {m.get_error()}")
+                took[i] = True
+                n += 1
+            walked = i + 1
             self.checked += 1
-            if m.is_stopped():
-                if c not in self._eog:
-                    out[i] = refinish(i, self._eog_mask)
-            elif m.validate_tokens([c]) != 1:
-                self.refused += 1
-                m.unsafe_compute_mask_ptr(row.ctypes.data, self.words * 4)
-                out[i] = refinish(i, row)
+            ids = cands[i]
+            bits = None if ids is None else self._bits(ids, complete[i])
+            if bits is not None and bits[0] and not all(bits) and complete[i]:
+                self.repicked += 1
+                out[i] = repick(i, bytes(bits))
+            elif bits is None or not all(bits):  # the best token refused, or the trace cannot decide
+                self.full += 1
+                out[i] = refinish(i, self._mask())
             if i + 1 >= T or out[i] != int(inputs[i + 1]):
                 break
         self._window = n
         self._took = took
         self._pending_inputs = [int(x) for x in inputs[:T]]
         self._pending_pos0 = pos0
+        self._pending_out = (out, walked)
         return out
+
+    def _bits(self, ids: list[int], complete: bool) -> list[bool]:
+        """The current state's mask bits of ids (up to the first refused one when the trace is incomplete; only
+        the first when it is refused, as nothing else matters then)."""
+        m = self.matcher
+        if m.is_stopped():
+            return [x in self._eog for x in ids]
+        if m.compute_ff_bytes():  # forced bytes: llguidance's mask is their canonical tokenization's
+            ff = m.compute_ff_tokens()
+            if ff:  # ... first token alone (compute_mask: "forcing ff_token by mask")
+                return [x == ff[0] for x in ids]
+            mask = self._mask()
+            return [(int(mask[x >> 5]) >> (x & 31)) & 1 == 1 for x in ids]
+        bits = []
+        for x in ids:
+            bits.append(m.validate_tokens([x]) == 1)
+            if not bits[-1] and (len(bits) == 1 or not complete):
+                break
+        self.validated += len(bits)
+        return bits
+
+    def _mask(self) -> np.ndarray:
+        """The current state's full mask (a buffer reused by every row)."""
+        if self.matcher.is_stopped():
+            return self._eog_mask
+        self.masks += 1
+        self.matcher.unsafe_compute_mask_ptr(self._row.ctypes.data, self.words * 4)
+        return self._row
 
     def commit(self, keep: int) -> None:
         """Keep the state after the first `keep` rows of the last window."""
@@ -207,3 +268,6 @@ class GrammarMatcher:
             self.matcher.rollback(self._window - took_kept)
         self._consumed.extend(self._pending_inputs[keep - kept:keep])
         self._window = 0
+        po, self._pending_out = self._pending_out, None
+        # the kept row's choice, checked by fix_rows, is the next window's input at row 0
+        self._vetted = (pos0 + keep, int(po[0][keep - 1])) if po is not None and keep <= po[1] else None
