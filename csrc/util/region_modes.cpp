@@ -88,7 +88,7 @@ void RegionModes::record(uint64_t key, bool serial, double wall_us) {
   if (serial != c.serial) return;  // not run the block's way (the kind's class changed): not measured
   c.wall += std::max(wall_us, 0.0);
   c.ref += ref;
-  if (c.wall < kBlockUs) return;
+  if (c.wall < (c.blocks[m] == 0 ? kBlockUs / 4 : kBlockUs)) return;
   // sums, not a mean of the blocks' ratios: a block cut short by one stalled region weighs its wall, not 1
   const double keep = c.blocks[m] == 0 ? 0 : std::exp(-c.ref / kMemoryUs);
   c.sum_wall[m] = keep * c.sum_wall[m] + c.wall;

@@ -16,7 +16,8 @@
 //      weighted by time, so that a block cut short by one stalled region counts as its time, not as a block.
 //   4. The next block runs the way with the lower score,
 //      or, with probability kTryCost / (gap - 1) within [kTryMin, kTryMax] (gap = higher / lower score), the
-//      other way: trying costs ~kTryCost of the time at any gap. Each way first runs kWarmup blocks.
+//      other way: trying costs ~kTryCost of the time at a small gap, ~gap x kTryMin at a large one. Each way
+//      first runs kWarmup blocks, the first a short one (the warm-up costs a fresh process little).
 //
 // Why blocks and not single regions: with another program on a core, a region's typical (median) wall is the
 // same both ways; what differs is how often a descheduled thread stalls it for a time slice (milliseconds
@@ -33,12 +34,13 @@ class RegionModes {
  public:
   static constexpr int kSlots = 512;           // kinds remembered (direct-mapped by key; a collision re-learns)
   static constexpr int kClasses = 8;           // ref < 4 us, < 16 us, ..., >= 16 ms
-  static constexpr double kBlockUs = 8000;     // a block's regions' walls add up to at least this
-  static constexpr int kWarmup = 2;            // blocks run each way before the scores choose
+  static constexpr double kBlockUs = 8000;     // a block's regions' walls add up to at least this (a
+                                               // class's first block each way: a quarter of it)
+  static constexpr int kWarmup = 1;            // blocks run each way before the scores choose
   static constexpr double kMemoryUs = 131072; // a way's sums decay by exp(-ref / kMemoryUs) at each block
   static constexpr double kRefStep = 0.05;     // a region moves its kind's log ref by this (a moving median)
-  static constexpr double kTryCost = 0.02;
-  static constexpr double kTryMin = 1.0 / 32, kTryMax = 0.25;
+  static constexpr double kTryCost = 0.01;
+  static constexpr double kTryMin = 1.0 / 64, kTryMax = 0.25;
 
   RegionModes();
   // The kind of a region: call site (the job's type), size, alignment and the caller's tag.

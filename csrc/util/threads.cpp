@@ -119,12 +119,8 @@ void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t align, int64_t ta
   std::lock_guard<std::mutex> call(call_mu_);
   const uint64_t kind = adaptive_ ? RegionModes::key(fn.target_type().hash_code(), n, align, tag) : 0;
   const Clock::time_point t0 = adaptive_ ? Clock::now() : Clock::time_point{};
-  if (adaptive_ && modes_.serial(kind)) {  // the same chunks, on the caller
-    for (int64_t c = 0; c < chunks; c++) {
-      int64_t b, e;
-      chunk_bounds(n, chunks, align, c, &b, &e);
-      fn(b, e, 0);  // an exception leaves the region unmeasured
-    }
+  if (adaptive_ && modes_.serial(kind)) {  // on the caller, in one call as a pool of one thread does
+    fn(0, n, 0);  // an exception leaves the region unmeasured
     modes_.record(kind, true, us_since(t0));
     return;
   }
