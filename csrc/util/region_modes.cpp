@@ -90,7 +90,8 @@ void RegionModes::record(uint64_t key, bool serial, double wall_us) {
   c.ref += ref;
   if (c.wall < (c.blocks[m] == 0 ? kBlockUs / 4 : kBlockUs)) return;
   // sums, not a mean of the blocks' ratios: a block cut short by one stalled region weighs its wall, not 1
-  const double keep = c.blocks[m] == 0 ? 0 : std::exp(-c.ref / kMemoryUs);
+  // a tried block replaces half of its way's sums: they are old, from before the way lost its turn
+  const double keep = c.blocks[m] == 0 ? 0 : c.tried ? kTriedKeep : std::exp(-c.ref / kMemoryUs);
   c.sum_wall[m] = keep * c.sum_wall[m] + c.wall;
   c.sum_ref[m] = keep * c.sum_ref[m] + c.ref;
   c.score[m] = c.sum_wall[m] / c.sum_ref[m];

@@ -11,7 +11,7 @@
 //   2. Kinds are grouped in classes by ref (factors of 4: ~1, 4, 16 ... us), and each class decides on its own:
 //      a decode step's small regions and a prompt window's large ones can want different ways.
 //   3. A class runs a block in one way until its regions' walls add up to kBlockUs. A way's score is
-//      sum(wall) / sum(ref) over the regions of its blocks (each older block's sums decayed by 1 - kAlpha):
+//      sum(wall) / sum(ref) over the regions of its blocks (older blocks decayed, see kMemoryUs):
 //      the cost relative to the kinds' typical costs, so that blocks of different kinds compare, and
 //      weighted by time, so that a block cut short by one stalled region counts as its time, not as a block.
 //   4. The next block runs the way with the lower score,
@@ -37,7 +37,8 @@ class RegionModes {
   static constexpr double kBlockUs = 8000;     // a block's regions' walls add up to at least this (a
                                                // class's first block each way: a quarter of it)
   static constexpr int kWarmup = 1;            // blocks run each way before the scores choose
-  static constexpr double kMemoryUs = 131072; // a way's sums decay by exp(-ref / kMemoryUs) at each block
+  static constexpr double kMemoryUs = 131072; // a way's sums decay by exp(-ref / kMemoryUs) at each block,
+  static constexpr double kTriedKeep = 0.5;    // and by this at a tried block (its sums are old)
   static constexpr double kRefStep = 0.05;     // a region moves its kind's log ref by this (a moving median)
   static constexpr double kTryCost = 0.01;
   static constexpr double kTryMin = 1.0 / 64, kTryMax = 0.25;
