@@ -408,11 +408,18 @@ void init_model(nb::module_& m) {
             d["tried"] = s.tried;
             d["kinds"] = s.kinds;
             d["blocks"] = s.blocks;
+            nb::list scores;  // per size class (util/region_modes.h): (parallel, serial), -1 before measured
+            for (int c = 0; c < RegionModes::kClasses; c++) {
+              double par, ser;
+              m.pool().scores(c, &par, &ser);
+              scores.append(nb::make_tuple(par, ser));
+            }
+            d["scores"] = scores;
             return d;
           },
           "The thread pool's adaptive mode (util/region_modes.h): regions run in parallel and on the caller alone,\n"
           "of which in blocks run the way that scored slower (to keep its score current), kinds of region seen, blocks\n"
-          "measured.")
+          "measured, and each size class's scores (parallel, serial; lower is faster, -1 before measured).")
       .def_prop_ro("fingerprint", &Model::fingerprint)
       .def_prop_ro("path", [](const Model& mo) { return mo.file().path(); })
       .def_prop_ro("has_mtp", [](const Model& mo) { return mo.weights().mtp.present; })

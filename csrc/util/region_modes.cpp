@@ -69,7 +69,8 @@ void RegionModes::next_block(Class& c) {
   const bool faster_serial = c.score[1] < c.score[0];
   const double lo = std::min(c.score[0], c.score[1]), hi = std::max(c.score[0], c.score[1]);
   const double gap = lo > 0 ? hi / lo : 1e9;
-  const double p = gap > 1 ? std::clamp(kTryCost / (gap - 1), kTryMin, kTryMax) : kTryMax;
+  // a tried block costs at most its (short) length x (1 - 1/gap), whatever the gap
+  const double p = gap > 1 ? std::clamp(kTryCost / (kShortBlock * (1 - 1 / gap)), kTryMin, kTryMax) : kTryMax;
   c.tried = uniform() < p;
   c.serial = faster_serial != c.tried;
 }
@@ -88,10 +89,13 @@ void RegionModes::record(uint64_t key, bool serial, double wall_us) {
   if (serial != c.serial) return;  // not run the block's way (the kind's class changed): not measured
   c.wall += std::max(wall_us, 0.0);
   c.ref += ref;
-  if (c.wall < (c.blocks[m] == 0 ? kBlockUs / 4 : kBlockUs)) return;
+  if (c.wall < (c.blocks[m] == 0 || c.tried ? kShortBlock * kBlockUs : kBlockUs)) return;
   // sums, not a mean of the blocks' ratios: a block cut short by one stalled region weighs its wall, not 1
-  // a tried block replaces half of its way's sums: they are old, from before the way lost its turn
-  const double keep = c.blocks[m] == 0 ? 0 : c.tried ? kTriedKeep : std::exp(-c.ref / kMemoryUs);
+  // A tried block weighs at least as much as its way's older sums: they date from before the way lost its
+  // turn (e.g. from before the caller moved to a free CPU).
+  const double keep = c.blocks[m] == 0 ? 0
+                      : c.tried       ? std::min(1.0, c.ref / c.sum_ref[m])
+                                      : std::exp(-c.ref / kMemoryUs);
   c.sum_wall[m] = keep * c.sum_wall[m] + c.wall;
   c.sum_ref[m] = keep * c.sum_ref[m] + c.ref;
   c.score[m] = c.sum_wall[m] / c.sum_ref[m];

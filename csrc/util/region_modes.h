@@ -14,10 +14,12 @@
 //      sum(wall) / sum(ref) over the regions of its blocks (older blocks decayed, see kMemoryUs):
 //      the cost relative to the kinds' typical costs, so that blocks of different kinds compare, and
 //      weighted by time, so that a block cut short by one stalled region counts as its time, not as a block.
-//   4. The next block runs the way with the lower score,
-//      or, with probability kTryCost / (gap - 1) within [kTryMin, kTryMax] (gap = higher / lower score), the
-//      other way: trying costs ~kTryCost of the time at a small gap, ~gap x kTryMin at a large one. Each way
-//      first runs kWarmup blocks, the first a short one (the warm-up costs a fresh process little).
+//   4. The next block runs the way with the lower score, or, with a probability within [kTryMin, kTryMax],
+//      the other way for a short block (kShortBlock of the length): a tried block costs at most its length x
+//      (1 - 1 / gap) (gap = higher / lower score), so the probability is set for ~kTryCost of the time. A
+//      tried block weighs at least as much as its way's older sums, which date from before the way lost its
+//      turn. Each way first runs kWarmup blocks, the first a short one (the warm-up costs a fresh process
+//      little).
 //
 // Why blocks and not single regions: with another program on a core, a region's typical (median) wall is the
 // same both ways; what differs is how often a descheduled thread stalls it for a time slice (milliseconds
@@ -34,14 +36,13 @@ class RegionModes {
  public:
   static constexpr int kSlots = 512;           // kinds remembered (direct-mapped by key; a collision re-learns)
   static constexpr int kClasses = 8;           // ref < 4 us, < 16 us, ..., >= 16 ms
-  static constexpr double kBlockUs = 8000;     // a block's regions' walls add up to at least this (a
-                                               // class's first block each way: a quarter of it)
+  static constexpr double kBlockUs = 8000;     // a block's regions' walls add up to at least this,
+  static constexpr double kShortBlock = 0.25;  // a tried block's and a class's first each way: this share
   static constexpr int kWarmup = 1;            // blocks run each way before the scores choose
-  static constexpr double kMemoryUs = 131072; // a way's sums decay by exp(-ref / kMemoryUs) at each block,
-  static constexpr double kTriedKeep = 0.5;    // and by this at a tried block (its sums are old)
+  static constexpr double kMemoryUs = 131072; // a way's sums decay by exp(-ref / kMemoryUs) at each block
   static constexpr double kRefStep = 0.05;     // a region moves its kind's log ref by this (a moving median)
-  static constexpr double kTryCost = 0.01;
-  static constexpr double kTryMin = 1.0 / 64, kTryMax = 0.25;
+  static constexpr double kTryCost = 0.01;     // of the time, spent on tried blocks of the slower way
+  static constexpr double kTryMin = 1.0 / 16, kTryMax = 0.25;  // of the blocks, tried
 
   RegionModes();
   // The kind of a region: call site (the job's type), size, alignment and the caller's tag.

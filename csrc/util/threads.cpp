@@ -108,6 +108,11 @@ RegionModes::Stats ThreadPool::stats() const {
   return modes_.stats();
 }
 
+void ThreadPool::scores(int cls, double* parallel, double* serial) const {
+  std::lock_guard<std::mutex> call(call_mu_);
+  modes_.scores(cls, parallel, serial);
+}
+
 void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t align, int64_t tag) {
   if (n <= 0) return;
   if (align < 1) align = 1;

@@ -60,6 +60,7 @@ class ThreadPool {
   // The adaptive mode's choices (regions run each way, kinds seen); all zero for a fixed pool.
   RegionModes::Stats stats() const;
   RegionModes& modes() { return modes_; }  // tests: what the pool has learnt, and telling it
+  void scores(int cls, double* parallel, double* serial) const;  // RegionModes::scores, under the call lock
 
  private:
   void worker(int idx);
