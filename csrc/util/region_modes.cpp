@@ -70,7 +70,9 @@ void RegionModes::next_block(Class& c) {
   const double lo = std::min(c.score[0], c.score[1]), hi = std::max(c.score[0], c.score[1]);
   const double gap = lo > 0 ? hi / lo : 1e9;
   // a tried block costs at most its (short) length x (1 - 1/gap), whatever the gap
-  const double p = gap > 1 ? std::clamp(kTryCost / (kShortBlock * (1 - 1 / gap)), kTryMin, kTryMax) : kTryMax;
+  // a young class's scores rest on few blocks (whose first ones may have paged the weights in): it tries more
+  const double lo_p = c.blocks[0] + c.blocks[1] < kYoungBlocks ? kTryMax : kTryMin;
+  const double p = gap > 1 ? std::clamp(kTryCost / (kShortBlock * (1 - 1 / gap)), lo_p, kTryMax) : kTryMax;
   c.tried = uniform() < p;
   c.serial = faster_serial != c.tried;
 }

@@ -19,7 +19,7 @@
 //      (1 - 1 / gap) (gap = higher / lower score), so the probability is set for ~kTryCost of the time. A
 //      tried block weighs at least as much as its way's older sums, which date from before the way lost its
 //      turn. Each way first runs kWarmup blocks, the first a short one (the warm-up costs a fresh process
-//      little).
+//      little), and a class tries at kTryMax until it has kYoungBlocks blocks.
 //
 // Why blocks and not single regions: with another program on a core, a region's typical (median) wall is the
 // same both ways; what differs is how often a descheduled thread stalls it for a time slice (milliseconds
@@ -43,6 +43,7 @@ class RegionModes {
   static constexpr double kRefStep = 0.05;     // a region moves its kind's log ref by this (a moving median)
   static constexpr double kTryCost = 0.01;     // of the time, spent on tried blocks of the slower way
   static constexpr double kTryMin = 1.0 / 16, kTryMax = 0.25;  // of the blocks, tried
+  static constexpr int kYoungBlocks = 16;      // a class with fewer blocks tries at kTryMax
 
   RegionModes();
   // The kind of a region: call site (the job's type), size, alignment and the caller's tag.
