@@ -12,7 +12,8 @@ llama-cli / llama-bench count them). Engines and thread counts alternate within 
 programs hits all alike); the table gives medians over rounds. decode tok/s = tokens / total time of --decode
 single-token steps (stalls count); prefill tok/s = prompt tokens / time, in 512-row prompt windows.
 --llama-path DIR puts a llama-cpp-python built into DIR (pip install --target DIR ...) first on sys.path.
---no-load measures the same rows without the competing program. Targets: strata's default >= 0.9x its best
+--no-load measures the same rows without the competing program. strata rows record pool_stats() (the adaptive
+pool's regions run each way) at the end of each measurement. Targets: strata's default >= 0.9x its best
 thread count and >= 1.5x llama.cpp's default, with the load on.
 """
 from __future__ import annotations
@@ -65,7 +66,7 @@ def worker_strata(a) -> dict:
         steps.append(time.perf_counter() - t)
     total = time.perf_counter() - t0
     return {"threads": m.threads, "prefill_tok_s": a.prompt / best, "decode_tok_s": a.decode / total,
-            "decode_ms_median": statistics.median(steps) * 1e3, "isa": _core.active_isa()}
+            "decode_ms_median": statistics.median(steps) * 1e3, "isa": _core.active_isa(), "pool": m.pool_stats()}
 
 
 def llama_default_threads() -> int:
@@ -178,16 +179,19 @@ def main(argv=None) -> int:
         for e, t in order:
             res = measure(a, e, t, load)
             runs[f"{e}:{t}"].append(res)
+            pool = res.get("pool", {})
+            serial = (f", {pool['serial_regions'] / max(1, pool['serial_regions'] + pool['parallel_regions']):.0%} of "
+                      f"regions serial" if pool.get("adaptive") else "")
             print(f"round {r + 1} {e:6} threads={'default' if t == 0 else t} ({res['threads']}): decode "
                   f"{res['decode_tok_s']:.1f} tok/s, prefill {res['prefill_tok_s']:.1f} tok/s, "
-                  f"load avg {res['load_avg_1m']:.1f}", flush=True)
+                  f"load avg {res['load_avg_1m']:.1f}{serial}", flush=True)
     med = statistics.median
     rows = {}
     for key, rs in runs.items():
         rows[key] = {"threads": rs[0]["threads"], "decode_tok_s": med(x["decode_tok_s"] for x in rs),
                      "prefill_tok_s": med(x["prefill_tok_s"] for x in rs),
                      "decode_runs": [x["decode_tok_s"] for x in rs], "prefill_runs": [x["prefill_tok_s"] for x in rs],
-                     "load_avg_1m": [x["load_avg_1m"] for x in rs]}
+                     "load_avg_1m": [x["load_avg_1m"] for x in rs], "pool": [x.get("pool") for x in rs]}
     res = {"model": os.path.basename(a.model), "machine": info, "competing_load_cpu": a.load_cpu if load else None,
            "decode_tokens": a.decode, "prompt_tokens": a.prompt, "rows": rows,
            "llama_system_info": next((x.get("system_info") for x in runs.get(f"llama:{counts[0]}", [])), None)}

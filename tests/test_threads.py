@@ -1,7 +1,8 @@
 """The thread pool (util/threads.h): chunks claimed by whoever is free visit every index exactly once, on chunk
 bounds that are multiples of the alignment; exceptions in any chunk (a worker's too) surface in the caller and
-the pool stays usable; the adaptive pool falls back to the caller alone when a worker's chunks are slow (as
-when another program took its core); and no product depends on the thread count or on who computes what."""
+the pool stays usable; the adaptive pool runs regions on the caller alone when a worker's chunks are slow (as
+when another program took its core), and its choice (util/region_modes.h) keeps the faster way on synthetic
+walls; and no product depends on the thread count or on who computes what."""
 import gguf
 import numpy as np
 import pytest
@@ -44,21 +45,84 @@ def test_exception_in_a_chunk_reaches_the_caller(where):
 
 def test_adaptive_pool_falls_back_when_workers_are_slow():
     """Chunks of 50 us whose worker copies first sleep 3 ms: parallel regions lose to the caller alone, so the
-    adaptive pool falls back to running them serially (every index still once per region); a fixed pool never
-    does. The decision is timed: on an overloaded machine (load 20 on 2 CPUs) a descheduled caller can make one
-    measurement window look like a win, or outlast the back-off, so the adaptive pool gets three tries and the
-    state at the end is not asserted."""
-    kw = dict(regions=100, slow_worker_us=3000, work_us=50)
+    adaptive pool runs most regions serially (every index still once per region); a fixed pool never does.
+    The walls are real: on an overloaded machine (load 20 on 2 CPUs) a descheduled caller can make a serial
+    block look slow, so the adaptive pool gets three tries."""
+    kw = dict(regions=200, slow_worker_us=3000, work_us=50)
     tries = []
     for _ in range(3):
-        seen, _, fallbacks, _ = _core._pool_selftest(2, 4096, adaptive=True, **kw)
-        assert seen == [100] * 4096
-        tries.append(fallbacks)
-        if fallbacks >= 1:
+        seen, _, serial, parallel = _core._pool_selftest(2, 4096, adaptive=True, **kw)
+        assert seen == [200] * 4096 and serial + parallel == 200
+        tries.append(serial)
+        if serial > 150:
             break
-    assert tries[-1] >= 1, f"the adaptive pool never fell back in {len(tries)} tries"
-    seen, _, fallbacks, serial = _core._pool_selftest(2, 4096, adaptive=False, **kw)
-    assert seen == [100] * 4096 and fallbacks == 0 and not serial
+    assert tries[-1] > 150, f"regions run serially in {len(tries)} tries: {tries} of 200"
+    seen, _, serial, parallel = _core._pool_selftest(2, 4096, adaptive=False, **kw)
+    assert seen == [200] * 4096 and serial == 0 and parallel == 0  # a fixed pool keeps no choice
+
+
+# The adaptive choice (util/region_modes.h) on synthetic walls: nothing below is timed. A block closes when its
+# walls add up to RegionModes::kBlockUs (8 ms), so 100 us regions make blocks of 80.
+
+def _sim(regions):
+    serial, tried, blocks = _core._region_modes_sim(regions)
+    return np.array(serial), tried, blocks
+
+
+@pytest.mark.parametrize("par_us,ser_us", [(200.0, 100.0), (100.0, 200.0), (100.0, 130.0), (130.0, 100.0)])
+def test_region_modes_keeps_the_faster_way_and_still_tries_the_other(par_us, ser_us):
+    serial, tried, blocks = _sim([(7, par_us, ser_us)] * 40000)
+    faster_serial = ser_us < par_us
+    after_warmup = serial[2000:] == faster_serial  # 4 warm-up blocks of at most 80 regions
+    assert after_warmup.mean() > 0.9, after_warmup.mean()
+    assert 0 < tried < 0.2 * len(serial) and blocks > 300
+    # trying costs about RegionModes::kTryCost of the time at any gap, never the gap itself
+    cost = (np.where(serial, ser_us, par_us).sum() / (min(par_us, ser_us) * len(serial))) - 1
+    assert cost < 0.05, cost
+
+
+def test_region_modes_follows_a_change_of_load():
+    """Parallel faster, then (another program takes a core) parallel 3x slower, then faster again: the choice
+    follows within a few hundred regions each time."""
+    phase = [(7, 100.0, 200.0)] * 10000 + [(7, 600.0, 200.0)] * 10000 + [(7, 100.0, 200.0)] * 10000
+    serial, _, _ = _sim(phase)
+    assert (~serial[8000:10000]).mean() > 0.9
+    assert serial[12000:20000].mean() > 0.9
+    assert (~serial[24000:30000]).mean() > 0.9
+
+
+def test_region_modes_decides_each_size_class_on_its_own():
+    """A decode step's small regions (20 us, faster serially) among a prompt window's large ones (2 ms, twice
+    as fast in parallel): each class of size keeps its own way."""
+    small, large = (11, 40.0, 20.0), (12, 2000.0, 4000.0)
+    serial, _, _ = _sim(([small] * 20 + [large]) * 3000)
+    kinds = np.array(([0] * 20 + [1]) * 3000)
+    late = np.arange(len(kinds)) > len(kinds) // 4
+    assert serial[late & (kinds == 0)].mean() > 0.9
+    assert (~serial[late & (kinds == 1)]).mean() > 0.9
+
+
+def test_region_modes_weighs_a_stall_by_its_time():
+    """Serially 100 us with one region in 100 (at random) stalled for 8 ms, a time slice lost: the serial mean
+    is 180 us. Against 250 us in parallel the caller alone is faster; against 150 us parallel is, although the
+    typical serial region is faster still. A block cut short by a stall counts as its time (a mean of the
+    blocks' ratios would make the stalled blocks, being short, weigh as much as the rest)."""
+    stall = np.random.default_rng(5).random(40000) < 0.01
+    for par_us, want_serial in ((250.0, True), (150.0, False)):
+        serial, _, _ = _sim([(7, par_us, 8000.0 if st else 100.0) for st in stall])
+        assert (serial[4000:] == want_serial).mean() > 0.85, (par_us, serial[4000:].mean())
+
+
+@pytest.mark.parametrize("serial_faster", [True, False])
+def test_pool_told_a_way_is_faster_uses_it(serial_faster):
+    """An adaptive pool whose RegionModes were fed walls saying one way is faster runs its real regions that
+    way (serially: no chunk on a worker)."""
+    par, ser = (1000.0, 1.0) if serial_faster else (1.0, 1000.0)
+    by_workers, serial, parallel = _core._pool_told(2, 64, par, ser, told=40000, regions=50)
+    if serial_faster:
+        assert serial == 50 and parallel == 0 and by_workers == 0
+    else:
+        assert parallel == 50 and serial == 0
 
 
 def _raw(rng, typ, rows, cols):

@@ -325,12 +325,58 @@ void init_model(nb::module_& m) {
           }, align);
           current.store(-1);
         }
-        const ThreadPool::Stats s = pool.stats();
-        return std::make_tuple(seen, misaligned.load(), s.fallbacks, s.serial);
+        const RegionModes::Stats s = pool.stats();
+        return std::make_tuple(seen, misaligned.load(), s.serial, s.parallel);
       },
       nb::arg("threads"), nb::arg("n"), nb::arg("throw_at") = -1, nb::arg("align") = 1, nb::arg("regions") = 1,
       nb::arg("adaptive") = false, nb::arg("slow_worker_us") = 0, nb::arg("work_us") = 0, nb::arg("vary") = false,
-      "Thread pool self-test (tests only): (visits per index, bad chunks, fallbacks, serial now).");
+      "Thread pool self-test (tests only): (visits per index, bad chunks, regions run serially, in parallel).");
+
+  m.def(
+      "_region_modes_sim",
+      [](const std::vector<std::tuple<uint64_t, double, double>>& regions) {
+        // The adaptive mode's choice on synthetic walls (tests only, nothing is timed): for each region
+        // (kind, parallel us, serial us), ask which way it runs and record the wall of that way.
+        RegionModes modes;
+        std::vector<bool> serial;
+        serial.reserve(regions.size());
+        for (const auto& [k, par_us, ser_us] : regions) {
+          const bool s = modes.serial(k);
+          modes.record(k, s, s ? ser_us : par_us);
+          serial.push_back(s);
+        }
+        const RegionModes::Stats st = modes.stats();
+        return std::make_tuple(serial, st.tried, st.blocks);
+      },
+      nb::arg("regions"),
+      "RegionModes on synthetic walls (tests only): (serial chosen per region, regions in tried blocks, blocks).");
+
+  m.def(
+      "_pool_told",
+      [](int threads, int64_t n, double parallel_us, double serial_us, int told, int regions) {
+        // An adaptive pool told, through `told` regions' walls fed to its RegionModes, that one kind of
+        // region costs parallel_us in parallel and serial_us serially; then `regions` real regions of that
+        // kind (tests only): (chunks run by workers, regions run serially, in parallel, both counted after
+        // the telling).
+        nb::gil_scoped_release rel;
+        ThreadPool pool(threads, true);
+        std::atomic<int64_t> by_workers{0};
+        const ThreadPool::Fn fn = [&](int64_t b, int64_t e, int idx) {
+          if (idx != 0) by_workers++;
+        };
+        const uint64_t kind = RegionModes::key(fn.target_type().hash_code(), n, 1, 0);
+        for (int i = 0; i < told; i++) {
+          const bool s = pool.modes().serial(kind);
+          pool.modes().record(kind, s, s ? serial_us : parallel_us);
+        }
+        const RegionModes::Stats s0 = pool.stats();
+        for (int r = 0; r < regions; r++) pool.parallel_for(n, fn);
+        const RegionModes::Stats s = pool.stats();
+        return std::make_tuple(by_workers.load(), s.serial - s0.serial, s.parallel - s0.parallel);
+      },
+      nb::arg("threads"), nb::arg("n"), nb::arg("parallel_us"), nb::arg("serial_us"), nb::arg("told"),
+      nb::arg("regions"),
+      "An adaptive pool told which way a region kind is faster (tests only): (worker chunks, serial, parallel).");
 
   m.def("expert_cache_stress", &cache_stress, nb::arg("slots"), nb::arg("keys"), nb::arg("threads"), nb::arg("iters"),
         nb::arg("max_n"), nb::arg("fail_every") = 0, nb::arg("seed") = 1,
@@ -372,15 +418,26 @@ void init_model(nb::module_& m) {
       .def(
           "pool_stats",
           [](const Model& m) {
-            const ThreadPool::Stats s = m.pool().stats();
+            const RegionModes::Stats s = m.pool().stats();
             nb::dict d;
             d["adaptive"] = m.pool().adaptive();
-            d["windows"] = s.windows;
-            d["fallbacks"] = s.fallbacks;
-            d["serial"] = s.serial;
+            d["parallel_regions"] = s.parallel;
+            d["serial_regions"] = s.serial;
+            d["tried"] = s.tried;
+            d["kinds"] = s.kinds;
+            d["blocks"] = s.blocks;
+            nb::list scores;  // per size class (util/region_modes.h): (parallel, serial), -1 before measured
+            for (int c = 0; c < RegionModes::kClasses; c++) {
+              double par, ser;
+              m.pool().scores(c, &par, &ser);
+              scores.append(nb::make_tuple(par, ser));
+            }
+            d["scores"] = scores;
             return d;
           },
-          "The thread pool's adaptive mode (util/threads.h): windows measured, fallbacks to serial, serial now.")
+          "The thread pool's adaptive mode (util/region_modes.h): regions run in parallel and on the caller alone,\n"
+          "of which in blocks run the way that scored slower (to keep its score current), kinds of region seen, blocks\n"
+          "measured, and each size class's scores (parallel, serial; lower is faster, -1 before measured).")
       .def_prop_ro("fingerprint", &Model::fingerprint)
       .def_prop_ro("path", [](const Model& mo) { return mo.file().path(); })
       .def_prop_ro("has_mtp", [](const Model& mo) { return mo.weights().mtp.present; })

@@ -163,7 +163,7 @@ void matmul(ThreadPool& pool, const MatView& W, const float* x, int64_t ldx, int
   const ActRows& a = act;
   // Small products are not worth waking the pool for.
   if (W.rows * W.cols * (int64_t)T < (1 << 15)) return matmul_rows(W, a, y, ldy, 0, W.rows);
-  pool.parallel_for(W.rows, [&](int64_t b, int64_t e, int) { matmul_rows(W, a, y, ldy, b, e); }, kRowAlign);
+  pool.parallel_for(W.rows, [&](int64_t b, int64_t e, int) { matmul_rows(W, a, y, ldy, b, e); }, kRowAlign, T);
 }
 
 }  // namespace strata
@@ -187,7 +187,7 @@ void matmul_many(ThreadPool& pool, const MatOut* outs, int n, const float* x, in
       const int64_t lo = b > start[i] ? b : start[i], hi = e < start[i + 1] ? e : start[i + 1];
       if (lo < hi) matmul_rows(*outs[i].W, a[i], outs[i].y, outs[i].ldy, lo - start[i], hi - start[i]);
     }
-  }, kRowAlign);
+  }, kRowAlign, T);
 }
 
 }  // namespace strata

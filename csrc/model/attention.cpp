@@ -94,7 +94,7 @@ void attention_layer(const Model& m, const AttnWeights& w, KvCache& kv, const fl
       sc.resize((size_t)attend_scratch(args));
       attend(args, sc.data());
     }
-  });
+  }, 1, T);
   attn_output(m, w, att.data(), qg.data(), T, out);
 }
 

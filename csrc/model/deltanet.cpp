@@ -161,7 +161,7 @@ void deltanet_layer(const Model& m, const DeltaNetWeights& w, DeltaNetState& st,
         else mul_silu(yp + off, zp + off, r * dv);
       }
     }
-  });
+  }, 1, T);
   if (save)
     for (int t = 0; t < T; t++) std::memcpy(&st.raw_rows[(size_t)t * cd], rawp + (size_t)t * cd, cd * sizeof(float));
 

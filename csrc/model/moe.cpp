@@ -99,6 +99,8 @@ void run_experts(ThreadPool& pool, std::vector<ExpertJob>& jobs, int64_t H) {
     const ActRows& a = J.split ? split_act : prepared(ad, J.down, J.act, J.gate.rows, J.n, nullptr, 0);
     matmul_rows(J.down, a, J.out, H, r0, r1);
   };
+  int64_t routed = 0;  // rows over all jobs: tells a decode step's regions from a prompt window's (the pool's tag)
+  for (auto& j : jobs) routed += j.n;
   auto region = [&](auto&& fn, bool is_down) {
     pool.parallel_for(parts, [&](int64_t pb, int64_t pe, int) {
       for (int64_t p = pb; p < pe; p++)
@@ -112,7 +114,7 @@ void run_experts(ThreadPool& pool, std::vector<ExpertJob>& jobs, int64_t H) {
             fn(q, 0, R);
           }
         }
-    });
+    }, 1, routed);
   };
   region(gate_up, false);
   if (sj) split_act.prepare(sj->down.type, sj->act, sj->gate.rows, sj->n, sj->down.cols);

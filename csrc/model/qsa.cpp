@@ -139,7 +139,7 @@ void qsa_layer(const Model& m, const AttnWeights& w, KvCache& kv, QsaState& qs, 
       scratch.resize((size_t)attend_scratch(a));
       attend(a, scratch.data());
     }
-  });
+  }, 1, T);
   attn_output(m, w, att.data(), qg.data(), T, out);
 }
 

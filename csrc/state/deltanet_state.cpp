@@ -65,7 +65,7 @@ void fold_layers(ThreadPool& pool, std::vector<DeltaNetState>& layers, int64_t f
       for (int64_t h = 0; h < st.nv; h++) heads.push_back({&st, h});
   pool.parallel_for((int64_t)heads.size(), [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; i++) heads[i].first->replay_head(heads[i].second, first, n);
-  });
+  }, 1, n);
   for (auto& st : layers) st.fold_finish(first, n);
 }
 

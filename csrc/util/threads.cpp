@@ -103,43 +103,17 @@ int64_t ThreadPool::run_chunks(uint32_t gen, int idx, double* us_per_chunk) {
   return ran;
 }
 
-namespace {
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
-}
-}  // namespace
-
-ThreadPool::Stats ThreadPool::stats() const { return stats_; }
-
-bool ThreadPool::serial_now(double now) {
-  if (serial_until_ms_ < 0) return false;
-  if (now < serial_until_ms_) return true;
-  serial_until_ms_ = -1;  // back off over: measure parallel regions again
-  stats_.serial = false;
-  win_wall_us_ = win_est_us_ = 0;
-  win_start_ms_ = now;
-  return false;
+RegionModes::Stats ThreadPool::stats() const {
+  std::lock_guard<std::mutex> call(call_mu_);
+  return modes_.stats();
 }
 
-void ThreadPool::account(double wall_us, double est_us, double now) {
-  if (win_start_ms_ < 0) win_start_ms_ = now;
-  win_wall_us_ += wall_us;
-  win_est_us_ += est_us;
-  if (now - win_start_ms_ < kWindowMs) return;
-  stats_.windows++;
-  if (win_wall_us_ > (1 - kMinGain) * win_est_us_) {  // parallel did not pay: the caller alone for a while
-    stats_.fallbacks++;
-    stats_.serial = true;
-    serial_until_ms_ = now + backoff_ms_;
-    backoff_ms_ = backoff_ms_ * 2 < kMaxBackoffMs ? backoff_ms_ * 2 : kMaxBackoffMs;
-  } else {
-    backoff_ms_ = kBackoffMs;
-  }
-  win_wall_us_ = win_est_us_ = 0;
-  win_start_ms_ = now;
+void ThreadPool::scores(int cls, double* parallel, double* serial) const {
+  std::lock_guard<std::mutex> call(call_mu_);
+  modes_.scores(cls, parallel, serial);
 }
 
-void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t align) {
+void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t align, int64_t tag) {
   if (n <= 0) return;
   if (align < 1) align = 1;
   const int64_t chunks = n_chunks(n, nthreads_, align);
@@ -148,13 +122,11 @@ void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t align) {
     return;
   }
   std::lock_guard<std::mutex> call(call_mu_);
-  const double t0 = adaptive_ ? now_ms() : 0;
-  if (adaptive_ && serial_now(t0)) {  // the same chunks, on the caller
-    for (int64_t c = 0; c < chunks; c++) {
-      int64_t b, e;
-      chunk_bounds(n, chunks, align, c, &b, &e);
-      fn(b, e, 0);
-    }
+  const uint64_t kind = adaptive_ ? RegionModes::key(fn.target_type().hash_code(), n, align, tag) : 0;
+  const Clock::time_point t0 = adaptive_ ? Clock::now() : Clock::time_point{};
+  if (adaptive_ && modes_.serial(kind)) {  // on the caller, in one call as a pool of one thread does
+    fn(0, n, 0);  // an exception leaves the region unmeasured
+    modes_.record(kind, true, us_since(t0));
     return;
   }
   const uint32_t g = ++gen_;
@@ -168,7 +140,7 @@ void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t align) {
     cv_.notify_all();
   }
   double us = 0;
-  const int64_t mine = run_chunks(g, 0, &us);
+  run_chunks(g, 0, &us);
   // The chunks still running belong to other threads. Poll for about as long as one chunk took here; past
   // that their thread has probably lost its core, so sleep: the idle core then runs it.
   auto all_done = [&] { return done_.load(std::memory_order_seq_cst) == chunks; };
@@ -181,10 +153,7 @@ void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t align) {
     }
     caller_waiting_.store(false, std::memory_order_relaxed);
   }
-  if (adaptive_ && mine > 0) {
-    const double t1 = now_ms();
-    account((t1 - t0) * 1e3, us * (double)chunks, t1);
-  }
+  if (adaptive_) modes_.record(kind, false, us_since(t0));
   std::exception_ptr err;
   {
     std::lock_guard<std::mutex> lk(mu_);

@@ -13,10 +13,10 @@
 //
 // Adaptive (the default thread count, ModelOptions::threads = 0): when another program takes a core, a worker
 // that shares it is descheduled for whole time slices while it holds a chunk, and a parallel region can cost
-// more than the caller doing every chunk itself. The pool compares each window of about kWindowMs of parallel
-// regions with what they would have cost serially (the caller's time per chunk x chunks), and when parallel
-// did not win by kMinGain it runs regions on the caller alone for a back-off (kBackoffMs, doubling while
-// parallel keeps losing, at most kMaxBackoffMs), then measures again. Results never depend on it.
+// more than the caller doing every chunk itself. The adaptive pool times every region and runs each kind of
+// region (call site, size, alignment, the caller's tag) the way that has been faster for that kind, in
+// parallel or on the caller alone, trying the other way now and then (util/region_modes.h). Results never
+// depend on it.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -26,6 +26,8 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "util/region_modes.h"
 
 namespace strata {
 
@@ -41,8 +43,10 @@ class ThreadPool {
   // fn(begin, end, thread_index) once for each chunk of [0, n); blocks until every chunk is done. Chunk bounds
   // are multiples of `align` (the last chunk ends at n). If a chunk throws, the first exception is rethrown
   // in the caller after every chunk has finished; the pool stays usable.
-  // Not reentrant: call it from one thread at a time, never from inside a job.
-  void parallel_for(int64_t n, const Fn& fn, int64_t align = 1);
+  // Not reentrant: call it from one thread at a time, never from inside a job. `tag`: for the adaptive mode
+  // only, a number that, with the call site and n, tells regions of different cost apart (e.g. the rows T of
+  // a product's activations: a prefill window's product and a decode step's are different kinds).
+  void parallel_for(int64_t n, const Fn& fn, int64_t align = 1, int64_t tag = 0);
   // The chunks of a region: how many, and the bounds of chunk i (a function of its arguments only).
   static int64_t n_chunks(int64_t n, int nthreads, int64_t align);
   static void chunk_bounds(int64_t n, int64_t chunks, int64_t align, int64_t i, int64_t* b, int64_t* e);
@@ -51,16 +55,12 @@ class ThreadPool {
 
   static constexpr int kChunksPerThread = 4;
   static constexpr int kSpinUs = 50;
-  static constexpr double kWindowMs = 20, kMinGain = 0.05, kBackoffMs = 250, kMaxBackoffMs = 4000;
 
   bool adaptive() const { return adaptive_; }
-  // Counters of the adaptive mode (tests, benches): windows measured, times it fell back to serial, and
-  // whether it is serial now.
-  struct Stats {
-    int64_t windows = 0, fallbacks = 0;
-    bool serial = false;
-  };
-  Stats stats() const;
+  // The adaptive mode's choices (regions run each way, kinds seen); all zero for a fixed pool.
+  RegionModes::Stats stats() const;
+  RegionModes& modes() { return modes_; }  // tests: what the pool has learnt, and telling it
+  void scores(int cls, double* parallel, double* serial) const;  // RegionModes::scores, under the call lock
 
  private:
   void worker(int idx);
@@ -68,13 +68,9 @@ class ThreadPool {
   // number of chunks this thread ran. The caller passes its own timing out (us per chunk) for its wait.
   int64_t run_chunks(uint32_t gen, int idx, double* us_per_chunk);
 
-  // the adaptive mode's bookkeeping (caller only, under call_mu_)
-  bool serial_now(double now_ms);
-  void account(double wall_us, double serial_est_us, double now_ms);
   int nthreads_;
   bool adaptive_;
-  double win_wall_us_ = 0, win_est_us_ = 0, win_start_ms_ = -1, serial_until_ms_ = -1, backoff_ms_ = kBackoffMs;
-  Stats stats_;
+  RegionModes modes_;  // the adaptive mode's averages (caller only, under call_mu_)
   std::vector<std::thread> threads_;
   // The claim word: generation (high 32 bits) | the region's chunk count (16 bits) | next unclaimed chunk (low
   // 16 bits). A worker claims chunk c of generation g by a compare-exchange from (g, K, c) to (g, K, c + 1),
@@ -93,7 +89,7 @@ class ThreadPool {
   std::mutex mu_;  // the condition variables, and error_
   std::condition_variable cv_;       // workers wait here for a new region
   std::condition_variable done_cv_;  // the caller waits here for the last chunks
-  std::mutex call_mu_;  // serialises parallel_for callers
+  mutable std::mutex call_mu_;  // serialises parallel_for callers (and stats() with them)
   std::exception_ptr error_;  // first exception thrown by a chunk (guarded by mu_)
   uint32_t gen_ = 0;          // the caller's generation counter (under call_mu_)
 };

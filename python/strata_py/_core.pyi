@@ -197,7 +197,9 @@ class Model:
 
     def pool_stats(self) -> dict:
         """
-        The thread pool's adaptive mode (util/threads.h): windows measured, fallbacks to serial, serial now.
+        The thread pool's adaptive mode (util/region_modes.h): regions run in parallel and on the caller alone,
+        of which in blocks run the way that scored slower (to keep its score current), kinds of region seen, blocks
+        measured, and each size class's scores (parallel, serial; lower is faster, -1 before measured).
         """
 
     @property

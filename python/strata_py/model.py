@@ -179,8 +179,11 @@ class Model:
         return self._core.expert_stats()
 
     def pool_stats(self) -> dict:
-        """The thread pool: adaptive (the default thread count falls back to the calling thread alone while
-        parallel regions lose, e.g. to another program on a core), windows measured, fallbacks, serial now."""
+        """The thread pool: adaptive (the default thread count runs each class of parallel region the way that
+        has measured faster, on the pool or on the calling thread alone, e.g. while another program holds a
+        core; csrc/util/region_modes.h), parallel_regions and serial_regions run, of which tried (in blocks
+        of the way that scored slower, to keep its measurement current), kinds of region seen, blocks
+        measured."""
         return self._core.pool_stats()
 
     def reset_expert_stats(self) -> None:
