@@ -192,21 +192,18 @@ class Timeline:
                 req = self._queue.popleft()
                 self._running = req
                 self.metrics.set("strata_queue_length", len(self._queue))
-            final = None
             try:
                 final = self._serve(req)
             except BaseException as e:  # noqa: BLE001  (the worker must survive anything a request does)
                 self.session.reset()  # 'Any error resets the session'
                 final = Failed(e)
-            finally:
-                with self._cv:
-                    self._running = None
-                    self._cv.notify_all()
-                self._update_cache_gauges()
-                # the request's last event goes out once it no longer holds the timeline: a client that sends
-                # its next request on seeing it finds that slot free (submit's queue bound)
-                if final is not None:
-                    req.emit(final)
+            with self._cv:
+                self._running = None
+                self._cv.notify_all()
+            self._update_cache_gauges()
+            # the request's last event goes out once it no longer holds the timeline: a client that sends its next
+            # request on seeing it finds that slot free (submit's queue bound)
+            req.emit(final)
 
     def _serve(self, req: Request) -> Done:
         """Run one request, emitting its Started and Token events; returns its Done (emitted by _loop)."""
