@@ -24,7 +24,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from machine import describe, machine_info  # noqa: E402
+from machine import describe, machine_info, write_json  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 MIB = 1 << 20
@@ -205,9 +205,7 @@ def main(argv=None) -> int:
         res["rss_over_budget_gib"] = (s25["peak_rss_bytes"] - s25["cache_mib"] * MIB) / 2**30
         print(f"strata at 25 %: {res['ratio_25_vs_llama']:.2f}x llama.cpp's tok/s (target >= 2); peak RSS "
               f"budget + {res['rss_over_budget_gib']:.2f} GiB (target <= 2)")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    write_json(a.json, res)
     return 0
 
 

@@ -27,7 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from machine import describe, machine_info  # noqa: E402
+from machine import describe, machine_info, write_json  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 
@@ -213,9 +213,7 @@ def main(argv=None) -> int:
             line += (f"; vs llama.cpp's default: decode {res['strata_default_over_llama_default']['decode_tok_s']:.2f}x, "
                      f"prefill {res['strata_default_over_llama_default']['prefill_tok_s']:.2f}x (target >= 1.5)")
         print(line)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    write_json(a.json, res)
     return 0
 
 

@@ -14,7 +14,6 @@ of a slightly different computation; --peer runs it alternated with strata on th
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -25,6 +24,8 @@ import numpy as np
 
 from strata_py import _core
 from strata_py.model import Model
+
+from machine import write_json
 
 CHUNK = 512
 
@@ -126,9 +127,7 @@ def main(argv=None) -> int:
         r = res["results"][n]
         lo, hi = min(r), max(r)
         print(f"{n}: decode at {hi} / at {lo} = {r[hi]['decode_ms'] / r[lo]['decode_ms']:.2f}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    write_json(a.json, res)
     return 0
 
 

@@ -14,7 +14,6 @@ windows: chunked or serial). Prints a short table and writes JSON; every result 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -29,7 +28,7 @@ from strata_py.model import Model
 from strata_py.speculative import prefill
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from machine import describe, machine_info  # noqa: E402
+from machine import describe, machine_info, write_json  # noqa: E402
 
 
 def median_ms(xs):
@@ -75,9 +74,7 @@ def main(argv=None) -> int:
                   f"load avg {os.getloadavg()[0]:.1f})", flush=True)
         if a.only_prefill:
             print(describe(res["host"]))
-            if a.json:
-                with open(a.json, "w") as f:
-                    json.dump(res, f, indent=1)
+            write_json(a.json, res)
             return 0
 
     # prefill: best of 3 whole-prompt runs (the first warms caches and page-ins)
@@ -148,9 +145,7 @@ def main(argv=None) -> int:
         print(f"{T:<4} " + "  ".join(f"{v:>16.3f}" for v in row))
     if res["c4_over_c1"]:
         print(f"C(4)/C(1) = {res['c4_over_c1']:.2f}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    write_json(a.json, res)
     return 0
 
 

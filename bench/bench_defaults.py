@@ -40,6 +40,8 @@ from strata_py.generate import chat_prompt, generate_ids, make_proposer
 from strata_py.model import Model
 from strata_py.speculative import LoopStats
 
+from machine import write_json
+
 DATA = Path(__file__).resolve().parent.parent / "tools" / "default_model_chat"
 CODE_BREAKERS = ['"']  # breakers for code: quotes only (newline and colon would reset DRY at every line)
 
@@ -231,9 +233,7 @@ def main() -> int:
                                      "parses_and_on_subject": named / len(requests), "samples": samples}
             print(f"requests {name:20s} parses {ok}/{len(requests)}  parses+on-subject {named}/{len(requests)}",
                   flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    write_json(a.json, res)
     print(f"held-out code's own rep4 (the prompts' reference functions, {a.max_tokens} tokens): "
           f"{res['reference_rep4']:.3f}")
     return 0

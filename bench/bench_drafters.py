@@ -20,6 +20,7 @@ from bench_defaults import DATA, run_one  # noqa: E402
 
 from strata_py.config import GenerationConfig  # noqa: E402
 from strata_py.model import Model  # noqa: E402
+from machine import write_json  # noqa: E402
 
 DRAFTERS = ["none", "auto", "mtp", "mtp+suffix"]
 
@@ -62,9 +63,7 @@ def main(argv=None) -> int:
         acc = f"{t['accepted'] / t['drafted']:.2f}" if t["drafted"] else "-"
         print(f"{d:11s} {r:7.1f} tok/s  x{r / plain:.2f}  drafted {t['drafted']:5d}  accepted {acc}")
     print(f"outputs identical to plain: {same}; load average {load0[0]:.2f} -> {os.getloadavg()[0]:.2f}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    write_json(a.json, res)
     return 0 if same else 1
 
 

@@ -14,7 +14,6 @@ the tokens are real code.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 
 from strata_py import _core
 from strata_py.model import Model
+
+from machine import write_json
 
 
 def main(argv=None) -> int:
@@ -77,9 +78,7 @@ def main(argv=None) -> int:
         for key, name in ((False, "grouped"), (True, "one-query")):
             print(f"  {name}: after {h1} / after {h0} = {best[(h1, key)] / best[(h0, key)]:.2f}x wall, "
                   f"{cpu[(h1, key)] / cpu[(h0, key)]:.2f}x CPU")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    write_json(a.json, res)
     return 0
 
 

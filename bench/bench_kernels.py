@@ -12,7 +12,6 @@ streams its weights from DRAM, as decode does. Bandwidth: numpy sum (read) and c
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import threading
@@ -23,6 +22,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from strata_py import _core, synth
+
+from machine import write_json
 
 TYPES = ["Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ3_XXS", "Q8_0", "BF16", "F16"]
 SHAPES = [(2048, 2048), (512, 2048), (2048, 512)]
@@ -105,9 +106,7 @@ def main(argv=None) -> int:
     if a.attention:
         res = {"machine": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M"),
                "isa": isa, "attention": attention(isa, max(a.reps, 5))}
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(res, f, indent=1)
+        write_json(a.json, res)
         return 0
     rng = np.random.default_rng(0)
     res = {"machine": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -130,9 +129,7 @@ def main(argv=None) -> int:
             res["kernels"][f"{typ} {rows}x{cols}"] = row
             print(f"{typ:<8} {rows}x{cols:<5} " + " ".join(f"{row[t]['gbs']:7.1f}" for t in range(1, 9))
                   + f"   {row[4]['us'] / row[1]['us']:.2f}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    write_json(a.json, res)
     return 0
 
 

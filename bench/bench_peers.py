@@ -16,7 +16,6 @@ Prompts are prefilled the way generation does it (prompt windows of at most 512 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -29,7 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_kernels import bandwidth  # noqa: E402
 
-from machine import describe, machine_info  # noqa: E402
+from machine import describe, machine_info, write_json  # noqa: E402
 from strata_py import _core  # noqa: E402
 from strata_py.model import Model  # noqa: E402
 from strata_py.speculative import prefill  # noqa: E402
@@ -162,9 +161,7 @@ def main(argv=None) -> int:
     print(f"best of rounds: strata decode {B['strata_decode_ms']:.2f} ms, llama.cpp {B['llama_decode_ms']:.2f} ms "
           f"-> ratio {B['decode_ratio']:.2f}; prefill ratio {B['prefill_ratio']:.2f}; C(4)/C(1) {B['c4_over_c1']:.2f}; "
           f"floor/T=1 {B['floor_over_decode']:.2f}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    write_json(a.json, res)
     return 0
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from machine import describe, machine_info  # noqa: E402
+from machine import describe, machine_info, write_json  # noqa: E402
 
 from strata_py import synth  # noqa: E402
 from strata_py.model import Model  # noqa: E402
@@ -113,9 +112,7 @@ def main(argv=None) -> int:
               f"argmax agree {res['file512_argmax_agree']:.2f}", flush=True)
     res["seconds"] = time.time() - t0
     print(describe(res["machine"]))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    write_json(a.json, res)
     return 0
 
 

@@ -1,9 +1,10 @@
 """What every benchmark row records about the machine it ran on: CPU model, the ISA flags that decide kernel
 paths (from /proc/cpuinfo, as lscpu prints them), the load average when the row was measured, the date (UTC),
 and strata's kernel path. Shared by the benches (bench_peers.py, bench_contention.py, bench_decode.py,
-bench_big.py)."""
+bench_big.py), with write_json for every bench's --json."""
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
@@ -45,3 +46,10 @@ def describe(info: dict) -> str:
     """A one-line summary for a table header."""
     return (f"{info['cpu']}, {info['cpus']} CPUs; flags {' '.join(info['flags'])}; load avg "
             f"{'/'.join(str(x) for x in info['load_avg'])}; {info['date_utc']} UTC")
+
+
+def write_json(path: str | None, res: dict) -> None:
+    """A bench's results as indented JSON at --json PATH (nothing when no path was given)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
