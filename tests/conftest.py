@@ -53,6 +53,15 @@ def tiny_q8_gguf(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_q8_long_gguf(tmp_path_factory):
+    """tiny_q8_gguf's weights (same seed, same file name) declaring a 32768-token context: the tiny server's, so that
+    a request can outlast a client deterministically (30 000 tokens with the end token banned)."""
+    from strata_py import synth
+    return synth.write("tiny", tmp_path_factory.mktemp("synth_long") / "tiny-q8_0.gguf", "q8_0", seed=2, mtp=True,
+                       n_ctx=32768)
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tiny_gguf):
     from strata_py.model import Model
     return Model.load(tiny_gguf, threads=2)
@@ -67,17 +76,17 @@ def tiny_q8_model(tiny_q8_gguf):
 # ---- server processes for tests/test_server_*.py (tests/server_util.py) -------------------------------------
 # Two real `python -m strata_py.serve` processes, started side by side on first use and stopped at the end:
 #   default: the shipped model, with Qwen3's chat template (tool calls in JSON), --draft auto
-#   tiny:    the synthetic tiny model with an MTP block, Qwen3-Coder's template (XML tool calls), an API key,
-#            CORS for one origin and a queue of 7
+#   tiny:    the synthetic tiny model with an MTP block (its 32k-context twin file), Qwen3-Coder's template (XML
+#            tool calls), an API key, CORS for one origin and a queue of 7
 _servers: dict = {}
 
 
 @pytest.fixture(scope="session")
-def _server_pool(tiny_q8_gguf):
+def _server_pool(tiny_q8_long_gguf):
     from server_util import TEMPLATES, Server
     _servers["default"] = Server("--chat-template-file", str(TEMPLATES / "qwen3.jinja"), "--checkpoint-gap", "16")
-    _servers["tiny"] = Server("--model", str(tiny_q8_gguf), "--chat-template-file", str(TEMPLATES / "qwen3-coder.jinja"),
-                              "--checkpoint-gap", "16", "--max-queue", "7", "--cors-origins", "http://example.org",
+    _servers["tiny"] = Server("--model", str(tiny_q8_long_gguf), "--chat-template-file",
+                              str(TEMPLATES / "qwen3-coder.jinja"), "--checkpoint-gap", "16", "--max-queue", "7", "--cors-origins", "http://example.org",
                               api_key="sekret")
     yield _servers
     for s in _servers.values():

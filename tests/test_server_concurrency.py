@@ -15,7 +15,16 @@ import pytest
 from server_util import TEMPLATES, chat_ids, cold_answer
 
 MODEL = "tiny-q8_0"
-LONG_PROMPT = "hello"  # greedy decoding of the tiny model from here (DRY off) runs 3000 tokens without an end token
+LONG_PROMPT = "hello"
+LONG_TOKENS = 30000  # the tiny server's file declares 32768 cells: ~8 s of decoding here, far past any client timeout
+
+
+@pytest.fixture(scope="module")
+def long_body(tiny_q8_model):
+    """A request that runs LONG_TOKENS tokens: greedy, DRY off, every end token banned by logit bias."""
+    ban = {str(t): -100 for t in tiny_q8_model.tokenizer.eog_ids}
+    return {"prompt": LONG_PROMPT, "max_tokens": LONG_TOKENS, "temperature": 0.0, "dry_multiplier": 0.0,
+            "logit_bias": ban}
 
 
 def _wait(cond, timeout=30.0, what="condition"):
@@ -87,9 +96,9 @@ def _read_events(resp, n: int) -> list[str]:
     return out
 
 
-def test_queue_full_answers_503_then_drains(tiny_server):
+def test_queue_full_answers_503_then_drains(tiny_server, long_body):
     s = tiny_server
-    conn, resp = _open_stream(s, {"prompt": LONG_PROMPT, "max_tokens": 3000, "temperature": 0.0, "draft": "none"})
+    conn, resp = _open_stream(s, {**long_body, "draft": "none"})
     _read_events(resp, 2)  # it runs
     client = s.client()
     with ThreadPoolExecutor(7) as ex:
@@ -109,15 +118,15 @@ def test_queue_full_answers_503_then_drains(tiny_server):
         assert all(f.result(timeout=120).usage.completion_tokens >= 1 for f in waiting)
 
 
-def test_disconnect_mid_stream_cancels_and_leaves_state_consistent(tiny_server, tiny_q8_model):
+def test_disconnect_mid_stream_cancels_and_leaves_state_consistent(tiny_server, tiny_q8_model, long_body):
     s = tiny_server
     cancelled0 = _metric(s, "strata_requests_cancelled_total")
     generated0 = _metric(s, "strata_generated_tokens_total")
-    conn, resp = _open_stream(s, {"prompt": LONG_PROMPT, "max_tokens": 3000, "temperature": 0.0, "draft": "auto"})
+    conn, resp = _open_stream(s, {**long_body, "draft": "auto"})
     _read_events(resp, 3)
     conn.close()
     _wait(lambda: _metric(s, "strata_requests_cancelled_total") == cancelled0 + 1, what="the cancellation")
-    assert _metric(s, "strata_generated_tokens_total") - generated0 < 3000  # it stopped early
+    assert _metric(s, "strata_generated_tokens_total") - generated0 < LONG_TOKENS  # it stopped early
     # the timeline is consistent: a continuation of the cancelled prompt, and an unrelated request, are exact
     ids = tiny_q8_model.tokenizer.encode(LONG_PROMPT)
     for prompt_ids in (ids, tiny_q8_model.tokenizer.encode("unrelated")):
@@ -125,13 +134,16 @@ def test_disconnect_mid_stream_cancels_and_leaves_state_consistent(tiny_server, 
         assert r.choices[0].text == cold_answer(tiny_q8_model, prompt_ids, max_tokens=20, temperature=0.7, seed=4)
 
 
-def test_blocking_client_timeout_cancels(tiny_server):
+def test_blocking_client_timeout_cancels(tiny_server, long_body):
     s = tiny_server
     cancelled0 = _metric(s, "strata_requests_cancelled_total")
+    generated0 = _metric(s, "strata_generated_tokens_total")
     with pytest.raises(openai.APITimeoutError):
-        s.client(timeout=1.0).completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=3000, temperature=0.0,
-                                                 extra_body={"draft": "none", "dry_multiplier": 0.0})
+        s.client(timeout=1.0).completions.create(
+            model=MODEL, prompt=long_body["prompt"], max_tokens=LONG_TOKENS, temperature=0.0,
+            logit_bias=long_body["logit_bias"], extra_body={"draft": "none", "dry_multiplier": 0.0})
     _wait(lambda: _metric(s, "strata_requests_cancelled_total") == cancelled0 + 1, what="the cancellation")
+    assert _metric(s, "strata_generated_tokens_total") - generated0 < LONG_TOKENS  # cut short, not finished
     r = s.client().completions.create(model=MODEL, prompt="after", max_tokens=3, temperature=0.0)
     assert r.usage.completion_tokens >= 1
 

@@ -134,7 +134,7 @@ def random_blocks(rng: np.random.Generator, qt: QT, n_blocks: int, scale: float)
 
 
 def hparams(name: str, expert_gib: float | None = None, n_layer: int | None = None,
-            n_expert: int | None = None) -> cv.Hparams:
+            n_expert: int | None = None, n_ctx: int | None = None) -> cv.Hparams:
     if name not in SIZES:
         raise ValueError(f"unknown synthetic size {name!r} (known: {', '.join(SIZES)})")
     d = dict(SIZES[name])
@@ -146,6 +146,10 @@ def hparams(name: str, expert_gib: float | None = None, n_layer: int | None = No
         if n_expert < d["n_expert_used"]:
             raise ValueError(f"bad option --experts {n_expert}: size {name!r} routes to {d['n_expert_used']} experts")
         d["n_expert"] = n_expert
+    if n_ctx is not None:  # the context the file declares (metadata only: the weights stay the same)
+        if n_ctx < 2:
+            raise ValueError(f"bad option n_ctx {n_ctx}: must be >= 2")
+        d["n_ctx"] = n_ctx
     if name == "stream":
         if not expert_gib or expert_gib <= 0:
             raise ValueError("size 'stream' needs --expert-gib > 0 (expert bytes to generate, in GiB)")
@@ -238,10 +242,11 @@ def _lazy_weight(rng: np.random.Generator, shape: tuple[int, ...], qt: QT):
 
 
 def write(name: str, out_path, out_type: str = "q8_0", seed: int = 0, mtp: bool = False,
-          expert_gib: float | None = None, n_layer: int | None = None, n_expert: int | None = None) -> Path:
+          expert_gib: float | None = None, n_layer: int | None = None, n_expert: int | None = None,
+          n_ctx: int | None = None) -> Path:
     if out_type not in TYPES and out_type not in MIXES:
         raise ValueError(f"bad option --type {out_type!r} (supported here: {', '.join([*TYPES, *MIXES])})")
-    hp = hparams(name, expert_gib, n_layer, n_expert)
+    hp = hparams(name, expert_gib, n_layer, n_expert, n_ctx)
     qt, qt_hi = MIXES[out_type] if out_type in MIXES else (TYPES[out_type], TYPES[out_type])
     rng = np.random.default_rng(seed)
     out_path = Path(out_path)
