@@ -56,13 +56,17 @@ def test_ctrl_c_keeps_output():
     # too; a handler here is reset to the default in the child, where Python then raises KeyboardInterrupt
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        p = subprocess.Popen(CLI + ["def main(", "-n", "100000", "--draft", "none", "--stats", "--threads", "2"],
+        p = subprocess.Popen(CLI + ["def main(", "-n", "100000", *GREEDY, "--stats"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     finally:
         signal.signal(signal.SIGINT, old)
     got = b""
     while len(got) < 200:  # interrupt mid-stream, once text is flowing
-        got += p.stdout.read(1)
+        c = p.stdout.read(1)
+        if not c:  # the child ended before 200 bytes: say why instead of reading an empty pipe forever
+            p.wait(timeout=60)
+            raise AssertionError(f"exited {p.returncode} after {got!r}: {p.stderr.read().decode()[-2000:]}")
+        got += c
     p.send_signal(signal.SIGINT)
     rest, err = p.communicate(timeout=60)
     out, err = (got + rest).decode(), err.decode()
