@@ -219,6 +219,25 @@ def test_synthetic_model_loads_and_matmul_matches_float64(tmp_path, typ):
 
 
 
+@pytest.mark.skipif(_core.best_isa() != "avx512", reason="this CPU has no AVX-512")
+@pytest.mark.parametrize("typ", list(KQ))
+def test_avx512_paths_without_vnni_equal_ref(typ):
+    # the kernels kept for AVX-512 CPUs without VNNI (vpmaddwd + vpaddd; no VBMI decoders), T-row and panel paths
+    rng = fresh_rng()  # fresh inputs every run
+    for cols in (256, 768):
+        rows = int(rng.integers(1, 40))
+        raw = _blocks(rng, typ, rows, cols, wild=bool(rng.integers(0, 2)))
+        for T in (1, 3, 8, 19):
+            x = rng.standard_normal((T, cols)).astype(np.float32)
+            _core.allow_vnni(False)
+            try:
+                plain = _core.matmul(raw, typ, rows, cols, x, isa="avx512", threads=2)
+            finally:
+                _core.allow_vnni(True)
+            np.testing.assert_array_equal(plain, _core.matmul(raw, typ, rows, cols, x, isa="scalar"),
+                                          err_msg=f"{typ} cols={cols} T={T}")
+
+
 @pytest.mark.skipif(not _core.has_avx512vbmi(), reason="this CPU has no AVX-512 VBMI")
 @pytest.mark.parametrize("typ", ["IQ2_XXS", "IQ3_XXS"])
 def test_iq_vbmi_decoders_equal_the_plain_avx512_ones(typ):

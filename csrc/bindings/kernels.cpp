@@ -39,6 +39,8 @@ void init_kernels(nb::module_& m) {
   m.def("has_avx512vbmi", [] { return cpu_has_avx512vbmi(); });
   m.def("allow_vbmi", [](bool on) { allow_vbmi(on); }, nb::arg("on"),
         "Tests: whether the AVX-512 path may use the VBMI kernels (IQ2_XXS, IQ3_XXS); results are the same either way.");
+  m.def("allow_vnni", [](bool on) { allow_vnni(on); }, nb::arg("on"),
+        "Tests: whether the AVX-512 kernels may use VNNI (and so VBMI); results are the same either way.");
   m.def("active_isa", [] { return std::string(isa_name(active_isa())); });
   m.def("limit_isa", [](const std::string& s) { limit_isa(parse_isa(s)); }, nb::arg("cap"),
         "Tests: behave as a CPU whose best path is min(this CPU's, cap) (best_isa, the active path, VNNI/VBMI follow).");

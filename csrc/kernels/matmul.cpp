@@ -36,7 +36,7 @@ const bool g_vbmi_detected = [] {
 }();
 Isa g_best = g_detected;
 bool g_vnni = g_vnni_detected, g_vbmi = g_vbmi_detected;
-bool g_vbmi_on = true;
+bool g_vbmi_on = true, g_vnni_on = true;
 Isa g_active = g_best;
 }  // namespace
 
@@ -62,15 +62,17 @@ void force_isa(Isa isa) {
   g_active = isa;
 }
 
-bool cpu_has_avx512vnni() { return g_vnni; }
+bool cpu_has_avx512vnni() { return g_vnni && g_vnni_on; }
 bool cpu_has_avx512vbmi() { return g_vbmi; }
 void allow_vbmi(bool on) { g_vbmi_on = on; }
+void allow_vnni(bool on) { g_vnni_on = on; }
 
 RowsFn rows_fn(uint32_t type, Isa isa) {
   switch (isa) {
     case Isa::AVX512:
-      if (g_vbmi && g_vbmi_on)
+      if (g_vbmi && g_vbmi_on && g_vnni_on)
         if (auto f = rows_fn_kq_avx512vbmi(type)) return f;
+      if (auto f = rows_fn_kq8_avx512(type)) return f;
       if (auto f = rows_fn_kq_avx512(type)) return f;
       if (auto f = rows_fn_avx512(type)) return f;
       [[fallthrough]];
@@ -89,7 +91,7 @@ RowsFn rows_fn(uint32_t type, Isa isa) {
 
 RowsManyFn rows_many_fn(uint32_t type, Isa isa) {
   if (isa != Isa::AVX512) return nullptr;
-  if (g_vbmi && g_vbmi_on && rows_fn_kq_avx512vbmi(type)) return rows_many_fn_kq_avx512vbmi(type);  // as rows_fn
+  if (g_vbmi && g_vbmi_on && g_vnni_on && rows_fn_kq_avx512vbmi(type)) return rows_many_fn_kq_avx512vbmi(type);  // as rows_fn
   return rows_many_fn_kq_avx512(type);
 }
 

@@ -124,6 +124,7 @@ RowsFn rows_fn_kq_ref(uint32_t type);
 RowsFn rows_fn_kq_avx2(uint32_t type);
 RowsFn rows_fn_kq8_avx2(uint32_t type);  // 8-bit weights x 8-bit activations for windows of <= 3 rows (AVX2)
 RowsFn rows_fn_kq_avx512(uint32_t type);
+RowsFn rows_fn_kq8_avx512(uint32_t type);  // Q4_K: 4-bit codes as bytes (vpmaddubsw), cpu/kquants8_avx512.cpp
 RowsFn rows_fn_kq_avx512vbmi(uint32_t type);  // IQ2_XXS, IQ3_XXS with AVX-512 VBMI (cpu/kquants_avx512vbmi.cpp)
 // Several passes of one prepared ActRows at once (pass p's output rows at y + p * kMaxRowsPerPass * ldy): each
 // output element bit-identical to the RowsFn of the same type and ISA on that pass; nullptr where the type and
@@ -136,6 +137,9 @@ bool cpu_has_avx512vnni();
 bool cpu_has_avx512vbmi();
 // Tests: with false, the AVX-512 path leaves out the VBMI kernels (the same results either way, tested).
 void allow_vbmi(bool on);
+// Tests: with false, the AVX-512 kernels take their paths for CPUs without VNNI (vpmaddwd + vpaddd for vpdpwssd;
+// no VBMI kernels, which need VNNI): the same results either way, tested.
+void allow_vnni(bool on);
 
 // The canonical 16-lane reduction, shared by the scalar twins.
 inline float reduce16(const float* l) {

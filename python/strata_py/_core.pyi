@@ -21,6 +21,9 @@ def best_isa() -> str: ...
 
 def has_avx512vbmi() -> bool: ...
 
+def allow_vnni(on: bool) -> None:
+    """Tests: whether the AVX-512 kernels may use VNNI (and so VBMI); results are the same either way."""
+
 def allow_vbmi(on: bool) -> None:
     """
     Tests: whether the AVX-512 path may use the VBMI kernels (IQ2_XXS, IQ3_XXS); results are the same either way.

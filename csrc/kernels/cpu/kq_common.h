@@ -150,6 +150,24 @@ inline __m256i q3k_codes(const uint8_t* b, int j) {
   const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, j), _mm256_set1_epi8(1));
   return _mm256_sub_epi8(ql, _mm256_andnot_si256(_mm256_slli_epi16(hb, 2), _mm256_set1_epi8(4)));  // hb ? 0 : 4
 }
+// Only for the ISA translation units (AVX2 and up): the Q4_K/Q5_K block header in vector registers, the same
+// values as k4_head: ddm = [d, dmin, ...], sc16 / m16 = the eight 6-bit scales / mins as int16 words (k4_scales'
+// bit layout done on the three header dwords at once; the scalar version and its byte reloads cost about half of
+// a T = 1 Q4_K product).
+inline void k4_head_simd(const uint8_t* b, __m128& ddm, __m128i& sc16, __m128i& m16) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));  // d, dmin, 12 scale bytes
+  ddm = _mm_cvtph_ps(h);
+  const __m128i u = _mm_srli_si128(h, 4);                                   // [u0, u1, u2, 0]
+  const __m128i a = _mm_shuffle_epi32(u, _MM_SHUFFLE(2, 2, 1, 0));          // [u0, u1, u2, u2]
+  const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                                   _mm_setr_epi32(0x3f3f3f3f, 0x3f3f3f3f, 0x0f0f0f0f, 0x0f0f0f0f));
+  // ((x >> 6) & 0x03030303) << 4 == (x >> 2) & 0x30303030, for the high halves only
+  const __m128i c = _mm_shuffle_epi32(u, _MM_SHUFFLE(1, 0, 1, 0));          // [u0, u1, u0, u1]
+  const __m128i hi = _mm_and_si128(_mm_srli_epi32(c, 2), _mm_setr_epi32(0, 0, 0x30303030, 0x30303030));
+  const __m128i r = _mm_shuffle_epi32(_mm_or_si128(lo, hi), _MM_SHUFFLE(3, 1, 2, 0));  // [sc_lo, sc_hi, m_lo, m_hi]
+  sc16 = _mm_cvtepu8_epi16(r);
+  m16 = _mm_cvtepu8_epi16(_mm_srli_si128(r, 8));
+}
 // The Q4_K/Q5_K block header: d, dmin, and the eight 6-bit scales and mins.
 inline void k4_head(const uint8_t* b, float& d, float& dmin, uint8_t* sc, uint8_t* m) {
   d = h2f(b);
