@@ -159,6 +159,7 @@ void rows_kq8_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r
     __m256 Lm = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
       Blk8 k;
+      prefetch_ahead<Dec::kBytes>(row + b * Dec::kBytes);
       Dec::decode(row + b * Dec::kBytes, k);
       __m256i aw[8], sc[4];
       for (int j = 0; j < 8; j++) aw[j] = Dec::kSigned ? _mm256_abs_epi8(k.w[j]) : k.w[j];

@@ -72,7 +72,7 @@ void rows_q4k8_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t 
     __m256 Lm = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
       const uint8_t* blk = row + b * kBytes;
-      if (b + 1 < nb) _mm_prefetch(reinterpret_cast<const char*>(blk + kBytes + 64), _MM_HINT_T0);
+      prefetch_ahead<kBytes>(blk);
       __m128 ddm;
       __m128i sc16, m16;
       k4_head_simd(blk, ddm, sc16, m16);

@@ -287,6 +287,7 @@ void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0
       __m256i w[16];
       float d, dmin;
       alignas(16) uint8_t m[8] = {0};
+      prefetch_ahead<Dec::kBytes>(row + b * Dec::kBytes);
       Dec::decode(row + b * Dec::kBytes, w, d, dmin, m);
       const int16_t* qb = a.q.q + b * QK_K;
       const float* dx = a.q.d + b * 8;

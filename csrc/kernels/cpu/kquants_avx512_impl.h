@@ -303,7 +303,7 @@ void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0
     __m256 Lm = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
       const uint8_t* blk = row + b * Dec::kBytes;
-      if (b + 1 < nb) _mm_prefetch(reinterpret_cast<const char*>(blk + Dec::kBytes + 64), _MM_HINT_T0);
+      prefetch_ahead<Dec::kBytes>(blk);
       __m512i w[8];
       float d, dmin;
       __m128i mins;
@@ -413,7 +413,7 @@ void rows_kq_many(const MatView& W, const Act* pass, int np, float* y, int64_t l
       PanelBlock* pb = panel.data() + (r - rb) * nb;
       for (int64_t b = 0; b < nb; b++) {
         const uint8_t* blk = row + b * Dec::kBytes;
-        if (b + 1 < nb) _mm_prefetch(reinterpret_cast<const char*>(blk + Dec::kBytes + 64), _MM_HINT_T0);
+        prefetch_ahead<Dec::kBytes>(blk);
         Dec::decode(blk, pb[b].w, pb[b].d, pb[b].dmin, pb[b].mins);
       }
     }
