@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/blocks32.h"
+#include "kernels/cpu/kq_common.h"
 #include "kernels/cpu/reduce16.h"
 #include "kernels/matmul.h"
 #include "kernels/quants.h"
@@ -147,6 +148,7 @@ void rows_b32_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r
     for (int t = 0; t < T; t++) lo[t] = hi[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
       __m256 w[4];
+      kq::prefetch_ahead<Blk::kBytes>(row + b * Blk::kBytes);
       Blk::decode(row + b * Blk::kBytes, w);
       const float* xb = x + b * 32;
       for (int t = 0; t < T; t++) {
