@@ -92,6 +92,7 @@ RowsFn rows_fn(uint32_t type, Isa isa) {
 RowsManyFn rows_many_fn(uint32_t type, Isa isa) {
   if (isa != Isa::AVX512) return nullptr;
   if (g_vbmi && g_vbmi_on && g_vnni_on && rows_fn_kq_avx512vbmi(type)) return rows_many_fn_kq_avx512vbmi(type);  // as rows_fn
+  if (RowsManyFn g = rows_many_fn_kq8_avx512(type)) return g;
   return rows_many_fn_kq_avx512(type);
 }
 

@@ -132,6 +132,7 @@ RowsFn rows_fn_kq_avx512vbmi(uint32_t type);  // IQ2_XXS, IQ3_XXS with AVX-512 V
 using RowsManyFn = void (*)(const MatView& W, const Act* pass, int np, float* y, int64_t ldy, int64_t r0, int64_t r1);
 RowsManyFn rows_many_fn(uint32_t type, Isa isa);
 RowsManyFn rows_many_fn_kq_avx512(uint32_t type);
+RowsManyFn rows_many_fn_kq8_avx512(uint32_t type);  // Q4_K (cpu/kquants8_avx512.cpp)
 RowsManyFn rows_many_fn_kq_avx512vbmi(uint32_t type);
 bool cpu_has_avx512vnni();
 bool cpu_has_avx512vbmi();

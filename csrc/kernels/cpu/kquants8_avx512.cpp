@@ -118,11 +118,108 @@ void rows_q4k8(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0
   with_rows(a.T, [&](auto t) { rows_q4k8_t<kVnni, decltype(t)::value>(W, a, y, ldy, r0, r1); });
 }
 
+// Many passes (a prompt window): kPanelRows weight rows decoded once into a panel (their spread codes, scale
+// pairs and header) and multiplied from it into every pass, each output element by exactly rows_q4k8_t's
+// operations (the stored registers reload unchanged). Half the activation bytes of the widening panel path
+// (kquants_avx512_impl.h rows_kq_many) per product.
+struct alignas(64) Panel8 {
+  __m512i w[4];
+  int32_t s2[4];
+  __m128i m16;
+  float d, dmin;
+};
+constexpr int64_t kPanelRows = 8;
+
+template <bool kVnni, int T>
+void panel_row8(const Panel8* pb, int64_t nb, const Act& a, const int8_t* xi, float* y, int64_t ldy, int64_t r) {
+  const __m512i idx01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+  const int64_t cols = a.q.cols;
+  __m512 L[T];
+  for (int t = 0; t < T; t++) L[t] = _mm512_setzero_ps();
+  __m256 Lm = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; b++) {
+    const Panel8& B = pb[b];
+    const __m512i w0 = _mm512_load_si512(&B.w[0]), w1 = _mm512_load_si512(&B.w[1]);
+    const __m512i w2 = _mm512_load_si512(&B.w[2]), w3 = _mm512_load_si512(&B.w[3]);
+    const __m512i s01 = _mm512_set1_epi32(B.s2[0]), s23 = _mm512_set1_epi32(B.s2[1]);
+    const __m512i s45 = _mm512_set1_epi32(B.s2[2]), s67 = _mm512_set1_epi32(B.s2[3]);
+    const float* dx = a.q.d + b * 8;
+    const int16_t* bs = a.q.bsum + b * 64;
+    for (int t = 0; t < T; t++) {
+      const int8_t* q = xi + t * cols + b * QK_K;
+      __m512i acc = _mm512_madd_epi16(_mm512_maddubs_epi16(w0, _mm512_load_si512(q)), s01);
+      acc = dot_pairs<kVnni>(acc, _mm512_maddubs_epi16(w1, _mm512_load_si512(q + 64)), s23);
+      acc = dot_pairs<kVnni>(acc, _mm512_maddubs_epi16(w2, _mm512_load_si512(q + 128)), s45);
+      acc = dot_pairs<kVnni>(acc, _mm512_maddubs_epi16(w3, _mm512_load_si512(q + 192)), s67);
+      L[t] = _mm512_fmadd_ps(_mm512_set1_ps(B.d * dx[t]), _mm512_cvtepi32_ps(acc), L[t]);
+    }
+    const __m512i mz = _mm512_castsi128_si512(B.m16);
+    const __m512i M16 = _mm512_add_epi32(_mm512_madd_epi16(_mm512_loadu_si512(bs), _mm512_permutexvar_epi32(idx01, mz)),
+                                         _mm512_madd_epi16(_mm512_loadu_si512(bs + 32), _mm512_permutexvar_epi32(idx23, mz)));
+    const __m256i M8 = _mm256_add_epi32(_mm512_castsi512_si256(M16), _mm512_extracti64x4_epi64(M16, 1));
+    Lm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(B.dmin), _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(M8), Lm);
+  }
+  alignas(32) float lm[8];
+  _mm256_store_ps(lm, Lm);
+  for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16(L[t]) - lm[t];
+}
+
+template <bool kVnni>
+void rows_many_q4k8(const MatView& W, const Act* pass, int np, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  constexpr int kBytes = 144;
+  const int64_t nb = W.cols / QK_K;
+  const int64_t cols = W.cols;
+  thread_local std::vector<Panel8> panel;  // [kPanelRows][nb]
+  thread_local std::vector<int8_t, Align64<int8_t>> xi_all, xi;  // every pass's rows, interleaved
+  if ((int64_t)panel.size() < kPanelRows * nb) panel.resize(kPanelRows * nb);
+  xi_all.resize((size_t)np * kMaxRowsPerPass * cols);
+  for (int p = 0; p < np; p++) {
+    interleave_act(pass[p].q, pass[p].T, xi);
+    std::copy(xi.begin(), xi.begin() + (int64_t)pass[p].T * cols, xi_all.begin() + (int64_t)p * kMaxRowsPerPass * cols);
+  }
+  const __m512i nib = _mm512_set1_epi32(0x0F0F0F0F);
+  for (int64_t rb = r0; rb < r1; rb += kPanelRows) {
+    const int64_t re = rb + kPanelRows < r1 ? rb + kPanelRows : r1;
+    for (int64_t r = rb; r < re; r++) {
+      const uint8_t* row = W.data + r * W.row_bytes;
+      Panel8* pb = panel.data() + (r - rb) * nb;
+      for (int64_t b = 0; b < nb; b++) {
+        const uint8_t* blk = row + b * kBytes;
+        prefetch_ahead<kBytes>(blk);
+        __m128 ddm;
+        __m128i sc16;
+        k4_head_simd(blk, ddm, sc16, pb[b].m16);
+        pb[b].d = _mm_cvtss_f32(ddm);
+        pb[b].dmin = _mm_cvtss_f32(_mm_movehdup_ps(ddm));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(pb[b].s2), sc16);
+        for (int c = 0; c < 4; c++) {
+          const __m512i x =
+              _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c)));
+          pb[b].w[c] = _mm512_ternarylogic_epi32(x, _mm512_slli_epi32(x, 12), nib, 0xA8);
+        }
+      }
+    }
+    for (int p = 0; p < np; p++)
+      with_rows(pass[p].T, [&](auto t) {
+        for (int64_t r = rb; r < re; r++)
+          panel_row8<kVnni, decltype(t)::value>(panel.data() + (r - rb) * nb, nb, pass[p],
+                                                xi_all.data() + (int64_t)p * kMaxRowsPerPass * cols,
+                                                y + (int64_t)p * kMaxRowsPerPass * ldy, ldy, r);
+      });
+  }
+}
+
 }  // namespace
 
 RowsFn rows_fn_kq8_avx512(uint32_t type) {
   if (type != GGML_Q4_K) return nullptr;
   return cpu_has_avx512vnni() ? rows_q4k8<true> : rows_q4k8<false>;
+}
+
+RowsManyFn rows_many_fn_kq8_avx512(uint32_t type) {
+  if (type != GGML_Q4_K) return nullptr;
+  return cpu_has_avx512vnni() ? rows_many_q4k8<true> : rows_many_q4k8<false>;
 }
 
 }  // namespace strata
