@@ -91,8 +91,8 @@ RowsFn rows_fn(uint32_t type, Isa isa) {
 
 RowsManyFn rows_many_fn(uint32_t type, Isa isa) {
   if (isa != Isa::AVX512) return nullptr;
-  if (g_vbmi && g_vbmi_on && g_vnni_on && rows_fn_kq_avx512vbmi(type)) return rows_many_fn_kq_avx512vbmi(type);  // as rows_fn
   if (RowsManyFn g = rows_many_fn_kq8_avx512(type)) return g;
+  if (g_vbmi && g_vbmi_on && g_vnni_on && rows_fn_kq_avx512vbmi(type)) return rows_many_fn_kq_avx512vbmi(type);  // as rows_fn
   return rows_many_fn_kq_avx512(type);
 }
 

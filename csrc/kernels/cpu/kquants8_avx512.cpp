@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/cpu/kq_common.h"
+#include "kernels/iq_tables.h"
 #include "kernels/cpu/reduce16.h"
 #include "kernels/matmul.h"
 #include "kernels/quants.h"
@@ -28,7 +29,9 @@ namespace {
 
 using namespace kq;
 
-// Rows [0, T) of the activation (int8 values stored as int16, quants.h) -> int8, interleaved per 64 values.
+// Rows [0, T) of the activation (int8 values stored as int16, quants.h) -> int8, interleaved per 64 values;
+// with kOffset, as the unsigned bytes q + 128 (for weights that carry signs, see rows_many_iq2xxs8).
+template <bool kOffset = false>
 void interleave_act(const QAct& q, int T, std::vector<int8_t, Align64<int8_t>>& out) {
   alignas(64) int16_t idx16[32];
   for (int k = 0; k < 16; k++) {
@@ -44,7 +47,8 @@ void interleave_act(const QAct& q, int T, std::vector<int8_t, Align64<int8_t>>& 
       const __m256i a = _mm512_cvtepi16_epi8(_mm512_loadu_si512(src + c));
       const __m256i b = _mm512_cvtepi16_epi8(_mm512_loadu_si512(src + c + 32));
       const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-      _mm512_store_si512(dst + c, _mm512_permutexvar_epi16(idx, ab));
+      const __m512i v = _mm512_permutexvar_epi16(idx, ab);
+      _mm512_store_si512(dst + c, kOffset ? _mm512_xor_si512(v, _mm512_set1_epi8(-128)) : v);
     }
   }
 }
@@ -124,13 +128,14 @@ void rows_q4k8(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0
 // (kquants_avx512_impl.h rows_kq_many) per product.
 struct alignas(64) Panel8 {
   __m512i w[4];
+  __m512i init;  // signed weights: the lane sums' start, -128 * (the same sums over the weights alone)
   int32_t s2[4];
   __m128i m16;
   float d, dmin;
 };
 constexpr int64_t kPanelRows = 8;
 
-template <bool kVnni, int T>
+template <bool kVnni, bool kSigned, int T>
 void panel_row8(const Panel8* pb, int64_t nb, const Act& a, const int8_t* xi, float* y, int64_t ldy, int64_t r) {
   const __m512i idx01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m512i idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
@@ -148,12 +153,18 @@ void panel_row8(const Panel8* pb, int64_t nb, const Act& a, const int8_t* xi, fl
     const int16_t* bs = a.q.bsum + b * 64;
     for (int t = 0; t < T; t++) {
       const int8_t* q = xi + t * cols + b * QK_K;
-      __m512i acc = _mm512_madd_epi16(_mm512_maddubs_epi16(w0, _mm512_load_si512(q)), s01);
-      acc = dot_pairs<kVnni>(acc, _mm512_maddubs_epi16(w1, _mm512_load_si512(q + 64)), s23);
-      acc = dot_pairs<kVnni>(acc, _mm512_maddubs_epi16(w2, _mm512_load_si512(q + 128)), s45);
-      acc = dot_pairs<kVnni>(acc, _mm512_maddubs_epi16(w3, _mm512_load_si512(q + 192)), s67);
+      // (signed weights: the bytes are the weights, the activations the unsigned operand q + 128)
+      const __m512i p0 = kSigned ? _mm512_maddubs_epi16(_mm512_load_si512(q), w0) : _mm512_maddubs_epi16(w0, _mm512_load_si512(q));
+      const __m512i p1 = kSigned ? _mm512_maddubs_epi16(_mm512_load_si512(q + 64), w1) : _mm512_maddubs_epi16(w1, _mm512_load_si512(q + 64));
+      const __m512i p2 = kSigned ? _mm512_maddubs_epi16(_mm512_load_si512(q + 128), w2) : _mm512_maddubs_epi16(w2, _mm512_load_si512(q + 128));
+      const __m512i p3 = kSigned ? _mm512_maddubs_epi16(_mm512_load_si512(q + 192), w3) : _mm512_maddubs_epi16(w3, _mm512_load_si512(q + 192));
+      __m512i acc = kSigned ? dot_pairs<kVnni>(_mm512_load_si512(&B.init), p0, s01) : _mm512_madd_epi16(p0, s01);
+      acc = dot_pairs<kVnni>(acc, p1, s23);
+      acc = dot_pairs<kVnni>(acc, p2, s45);
+      acc = dot_pairs<kVnni>(acc, p3, s67);
       L[t] = _mm512_fmadd_ps(_mm512_set1_ps(B.d * dx[t]), _mm512_cvtepi32_ps(acc), L[t]);
     }
+    if constexpr (kSigned) continue;  // no mins
     const __m512i mz = _mm512_castsi128_si512(B.m16);
     const __m512i M16 = _mm512_add_epi32(_mm512_madd_epi16(_mm512_loadu_si512(bs), _mm512_permutexvar_epi32(idx01, mz)),
                                          _mm512_madd_epi16(_mm512_loadu_si512(bs + 32), _mm512_permutexvar_epi32(idx23, mz)));
@@ -162,7 +173,7 @@ void panel_row8(const Panel8* pb, int64_t nb, const Act& a, const int8_t* xi, fl
   }
   alignas(32) float lm[8];
   _mm256_store_ps(lm, Lm);
-  for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16(L[t]) - lm[t];
+  for (int t = 0; t < T; t++) y[t * ldy + r] = kSigned ? reduce16(L[t]) : reduce16(L[t]) - lm[t];
 }
 
 template <bool kVnni>
@@ -203,9 +214,74 @@ void rows_many_q4k8(const MatView& W, const Act* pass, int np, float* y, int64_t
     for (int p = 0; p < np; p++)
       with_rows(pass[p].T, [&](auto t) {
         for (int64_t r = rb; r < re; r++)
-          panel_row8<kVnni, decltype(t)::value>(panel.data() + (r - rb) * nb, nb, pass[p],
+          panel_row8<kVnni, false, decltype(t)::value>(panel.data() + (r - rb) * nb, nb, pass[p],
                                                 xi_all.data() + (int64_t)p * kMaxRowsPerPass * cols,
                                                 y + (int64_t)p * kMaxRowsPerPass * ldy, ldy, r);
+      });
+  }
+}
+
+// IQ2_XXS prompt windows: w = (2s+1) * grid * sign has signed bytes (|grid * sign| <= 43), so the activations
+// are the unsigned operand, q + 128, and every lane starts from -128 times the same lane sums over the weights
+// alone (exact integers: P[k] = sum s (q + 128) w - 128 sum s w); pairs <= 2 * 255 * 43 < 2^15, no saturation.
+// The panel holds, per 64-value group c, the signed grid bytes of sub-blocks 2c, 2c+1 with their words k
+// interleaved (dword k = pair k of 2c, pair k of 2c+1) and the scale pair (2s+1 of each).
+template <bool kVnni>
+void rows_many_iq2xxs8(const MatView& W, const Act* pass, int np, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  constexpr int kBytes = 66;
+  const int64_t nb = W.cols / QK_K;
+  const int64_t cols = W.cols;
+  thread_local std::vector<Panel8> panel;  // [kPanelRows][nb]
+  thread_local std::vector<int8_t, Align64<int8_t>> xi_all, xi;  // every pass's rows, interleaved, + 128
+  if ((int64_t)panel.size() < kPanelRows * nb) panel.resize(kPanelRows * nb);
+  xi_all.resize((size_t)np * kMaxRowsPerPass * cols);
+  for (int p = 0; p < np; p++) {
+    interleave_act<true>(pass[p].q, pass[p].T, xi);
+    std::copy(xi.begin(), xi.begin() + (int64_t)pass[p].T * cols, xi_all.begin() + (int64_t)p * kMaxRowsPerPass * cols);
+  }
+  alignas(64) int16_t il16[32];
+  for (int k = 0; k < 16; k++) {
+    il16[2 * k] = (int16_t)k;             // word k of sub-block 2c
+    il16[2 * k + 1] = (int16_t)(32 + k);  // word k of sub-block 2c + 1 (the second table)
+  }
+  const __m512i il = _mm512_load_si512(il16);
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t rb = r0; rb < r1; rb += kPanelRows) {
+    const int64_t re = rb + kPanelRows < r1 ? rb + kPanelRows : r1;
+    for (int64_t r = rb; r < re; r++) {
+      const uint8_t* row = W.data + r * W.row_bytes;
+      Panel8* pb = panel.data() + (r - rb) * nb;
+      for (int64_t b = 0; b < nb; b++) {
+        const uint8_t* blk = row + b * kBytes;
+        prefetch_ahead<kBytes>(blk);
+        Panel8& P = pb[b];
+        P.d = h2f(blk) * 0.125f;
+        P.dmin = 0.f;
+        __m256i sg[8];
+        int16_t sc[8];
+        for (int ib = 0; ib < 8; ib++) {
+          const uint8_t* q = blk + 2 + 8 * ib;
+          const uint32_t aux1 = u32_at(q + 4);
+          const __m256i g = _mm256_set_epi64x((long long)kIq2xxsGrid[q[3]], (long long)kIq2xxsGrid[q[2]],
+                                              (long long)kIq2xxsGrid[q[1]], (long long)kIq2xxsGrid[q[0]]);
+          sg[ib] = iq_signed(g, aux1);
+          sc[ib] = (int16_t)(2 * (aux1 >> 28) + 1);
+        }
+        __m512i wsum = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) {
+          P.w[c] = _mm512_permutex2var_epi16(_mm512_castsi256_si512(sg[2 * c]), il, _mm512_castsi256_si512(sg[2 * c + 1]));
+          P.s2[c] = (int32_t)(uint16_t)sc[2 * c] | (int32_t)sc[2 * c + 1] << 16;
+          wsum = dot_pairs<kVnni>(wsum, _mm512_maddubs_epi16(ones, P.w[c]), _mm512_set1_epi32(P.s2[c]));
+        }
+        P.init = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(wsum, 7));
+      }
+    }
+    for (int p = 0; p < np; p++)
+      with_rows(pass[p].T, [&](auto t) {
+        for (int64_t r = rb; r < re; r++)
+          panel_row8<kVnni, true, decltype(t)::value>(panel.data() + (r - rb) * nb, nb, pass[p],
+                                               xi_all.data() + (int64_t)p * kMaxRowsPerPass * cols,
+                                               y + (int64_t)p * kMaxRowsPerPass * ldy, ldy, r);
       });
   }
 }
@@ -218,8 +294,12 @@ RowsFn rows_fn_kq8_avx512(uint32_t type) {
 }
 
 RowsManyFn rows_many_fn_kq8_avx512(uint32_t type) {
-  if (type != GGML_Q4_K) return nullptr;
-  return cpu_has_avx512vnni() ? rows_many_q4k8<true> : rows_many_q4k8<false>;
+  const bool vnni = cpu_has_avx512vnni();
+  switch (type) {
+    case GGML_Q4_K: return vnni ? rows_many_q4k8<true> : rows_many_q4k8<false>;
+    case GGML_IQ2_XXS: return vnni ? rows_many_iq2xxs8<true> : rows_many_iq2xxs8<false>;
+    default: return nullptr;
+  }
 }
 
 }  // namespace strata
