@@ -197,7 +197,7 @@ class Model:
         self._core._inject_io_fault(kinds[kind], int(count))
 
     def session(self, *, n_ctx: int | None = None, max_window: int = 8, fold: str = "lazy",
-                mtp: bool = False, prefill: str = "serial") -> "Session":
+                mtp: bool = False, prefill: str = "serial", backend: str = "cpu") -> "Session":
         """A new timeline at position 0. n_ctx defaults to min(4096, the model's context).
 
         fold: how a verify window's kept DeltaNet rows become history: "lazy" (default, at the next run),
@@ -207,10 +207,14 @@ class Model:
         row by row, the same bits as T = 1 steps; the faster form on the CPUs measured) or "chunked" (the
         chunked gated delta rule: within float rounding of serial steps). Windows equal serial decoding bit for
         bit after either.
+        backend: where the forward runs: "cpu" (default, the native CPU forward), "cuda" (weights and state on the
+        GPU, csrc/model/backend_forward.h; needs strata built with -Cmake.define.STRATA_CUDA=ON) or "cpu-backend"
+        (the same backend forward over the CPU backend, for tests). The GPU session refuses, by name, what it does
+        not run yet (MTP, checkpoints, fold="partial", prefill="chunked", expert streaming, qwen4exp).
         """
         if n_ctx is None:
             n_ctx = min(4096, self.n_ctx_train)
-        return Session(self, _core.Session(self._core, n_ctx, max_window, fold, mtp, prefill))
+        return Session(self, _core.Session(self._core, n_ctx, max_window, fold, mtp, prefill, backend))
 
     def load_session(self, path: str | Path, **kw) -> "Session":
         """A session restored from a file written by Session.save (refused if from another model or damaged)."""
