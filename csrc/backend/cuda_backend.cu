@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <vector>
 
@@ -40,6 +41,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     cudaSetDevice(device_);
     if (scratch_) cudaFree(scratch_);
+    if (aux_) cudaFree(aux_);
     cudaStreamDestroy(stream_);
   }
   std::string name() const override { return name_; }
@@ -93,6 +95,73 @@ class CudaBackend final : public Backend {
     use();
     cuda::moe_route(logits, T, E, k, sel, wt, stream_);
   }
+  void matmul_sel(const MatView& W0, size_t expert_bytes, const int32_t* sel, int n, int xdiv, const float* x,
+                  int64_t ldx, float* y, int64_t ldy) override {
+    use();
+    const size_t need = cuda::matmul_sel_scratch_bytes(W0.type, (n + xdiv - 1) / xdiv, W0.cols);
+    cuda::matmul_sel(W0, expert_bytes, sel, n, xdiv, x, ldx, y, ldy, scratch(need), stream_);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    use();
+    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "device copy");
+  }
+  void add(float* x, const float* y, int64_t n) override {
+    use();
+    cuda::add(x, y, n, stream_);
+  }
+  void conv_silu(const float* hist, const float* w_t, int T, int64_t n, int64_t ld, int K, float* out) override {
+    use();
+    cuda::conv_silu(hist, w_t, T, n, ld, K, out, stream_);
+  }
+  void dn_gates(float* conv, int64_t ld, const float* ba, const float* ssm_a, const float* dt_bias, int T, int64_t nk,
+                int64_t nv, int64_t dk, float* eg, float* beta) override {
+    use();
+    const float qscale = 1.f / std::sqrt((float)dk);  // deltanet.cpp's, on the host
+    cuda::dn_gates(conv, ld, ba, ssm_a, dt_bias, T, nk, nv, dk, qscale, eg, beta, stream_);
+  }
+  void dn_heads(float* S, float* S_work, const DnHeads& a, int T, int n_src) override {
+    use();
+    cuda::dn_heads(S, S_work, a, T, n_src, stream_);
+  }
+  void dn_untile(const float* rawf, float* raw, int64_t cd, int64_t key_dim, const float* fz, float* z, const float* fb,
+                 const float* fa, float* ba, const int32_t* fh, int T, int64_t nk, int64_t nv, int64_t dv) override {
+    use();
+    cuda::dn_untile(rawf, raw, cd, key_dim, fz, z, fb, fa, ba, fh, T, nk, nv, dv, stream_);
+  }
+  void dn_retile(const float* y, float* out, const int32_t* fh, int T, int64_t nv, int64_t dv) override {
+    use();
+    cuda::dn_retile(y, out, fh, T, nv, dv, stream_);
+  }
+  void gated_norm(const float* x, const float* w, const float* z, int64_t n, int rows, float eps, bool sig,
+                  float* y) override {
+    use();
+    cuda::gated_norm(x, w, z, n, rows, eps, sig, y, stream_);
+  }
+  void mul_sigmoid_rows(float* o, int64_t ldo, const float* g, int64_t ldg, int64_t n, int rows) override {
+    use();
+    cuda::mul_sigmoid_rows(o, ldo, g, ldg, n, rows, stream_);
+  }
+  void silu_mul(float* g, const float* u, int64_t n) override {
+    use();
+    cuda::silu_mul(g, u, n, stream_);
+  }
+  void norm_rope(float* x, int64_t ldt, int64_t ldh, int T, int nh, const float* w, int64_t hd, float eps,
+                 const float* cs, const float* sn, int64_t n_rot, int64_t pos0) override {
+    use();
+    cuda::norm_rope(x, ldt, ldh, T, nh, w, hd, eps, cs, sn, n_rot, pos0, stream_);
+  }
+  void moe_combine(const float* yg, const float* wt, int T, int k, int64_t H, const float* sh, const float* gate_shexp,
+                   const float* x, float* out) override {
+    use();
+    if (sh && (size_t)T * sizeof(float) > aux_bytes_) {  // the shared-expert gates of the rows
+      sync();
+      if (aux_) cudaFree(aux_);
+      aux_ = nullptr;
+      aux_ = alloc((size_t)T * sizeof(float));
+      aux_bytes_ = (size_t)T * sizeof(float);
+    }
+    cuda::moe_combine(yg, wt, T, k, H, sh, gate_shexp, x, out, static_cast<float*>(aux_), stream_);
+  }
   // The CPU's checks first (the same errors), then the kernels; waits for the row status so that a row without a
   // finite logit raises pick_token's error, naming its position.
   void sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p, const int32_t* committed,
@@ -135,6 +204,8 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+  void* aux_ = nullptr;
+  size_t aux_bytes_ = 0;
 };
 
 CudaBackend& as_cuda(Backend& b) {
