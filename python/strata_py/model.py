@@ -127,12 +127,12 @@ class Model:
             raise ValueError(f"bad option routing={routing!r}: expected 'natural' or 'approximate'")
         if backend not in ("cpu", "cuda", "cpu-backend"):
             raise ValueError(f"bad option backend={backend!r}: expected 'cpu', 'cuda' or 'cpu-backend'")
-        if backend == "cuda" and not _core.cuda_available():
-            raise RuntimeError(f"bad option backend='cuda' (--backend cuda): {_core.cuda_info()}"
-                               + " (strata needs a build with -Cmake.define.STRATA_CUDA=ON and a usable NVIDIA GPU)")
         if backend != "cpu" and mib != -1:
             raise ValueError(f"bad option cache_mib={cache_mib!r} with backend={backend!r}: expert streaming runs "
                              "only on backend='cpu' (the other backends keep every expert resident)")
+        if backend == "cuda" and not _core.cuda_available():
+            raise RuntimeError(f"bad option backend='cuda' (--backend cuda): {_core.cuda_info()}"
+                               + " (strata needs a build with -Cmake.define.STRATA_CUDA=ON and a usable NVIDIA GPU)")
         if path is None:
             path = default_model_path()
             if not path.exists():

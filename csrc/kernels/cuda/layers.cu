@@ -254,18 +254,4 @@ void moe_combine(const float* yg, const float* wt, int T, int k, int64_t H, cons
   launched("moe_combine");
 }
 
-// Tests: the libm twins on n inputs.
-__global__ void k_libm(const float* __restrict__ x, int64_t n, float* __restrict__ e, float* __restrict__ l) {
-  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) {
-    e[i] = expf_glibc(x[i]);
-    l[i] = log1pf_glibc(x[i]);
-  }
-}
-void libm_twins(const float* x, int64_t n, float* e, float* l, void* stream) {
-  if (n <= 0) return;
-  k_libm<<<blocks(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(x, n, e, l);
-  launched("libm");
-}
-
 }  // namespace strata::cuda

@@ -2,7 +2,8 @@
 // moe.cpp's shared-expert gate): glibc's expf (sysdeps/ieee754/flt-32/e_expf.c, the __expf_fma build x86-64 glibc
 // selects on a CPU with FMA: its products fused as that build fuses them) and log1pf (s_log1pf.c, float operations,
 // no contraction). Checked against glibc 2.36 on x86-64 over all 2^32 float inputs, 0 differences each
-// (tests/test_cuda_layers.py checks them against the host's libm on the device machine).
+// (tests/test_cuda_forward.py: dn_gates and moe_combine on wide-range inputs equal the CPU backend's, which calls
+// the host's libm).
 #pragma once
 #include <cstdint>
 

@@ -55,7 +55,5 @@ void norm_rope(float* x, int64_t ldt, int64_t ldh, int T, int nh, const float* w
                const float* sn, int64_t n_rot, int64_t pos0, void* stream);
 void moe_combine(const float* yg, const float* wt, int T, int k, int64_t H, const float* sh, const float* gate_shexp,
                  const float* x, float* out, float* sg, void* stream);
-// Tests: glibc's expf and log1pf twins (libm_inl.cuh) of n device floats.
-void libm_twins(const float* x, int64_t n, float* e, float* l, void* stream);
 
 }  // namespace strata::cuda
