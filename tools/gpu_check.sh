@@ -7,7 +7,7 @@
 # OUT gets build.log, tests.log, junit.xml, bench_cuda.json, nvidia-smi.txt, gpu_check.txt (the table) and
 # gpu-h200.json (the keys, null for what is not measured yet; commit it as docs/results/gpu-h200.json).
 # COMMIT: the source's commit, for the JSON (default: git rev-parse HEAD, where the tree is a checkout).
-# GGUF_WHEEL: a gguf wheel to install when `import gguf` fails (the lent machine has no gguf and no network).
+# GGUF_WHEEL: wheels to install (the lent machine has no gguf, no llguidance and no network).
 # BENCH_ARGS: more arguments for bench/bench_cuda.py (e.g. "--types Q4_K,IQ2_XXS" to fit a short call).
 # BENCH_CAP_S: stop the bench after this many seconds (it saves its JSON after every row, so the table and JSON
 # still come out with what it measured: the ops first, then the products). The GPU tests run under a 6-minute cap
@@ -29,8 +29,11 @@ if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc CUDAHOSTCXX
 export CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
 echo "compilers: CXX=${CXX:-} CC=${CC:-} CUDAHOSTCXX=${CUDAHOSTCXX:-} ($(${CXX:-g++} --version | head -1))"
 mkdir -p "$SITE"
-if ! $PY -c "import gguf" 2>/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --target "$SITE" "${3:?gguf is missing: pass a gguf wheel}" || exit 1
+# GGUF_WHEEL: one wheel or several (space-separated: gguf, and llguidance for the decode tests), installed into SITE
+if [ -n "${3:-}" ]; then
+  $PY -m pip install -q --no-index --no-deps --target "$SITE" $3 || exit 1
+elif ! $PY -c "import gguf" 2>/dev/null; then
+  echo "gguf is missing: pass a gguf wheel"; exit 1
 fi
 
 t0=$(date +%s)

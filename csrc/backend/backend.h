@@ -61,6 +61,14 @@ class Backend {
   virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void sync() = 0;  // wait until every operation issued so far has finished
 
+  // Independent work side by side (no effect on any value): fork(n) opens n lanes that start after everything
+  // issued so far; lane(i) sends the operations issued next to lane i; join() waits for every lane, and later
+  // operations follow them all. Operations in different lanes must not touch the same memory. The CPU backend runs
+  // everything in order (its operations are parallel inside); CUDA: one stream per lane.
+  virtual void fork(int n) {}
+  virtual void lane(int i) {}
+  virtual void join() {}
+
   // T-row products, any T >= 1: y[t * ldy + r] = sum_c W[r][c] * x[t * ldx + c] (matmul.h).
   virtual void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy) = 0;
   // T rows of n: y[t] = (x[t] * rsqrt(mean(x[t]^2) + eps)) * w (ops.h rmsnorm, its 16-lane sum of squares).

@@ -34,15 +34,53 @@ class CudaBackend final : public Backend {
     cudaDeviceProp p;
     check(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
     name_ = cat("cuda:", device, " (", p.name, ")");
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaStreamCreateWithFlags(&main_, cudaStreamNonBlocking), "cudaStreamCreate");
+    stream_ = main_;
     static std::once_flag tables[64];
     std::call_once(tables[device % 64], [] { cuda::init_tables(); });
   }
   ~CudaBackend() override {
     cudaSetDevice(device_);
-    if (scratch_) cudaFree(scratch_);
+    for (auto& sc : scratch_)
+      if (sc.p) cudaFree(sc.p);
     if (aux_) cudaFree(aux_);
-    cudaStreamDestroy(stream_);
+    for (int i = 0; i < kLanes; i++) {
+      if (lanes_[i]) cudaStreamDestroy(lanes_[i]);
+      if (lane_done_[i]) cudaEventDestroy(lane_done_[i]);
+    }
+    if (forked_ev_) cudaEventDestroy(forked_ev_);
+    cudaStreamDestroy(main_);
+  }
+  // Lanes: streams that wait for an event recorded on the main stream at fork, and the main stream waits for each
+  // lane's event at join. Each lane has its own scratch, so products in different lanes never share it.
+  void fork(int n) override {
+    STRATA_CHECK(stream_ == main_ && n_forked_ == 0, "cuda backend: fork inside a fork");
+    STRATA_CHECK(n >= 1 && n <= kLanes, "cuda backend: fork(", n, "): 1..", kLanes, " lanes");
+    use();
+    if (!forked_ev_) {
+      check(cudaEventCreateWithFlags(&forked_ev_, cudaEventDisableTiming), "cudaEventCreate");
+      for (int i = 0; i < kLanes; i++) {
+        check(cudaStreamCreateWithFlags(&lanes_[i], cudaStreamNonBlocking), "cudaStreamCreate");
+        check(cudaEventCreateWithFlags(&lane_done_[i], cudaEventDisableTiming), "cudaEventCreate");
+      }
+    }
+    check(cudaEventRecord(forked_ev_, main_), "cudaEventRecord");
+    for (int i = 0; i < n; i++) check(cudaStreamWaitEvent(lanes_[i], forked_ev_, 0), "cudaStreamWaitEvent");
+    n_forked_ = n;
+  }
+  void lane(int i) override {
+    STRATA_CHECK(i >= 0 && i < n_forked_, "cuda backend: lane(", i, ") outside the ", n_forked_, " forked lanes");
+    stream_ = lanes_[i];
+    cur_ = i + 1;
+  }
+  void join() override {
+    for (int i = 0; i < n_forked_; i++) {
+      check(cudaEventRecord(lane_done_[i], lanes_[i]), "cudaEventRecord");
+      check(cudaStreamWaitEvent(main_, lane_done_[i], 0), "cudaStreamWaitEvent");
+    }
+    n_forked_ = 0;
+    stream_ = main_;
+    cur_ = 0;
   }
   std::string name() const override { return name_; }
   cudaStream_t stream() const { return stream_; }
@@ -72,7 +110,11 @@ class CudaBackend final : public Backend {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
     sync();
   }
-  void sync() override { check(cudaStreamSynchronize(stream_), "stream synchronize"); }
+  void sync() override {
+    check(cudaStreamSynchronize(stream_), "stream synchronize");
+    if (stream_ == main_)  // lanes not joined yet finish too
+      for (int i = 0; i < n_forked_; i++) check(cudaStreamSynchronize(lanes_[i]), "stream synchronize");
+  }
 
   void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy) override {
     use();
@@ -153,6 +195,7 @@ class CudaBackend final : public Backend {
   void moe_combine(const float* yg, const float* wt, int T, int k, int64_t H, const float* sh, const float* gate_shexp,
                    const float* x, float* out) override {
     use();
+    STRATA_CHECK(stream_ == main_, "cuda backend: moe_combine inside a fork");
     if (sh && (size_t)T * sizeof(float) > aux_bytes_) {  // the shared-expert gates of the rows
       sync();
       if (aux_) cudaFree(aux_);
@@ -187,23 +230,31 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // Grow-only device scratch (the quantized activation rows). Only grown between operations: the stream is
-  // synchronized first, so no running kernel still reads the old buffer.
+  // Grow-only device scratch (the quantized activation rows), one per lane (0: the main stream). Only grown
+  // between operations: its stream is synchronized first, so no running kernel still reads the old buffer.
   void* scratch(size_t bytes) {
-    if (bytes > scratch_bytes_) {
-      sync();
-      if (scratch_) cudaFree(scratch_);
-      scratch_ = nullptr;
-      scratch_ = alloc(bytes);
-      scratch_bytes_ = bytes;
+    Scratch& sc = scratch_[cur_];
+    if (bytes > sc.bytes) {
+      check(cudaStreamSynchronize(stream_), "stream synchronize");
+      if (sc.p) cudaFree(sc.p);
+      sc.p = nullptr;
+      sc.p = alloc(bytes);
+      sc.bytes = bytes;
     }
-    return scratch_;
+    return sc.p;
   }
+  static constexpr int kLanes = 4;
+  struct Scratch {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
   int device_;
   std::string name_;
-  cudaStream_t stream_ = nullptr;
-  void* scratch_ = nullptr;
-  size_t scratch_bytes_ = 0;
+  cudaStream_t main_ = nullptr, stream_ = nullptr;  // stream_: the current lane's (main_ outside a fork)
+  cudaStream_t lanes_[kLanes] = {};
+  cudaEvent_t lane_done_[kLanes] = {}, forked_ev_ = nullptr;
+  int n_forked_ = 0, cur_ = 0;
+  Scratch scratch_[kLanes + 1];
   void* aux_ = nullptr;
   size_t aux_bytes_ = 0;
 };

@@ -292,15 +292,26 @@ struct BackendSession::Impl {
       fz.grow(*be, (size_t)T * d_inner * 4);
       fb.grow(*be, (size_t)T * nv * 4);
       fa.grow(*be, (size_t)T * nv * 4);
+      be->fork(4);  // the four projections side by side
+      be->lane(0);
       be->matmul(w.wqkv, xin, H, T, rawf.f(), cd);
+      be->lane(1);
       be->matmul(w.wgate, xin, H, T, fz.f(), d_inner);
+      be->lane(2);
       be->matmul(w.ssm_beta, xin, H, T, fb.f(), nv);
+      be->lane(3);
       be->matmul(w.ssm_alpha, xin, H, T, fa.f(), nv);
+      be->join();
       be->dn_untile(rawf.f(), raw.f(), cd, key_dim, fz.f(), z.f(), fb.f(), fa.f(), ba.f(), w.file_head, T, nk, nv, dv);
     } else {
+      be->fork(3);
+      be->lane(0);
       be->matmul(w.wqkv, xin, H, T, raw.f(), cd);
+      be->lane(1);
       be->matmul(w.wgate, xin, H, T, z.f(), d_inner);
+      be->lane(2);
       be->matmul(w.ssm_ba, xin, H, T, ba.f(), 2 * nv);
+      be->join();
     }
     // causal conv over [committed history ++ this window's raw rows]
     if (K > 1) be->copy(hist.f(), st.conv.f(), (size_t)(K - 1) * cd * 4);
@@ -338,12 +349,17 @@ struct BackendSession::Impl {
     att.grow(*be, (size_t)T * nh * hd * 4);
     float* kc = st.k.f() + pos0 * width;
     float* vc = st.v.f() + pos0 * width;
+    be->fork(3);
+    be->lane(0);
     be->matmul(w.wq, xin, H, T, qg.f(), nh * hd * 2);
-    be->matmul(w.wk, xin, H, T, kc, width);
-    be->matmul(w.wv, xin, H, T, vc, width);
     be->norm_rope(qg.f(), nh * hd * 2, 2 * hd, T, (int)nh, w.q_norm, hd, hp.rms_eps, rope_cs.f(), rope_sn.f(), hp.n_rot,
                   pos0);
+    be->lane(1);
+    be->matmul(w.wk, xin, H, T, kc, width);
     be->norm_rope(kc, width, hd, T, (int)nkv, w.k_norm, hd, hp.rms_eps, rope_cs.f(), rope_sn.f(), hp.n_rot, pos0);
+    be->lane(2);
+    be->matmul(w.wv, xin, H, T, vc, width);
+    be->join();
     const float scale = 1.f / std::sqrt((float)hd);
     for (int64_t g = 0; g < nkv; g++) {
       const AttendArgs args{qg.f() + g * group * hd * 2, nh * hd * 2, 2 * hd, T, (int)group, st.k.f() + g * hd,
@@ -365,6 +381,15 @@ struct BackendSession::Impl {
     act.grow(*be, (size_t)S * F * 4);
     up.grow(*be, (size_t)S * F * 4);
     yg.grow(*be, (size_t)S * H * 4);
+    const int64_t Fs = hp.n_ff_shexp;
+    if (w.has_shexp) {
+      sa.grow(*be, (size_t)T * Fs * 4);
+      su.grow(*be, (size_t)T * Fs * 4);
+      sh.grow(*be, (size_t)T * H * 4);
+    }
+    // lane 0: routing and the routed experts; lane 1: the shared expert (over every row)
+    be->fork(w.has_shexp ? 2 : 1);
+    be->lane(0);
     be->matmul(w.router, xin, H, T, rl.f(), E);
     be->moe_route(rl.f(), T, E, (int)k, sel.i(), wt.f());
     be->matmul_sel(w.gate, w.gate_bytes, sel.i(), (int)S, (int)k, xin, H, act.f(), F);
@@ -373,16 +398,14 @@ struct BackendSession::Impl {
     be->matmul_sel(w.down, w.down_bytes, sel.i(), (int)S, 1, act.f(), F, yg.f(), H);
     const float* shp = nullptr;
     if (w.has_shexp) {
-      const int64_t Fs = hp.n_ff_shexp;
-      sa.grow(*be, (size_t)T * Fs * 4);
-      su.grow(*be, (size_t)T * Fs * 4);
-      sh.grow(*be, (size_t)T * H * 4);
+      be->lane(1);
       be->matmul(w.gate_sh, xin, H, T, sa.f(), Fs);
       be->matmul(w.up_sh, xin, H, T, su.f(), Fs);
       be->silu_mul(sa.f(), su.f(), T * Fs);
       be->matmul(w.down_sh, sa.f(), Fs, T, sh.f(), H);
       shp = sh.f();
     }
+    be->join();
     be->moe_combine(yg.f(), wt.f(), T, (int)k, H, shp, w.gate_inp_shexp, xin, out);
   }
 
