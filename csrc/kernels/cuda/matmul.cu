@@ -60,6 +60,9 @@ __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, si
 #pragma unroll
     for (int t = 0; t < TT; t++) acc[i][t] = 0.f;
   const int64_t padded = (cols + 15) / 16 * 16;
+  // unrolled: several columns' loads in flight ahead of the lane's FMA chain (its order is unchanged); small
+  // matrices (the F32 router: 32 thread blocks) were waiting on one load at a time
+#pragma unroll 4
   for (int64_t c = lane; c < padded; c += 16) {
     const bool in = c < cols;
     float w[R];
