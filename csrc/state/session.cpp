@@ -32,6 +32,27 @@ Session::Session(std::shared_ptr<const Model> model, const SessionOptions& opt) 
                ": must be in 1..64");
   if (opt_.mtp && !model_->weights().mtp.present)
     fail<std::invalid_argument>("bad option mtp=True: ", model_->file().path(), " has no MTP block (blk.N.nextn.*)");
+  if (!is_backend_name(opt_.backend))
+    fail<std::invalid_argument>("bad option backend='", opt_.backend, "': expected 'cpu', 'cuda' or 'cpu-backend'");
+  if (opt_.backend != "cpu") {
+    const std::string& b = opt_.backend;
+    if (hp.arch == Arch::Qwen4Exp)
+      fail<std::invalid_argument>("bad option backend='", b, "': ", arch_name(hp.arch), " runs only on backend='cpu'");
+    if (opt_.mtp) fail<std::invalid_argument>("bad option mtp=True: MTP drafting runs only on backend='cpu' (backend='", b, "')");
+    if (opt_.fold == FoldMode::Partial)
+      fail<std::invalid_argument>("bad option fold='partial': backend='", b, "' folds eagerly ('lazy' or 'eager')");
+    if (opt_.chunked_prefill)
+      fail<std::invalid_argument>("bad option prefill='chunked': backend='", b, "' runs prompt windows serially");
+    if (model_->experts())
+      fail<std::invalid_argument>("bad option cache_mib: expert streaming runs only on backend='cpu' (backend='", b,
+                                  "' keeps every expert resident; load the model with cache_mib=-1)");
+    // the state lives in the backend's memory (BackendSession): none of the host state below is allocated; on
+    // the CPU backend it is host memory all the same, so the host check applies
+    if (b == "cpu-backend")
+      check_fits_in_memory(state_bytes(hp, opt_), cat("a session with n_ctx=", opt_.n_ctx, " (KV cache and DeltaNet state)"));
+    bs_ = std::make_unique<BackendSession>(model_, opt_, b);
+    return;
+  }
   // the state's size, before any of it is allocated: a context far above RAM is an error, not a kill
   check_fits_in_memory(state_bytes(hp, opt_), cat("a session with n_ctx=", opt_.n_ctx, " (KV cache and DeltaNet state)"));
   if (opt_.mtp) mtp_kv_.init(opt_.n_ctx + 16, hp.n_head_kv * hp.head_dim);
@@ -50,22 +71,6 @@ Session::Session(std::shared_ptr<const Model> model, const SessionOptions& opt) 
     }
   }
   if (hp.ple.layer >= 0) ple_.init(hp.hc * hp.n_embd, hp.ple.history(), opt_.max_window);
-  if (!is_backend_name(opt_.backend))
-    fail<std::invalid_argument>("bad option backend='", opt_.backend, "': expected 'cpu', 'cuda' or 'cpu-backend'");
-  if (opt_.backend != "cpu") {
-    const std::string& b = opt_.backend;
-    if (hp.arch == Arch::Qwen4Exp)
-      fail<std::invalid_argument>("bad option backend='", b, "': ", arch_name(hp.arch), " runs only on backend='cpu'");
-    if (opt_.mtp) fail<std::invalid_argument>("bad option mtp=True: MTP drafting runs only on backend='cpu' (backend='", b, "')");
-    if (opt_.fold == FoldMode::Partial)
-      fail<std::invalid_argument>("bad option fold='partial': backend='", b, "' folds eagerly ('lazy' or 'eager')");
-    if (opt_.chunked_prefill)
-      fail<std::invalid_argument>("bad option prefill='chunked': backend='", b, "' runs prompt windows serially");
-    if (model_->experts())
-      fail<std::invalid_argument>("bad option cache_mib: expert streaming runs only on backend='cpu' (backend='", b,
-                                  "' keeps every expert resident; load the model with cache_mib=-1)");
-    bs_ = std::make_unique<BackendSession>(model_, opt_, b);
-  }
 }
 
 Session::~Session() = default;
@@ -541,6 +546,7 @@ void Session::record_qsa(bool on) {
 }
 
 std::map<int64_t, std::vector<std::vector<int32_t>>> Session::qsa_selected() const {
+  if (bs_) return {};  // no QSA layer runs on a backend (qwen4exp is refused)
   std::map<int64_t, std::vector<std::vector<int32_t>>> out;
   const HParams& hp = model_->hp();
   for (int64_t il = 0; il < hp.n_layer; il++)
