@@ -61,6 +61,7 @@ struct Buf {
 struct BackendModel {
   std::shared_ptr<const Model> model;
   std::unique_ptr<Backend> be;
+  std::mutex mu;  // sessions on other threads share the backend (its stream, lanes and scratch): one forward at a time
   bool host = false;  // the CPU backend: views point at the mapping and the loaded vectors
   std::vector<std::unique_ptr<Buf>> held;
   struct Dn {
@@ -225,6 +226,7 @@ struct BackendSession::Impl {
 
   Impl(std::shared_ptr<const Model> model, const SessionOptions& opt, const std::string& name)
       : bm(backend_model(model, name)), be(bm->be.get()), m(model.get()), max_window(opt.max_window), n_ctx(opt.n_ctx) {
+    std::lock_guard<std::mutex> lk(bm->mu);
     const HParams& hp = m->hp();
     slot.resize((size_t)hp.n_layer);
     const int64_t width = hp.n_head_kv * hp.head_dim;
@@ -493,9 +495,16 @@ BackendSession::~BackendSession() = default;
 std::string BackendSession::backend_name() const { return p_->be->name(); }
 void BackendSession::run(const int32_t* tokens, int T, int64_t pos0, bool in_place, bool last_only, float* logits,
                          float* hidden) {
+  std::lock_guard<std::mutex> lk(p_->bm->mu);
   p_->run(tokens, T, pos0, in_place, last_only, logits, hidden);
 }
-void BackendSession::commit(int keep) { p_->commit(keep); }
-void BackendSession::reset() { p_->reset(); }
+void BackendSession::commit(int keep) {
+  std::lock_guard<std::mutex> lk(p_->bm->mu);
+  p_->commit(keep);
+}
+void BackendSession::reset() {
+  std::lock_guard<std::mutex> lk(p_->bm->mu);
+  p_->reset();
+}
 
 }  // namespace strata
