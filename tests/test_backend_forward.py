@@ -96,3 +96,12 @@ def test_cli_backend_cuda_without_a_gpu(tiny_q8_model):
                         "--backend", "cuda", "--max-tokens", "2", "hello"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "backend='cuda' (--backend cuda)" in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("tool", ["serve", "chat"])
+def test_server_and_chat_refuse_a_backend(tool, capsys):
+    """The server's and chat's prompt cache restores checkpoints, which a backend session does not take yet."""
+    import importlib
+    main = importlib.import_module(f"strata_py.{tool}").main
+    assert main(["--backend", B]) == 2
+    assert "bad option --backend cpu-backend" in capsys.readouterr().err
