@@ -86,7 +86,14 @@ struct SessionOptions {
   // of serial steps) instead of the serial recurrence (bit-identical to T = 1 steps). Off by default: on the
   // CPUs measured (docs/BENCHMARKS.md, issue 17) the strip-mined recurrence is the faster of the two.
   bool chunked_prefill = false;
+  // Where the forward runs (issue 19): "cpu" (the native CPU forward), "cuda" (model/backend_forward.h on the
+  // CUDA backend: weights and state on the GPU, device 0) or "cpu-backend" (that forward over the CPU backend:
+  // tests and benches). Not "cpu": no MTP, checkpoints, fold="partial", chunked prefill, expert streaming or
+  // qwen4exp yet (refused by name).
+  std::string backend = "cpu";
 };
+
+class BackendSession;
 
 // Committed state at one position, flushed (no pending fold). Restore is bit-identical.
 struct Checkpoint {
@@ -117,6 +124,9 @@ struct Checkpoint {
 class Session {
  public:
   Session(std::shared_ptr<const Model> model, const SessionOptions& opt);
+  ~Session();
+  // The backend's name ("cpu" for the native forward, "cuda:0 (NVIDIA H200)", ...).
+  std::string backend_name() const;
   // Bytes of state a session with these options allocates (checked against RAM before it does).
   static uint64_t state_bytes(const HParams& hp, const SessionOptions& opt);
 
@@ -227,6 +237,8 @@ class Session {
   int64_t steer_origin_ = 0;
   PhraseState steer_state_;
   void steer_rescan();
+  std::unique_ptr<BackendSession> bs_;  // the forward on a backend (options().backend != "cpu"), else null
+  void refuse_on_backend(const char* what) const;
 };
 
 // The MTP block (spec qwen3next.md 1.8) over T rows at positions pos0..: input rows are main hidden states

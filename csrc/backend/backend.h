@@ -12,10 +12,12 @@
 // Host-side descriptions (the DnRow array, AttendArgs, SamplingParams) live in host memory; the pointers inside them
 // and every array argument (logits, tokens, sel / wt, out) are the backend's memory.
 //
-// Status (second milestone of issue 19): the CPU backend forwards every operation to the existing kernels, which
-// the model code (csrc/model/*.cpp) still calls directly; the CUDA backend implements every operation with the
-// CPU backend's results: products, norms, dn_rows and attend bit for bit (attend: attend_ref's order), moe_route
-// bit for bit, sample_rows the same tokens (one stated bound, kernels/cuda/sample.cu).
+// Status (third milestone of issue 19): the CPU backend forwards every operation to the code the CPU model uses
+// (kernels, ops.h, rowops.h); the model's forward over this interface is model/backend_forward.cpp (the native CPU
+// forward, csrc/model/*.cpp, still calls the kernels directly and stays the default). The CUDA backend implements
+// every operation with the CPU backend's results: products, norms, the layer operations and attend bit for bit
+// (attend: attend_ref's order; the libm exp / log1p of the gates: ported, kernels/cuda/libm_inl.cuh), moe_route bit
+// for bit, sample_rows the same tokens (one stated bound, kernels/cuda/sample.cu).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -29,6 +31,24 @@
 
 namespace strata {
 
+// Every value head of a DeltaNet layer through T rows (dn_heads): row t, value head h (key head g = h / (nv / nk))
+// reads k at k + t * ldk + g * dk, v at v + t * ldv + h * dv, q at q + t * ldq + g * dk (unused without o),
+// eg[t * nv + h], beta[t * nv + h] (backend memory), and writes o + t * ldo + h * dv (o == nullptr: update only).
+// Head h's state is S + h * dk * dv (and S_work's).
+struct DnHeads {
+  const float* k;
+  int64_t ldk;
+  const float* v;
+  int64_t ldv;
+  const float* q;
+  int64_t ldq;
+  const float* eg;
+  const float* beta;
+  float* o;
+  int64_t ldo;
+  int64_t nk, nv, dk, dv;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -40,6 +60,14 @@ class Backend {
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void sync() = 0;  // wait until every operation issued so far has finished
+
+  // Independent work side by side (no effect on any value): fork(n) opens n lanes that start after everything
+  // issued so far; lane(i) sends the operations issued next to lane i; join() waits for every lane, and later
+  // operations follow them all. Operations in different lanes must not touch the same memory. The CPU backend runs
+  // everything in order (its operations are parallel inside); CUDA: one stream per lane.
+  virtual void fork(int n) {}
+  virtual void lane(int i) {}
+  virtual void join() {}
 
   // T-row products, any T >= 1: y[t * ldy + r] = sum_c W[r][c] * x[t * ldx + c] (matmul.h).
   virtual void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy) = 0;
@@ -54,6 +82,51 @@ class Backend {
   // MoE routing of T rows over E experts: softmax in fp32, top-k (ties: the lower id), weights renormalised over
   // the k (moe.cpp); sel[t * k + j], wt[t * k + j]. The expert union of the window is the set of sel's values.
   virtual void moe_route(const float* logits, int T, int64_t E, int k, int32_t* sel, float* wt) = 0;
+  // Expert products over a device-side selection: slot s < n gets y[s * ldy ..] = W_e . x[(s / xdiv) * ldx ..]
+  // with e = sel[s] and W_e the rows x cols matrix at W0.data + e * expert_bytes (W0: expert 0's view). Each slot's
+  // values are those of a one-row matmul of its expert, so the slots' batching never shows.
+  virtual void matmul_sel(const MatView& W0, size_t expert_bytes, const int32_t* sel, int n, int xdiv, const float* x,
+                          int64_t ldx, float* y, int64_t ldy) = 0;
+
+  // The layers' elementwise and per-row operations, each the CPU model's own code (ops.h, rowops.h) on the CPU
+  // backend and the same float operations in the same order on the others.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // within this backend's memory
+  virtual void add(float* x, const float* y, int64_t n) = 0;        // x = x + y (the residual add)
+  // rowops causal_conv_silu: hist [K-1+T][ld], w_t [K][ld], out [T][ld], channels c < n.
+  virtual void conv_silu(const float* hist, const float* w_t, int T, int64_t n, int64_t ld, int K, float* out) = 0;
+  // DeltaNet's per-row gates (deltanet.cpp), T rows of conv [T][ld] (q_all | k_all | v, key head g's q at g * dk,
+  // its k at nk * dk + g * dk) and ba [T][nk][b(r) | a(r)]: q <- l2norm(q) * (1 / sqrt(dk)), k <- l2norm(k),
+  // beta[t][h] = sigmoid(b), eg[t][h] = exp(ssm_a[h] * softplus(a + dt_bias[h])) (libm exp / log1p, ops.h).
+  virtual void dn_gates(float* conv, int64_t ld, const float* ba, const float* ssm_a, const float* dt_bias, int T,
+                        int64_t nk, int64_t nv, int64_t dk, float* eg, float* beta) = 0;
+  // dn_rows for every value head of a layer in one call (a.nv heads, T rows, n_src as in dn_rows).
+  virtual void dn_heads(float* S, float* S_work, const DnHeads& a, int T, int n_src) = 0;
+  // Qwen3.5's tiled value heads (deltanet.cpp, DnLayout::Split) to the grouped order, per row t: raw = rawf with
+  // its v channels (from 2 * key_dim on) permuted, v head j = file head
+  // file_head[j]; z head j = fz head file_head[j]; ba[t][(j / r) * 2r + j % r] = fb[t][file_head[j]] and
+  // ba[t][(j / r) * 2r + r + j % r] = fa[t][file_head[j]]. Data movement only.
+  virtual void dn_untile(const float* rawf, float* raw, int64_t cd, int64_t key_dim, const float* fz, float* z,
+                         const float* fb, const float* fa, float* ba, const int32_t* file_head, int T, int64_t nk,
+                         int64_t nv, int64_t dv) = 0;
+  // And back for ssm_out's columns: out[t][file_head[j] * dv ..] = y[t][j * dv ..] (dv floats per head).
+  virtual void dn_retile(const float* y, float* out, const int32_t* file_head, int T, int64_t nv, int64_t dv) = 0;
+  // rows of n: y = rmsnorm(x; w, eps) then y *= silu(z) (rowops mul_silu) or sigmoid(z) (mul_sigmoid); x, z, y
+  // [rows][n] contiguous.
+  virtual void gated_norm(const float* x, const float* w, const float* z, int64_t n, int rows, float eps, bool sigmoid,
+                          float* y) = 0;
+  // rows of n: o[r * ldo + i] *= sigmoid(g[r * ldg + i]) (rowops mul_sigmoid).
+  virtual void mul_sigmoid_rows(float* o, int64_t ldo, const float* g, int64_t ldg, int64_t n, int rows) = 0;
+  virtual void silu_mul(float* g, const float* u, int64_t n) = 0;  // g = silu(g) * u (rowops silu_mul)
+  // Attention's per-head norm and rotation (attention.cpp): row t, head h at x + t * ldt + h * ldh (hd floats) gets
+  // rmsnorm(w, eps) in place, then rope_neox of its first n_rot dims with the angles of position pos0 + t, read
+  // from cs / sn [position][n_rot / 2] (ops.h rope_angles, filled on the host).
+  virtual void norm_rope(float* x, int64_t ldt, int64_t ldh, int T, int nh, const float* w, int64_t hd, float eps,
+                         const float* cs, const float* sn, int64_t n_rot, int64_t pos0) = 0;
+  // MoE's combine (moe.cpp): out[t] = sum_j wt[t * k + j] * yg[t * k + j] (axpy in rank order from 0), then with a
+  // shared expert (sh != nullptr) + sigmoid(gl) * sh[t], gl = the running sum of gate_shexp[i] * x[t][i].
+  virtual void moe_combine(const float* yg, const float* wt, int T, int k, int64_t H, const float* sh,
+                           const float* gate_shexp, const float* x, float* out) = 0;
+
   // The window finish (sampler.h sample_rows): logits[T][n_vocab] -> out[T].
   virtual void sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p,
                            const int32_t* committed, int64_t n_committed, const int32_t* inputs, int64_t pos0,

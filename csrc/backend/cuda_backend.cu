@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <vector>
 
@@ -33,14 +34,53 @@ class CudaBackend final : public Backend {
     cudaDeviceProp p;
     check(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
     name_ = cat("cuda:", device, " (", p.name, ")");
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaStreamCreateWithFlags(&main_, cudaStreamNonBlocking), "cudaStreamCreate");
+    stream_ = main_;
     static std::once_flag tables[64];
     std::call_once(tables[device % 64], [] { cuda::init_tables(); });
   }
   ~CudaBackend() override {
     cudaSetDevice(device_);
-    if (scratch_) cudaFree(scratch_);
-    cudaStreamDestroy(stream_);
+    for (auto& sc : scratch_)
+      if (sc.p) cudaFree(sc.p);
+    if (aux_) cudaFree(aux_);
+    for (int i = 0; i < kLanes; i++) {
+      if (lanes_[i]) cudaStreamDestroy(lanes_[i]);
+      if (lane_done_[i]) cudaEventDestroy(lane_done_[i]);
+    }
+    if (forked_ev_) cudaEventDestroy(forked_ev_);
+    cudaStreamDestroy(main_);
+  }
+  // Lanes: streams that wait for an event recorded on the main stream at fork, and the main stream waits for each
+  // lane's event at join. Each lane has its own scratch, so products in different lanes never share it.
+  void fork(int n) override {
+    STRATA_CHECK(stream_ == main_ && n_forked_ == 0, "cuda backend: fork inside a fork");
+    STRATA_CHECK(n >= 1 && n <= kLanes, "cuda backend: fork(", n, "): 1..", kLanes, " lanes");
+    use();
+    if (!forked_ev_) {
+      check(cudaEventCreateWithFlags(&forked_ev_, cudaEventDisableTiming), "cudaEventCreate");
+      for (int i = 0; i < kLanes; i++) {
+        check(cudaStreamCreateWithFlags(&lanes_[i], cudaStreamNonBlocking), "cudaStreamCreate");
+        check(cudaEventCreateWithFlags(&lane_done_[i], cudaEventDisableTiming), "cudaEventCreate");
+      }
+    }
+    check(cudaEventRecord(forked_ev_, main_), "cudaEventRecord");
+    for (int i = 0; i < n; i++) check(cudaStreamWaitEvent(lanes_[i], forked_ev_, 0), "cudaStreamWaitEvent");
+    n_forked_ = n;
+  }
+  void lane(int i) override {
+    STRATA_CHECK(i >= 0 && i < n_forked_, "cuda backend: lane(", i, ") outside the ", n_forked_, " forked lanes");
+    stream_ = lanes_[i];
+    cur_ = i + 1;
+  }
+  void join() override {
+    for (int i = 0; i < n_forked_; i++) {
+      check(cudaEventRecord(lane_done_[i], lanes_[i]), "cudaEventRecord");
+      check(cudaStreamWaitEvent(main_, lane_done_[i], 0), "cudaStreamWaitEvent");
+    }
+    n_forked_ = 0;
+    stream_ = main_;
+    cur_ = 0;
   }
   std::string name() const override { return name_; }
   cudaStream_t stream() const { return stream_; }
@@ -70,7 +110,11 @@ class CudaBackend final : public Backend {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
     sync();
   }
-  void sync() override { check(cudaStreamSynchronize(stream_), "stream synchronize"); }
+  void sync() override {
+    check(cudaStreamSynchronize(stream_), "stream synchronize");
+    if (stream_ == main_)  // lanes not joined yet finish too
+      for (int i = 0; i < n_forked_; i++) check(cudaStreamSynchronize(lanes_[i]), "stream synchronize");
+  }
 
   void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy) override {
     use();
@@ -92,6 +136,74 @@ class CudaBackend final : public Backend {
   void moe_route(const float* logits, int T, int64_t E, int k, int32_t* sel, float* wt) override {
     use();
     cuda::moe_route(logits, T, E, k, sel, wt, stream_);
+  }
+  void matmul_sel(const MatView& W0, size_t expert_bytes, const int32_t* sel, int n, int xdiv, const float* x,
+                  int64_t ldx, float* y, int64_t ldy) override {
+    use();
+    const size_t need = cuda::matmul_sel_scratch_bytes(W0.type, (n + xdiv - 1) / xdiv, W0.cols);
+    cuda::matmul_sel(W0, expert_bytes, sel, n, xdiv, x, ldx, y, ldy, scratch(need), stream_);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    use();
+    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "device copy");
+  }
+  void add(float* x, const float* y, int64_t n) override {
+    use();
+    cuda::add(x, y, n, stream_);
+  }
+  void conv_silu(const float* hist, const float* w_t, int T, int64_t n, int64_t ld, int K, float* out) override {
+    use();
+    cuda::conv_silu(hist, w_t, T, n, ld, K, out, stream_);
+  }
+  void dn_gates(float* conv, int64_t ld, const float* ba, const float* ssm_a, const float* dt_bias, int T, int64_t nk,
+                int64_t nv, int64_t dk, float* eg, float* beta) override {
+    use();
+    const float qscale = 1.f / std::sqrt((float)dk);  // deltanet.cpp's, on the host
+    cuda::dn_gates(conv, ld, ba, ssm_a, dt_bias, T, nk, nv, dk, qscale, eg, beta, stream_);
+  }
+  void dn_heads(float* S, float* S_work, const DnHeads& a, int T, int n_src) override {
+    use();
+    cuda::dn_heads(S, S_work, a, T, n_src, stream_);
+  }
+  void dn_untile(const float* rawf, float* raw, int64_t cd, int64_t key_dim, const float* fz, float* z, const float* fb,
+                 const float* fa, float* ba, const int32_t* fh, int T, int64_t nk, int64_t nv, int64_t dv) override {
+    use();
+    cuda::dn_untile(rawf, raw, cd, key_dim, fz, z, fb, fa, ba, fh, T, nk, nv, dv, stream_);
+  }
+  void dn_retile(const float* y, float* out, const int32_t* fh, int T, int64_t nv, int64_t dv) override {
+    use();
+    cuda::dn_retile(y, out, fh, T, nv, dv, stream_);
+  }
+  void gated_norm(const float* x, const float* w, const float* z, int64_t n, int rows, float eps, bool sig,
+                  float* y) override {
+    use();
+    cuda::gated_norm(x, w, z, n, rows, eps, sig, y, stream_);
+  }
+  void mul_sigmoid_rows(float* o, int64_t ldo, const float* g, int64_t ldg, int64_t n, int rows) override {
+    use();
+    cuda::mul_sigmoid_rows(o, ldo, g, ldg, n, rows, stream_);
+  }
+  void silu_mul(float* g, const float* u, int64_t n) override {
+    use();
+    cuda::silu_mul(g, u, n, stream_);
+  }
+  void norm_rope(float* x, int64_t ldt, int64_t ldh, int T, int nh, const float* w, int64_t hd, float eps,
+                 const float* cs, const float* sn, int64_t n_rot, int64_t pos0) override {
+    use();
+    cuda::norm_rope(x, ldt, ldh, T, nh, w, hd, eps, cs, sn, n_rot, pos0, stream_);
+  }
+  void moe_combine(const float* yg, const float* wt, int T, int k, int64_t H, const float* sh, const float* gate_shexp,
+                   const float* x, float* out) override {
+    use();
+    STRATA_CHECK(stream_ == main_, "cuda backend: moe_combine inside a fork");
+    if (sh && (size_t)T * sizeof(float) > aux_bytes_) {  // the shared-expert gates of the rows
+      sync();
+      if (aux_) cudaFree(aux_);
+      aux_ = nullptr;
+      aux_ = alloc((size_t)T * sizeof(float));
+      aux_bytes_ = (size_t)T * sizeof(float);
+    }
+    cuda::moe_combine(yg, wt, T, k, H, sh, gate_shexp, x, out, static_cast<float*>(aux_), stream_);
   }
   // The CPU's checks first (the same errors), then the kernels; waits for the row status so that a row without a
   // finite logit raises pick_token's error, naming its position.
@@ -118,23 +230,33 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // Grow-only device scratch (the quantized activation rows). Only grown between operations: the stream is
-  // synchronized first, so no running kernel still reads the old buffer.
+  // Grow-only device scratch (the quantized activation rows), one per lane (0: the main stream). Only grown
+  // between operations: its stream is synchronized first, so no running kernel still reads the old buffer.
   void* scratch(size_t bytes) {
-    if (bytes > scratch_bytes_) {
-      sync();
-      if (scratch_) cudaFree(scratch_);
-      scratch_ = nullptr;
-      scratch_ = alloc(bytes);
-      scratch_bytes_ = bytes;
+    Scratch& sc = scratch_[cur_];
+    if (bytes > sc.bytes) {
+      check(cudaStreamSynchronize(stream_), "stream synchronize");
+      if (sc.p) cudaFree(sc.p);
+      sc.p = nullptr;
+      sc.p = alloc(bytes);
+      sc.bytes = bytes;
     }
-    return scratch_;
+    return sc.p;
   }
+  static constexpr int kLanes = 4;
+  struct Scratch {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
   int device_;
   std::string name_;
-  cudaStream_t stream_ = nullptr;
-  void* scratch_ = nullptr;
-  size_t scratch_bytes_ = 0;
+  cudaStream_t main_ = nullptr, stream_ = nullptr;  // stream_: the current lane's (main_ outside a fork)
+  cudaStream_t lanes_[kLanes] = {};
+  cudaEvent_t lane_done_[kLanes] = {}, forked_ev_ = nullptr;
+  int n_forked_ = 0, cur_ = 0;
+  Scratch scratch_[kLanes + 1];
+  void* aux_ = nullptr;
+  size_t aux_bytes_ = 0;
 };
 
 CudaBackend& as_cuda(Backend& b) {

@@ -134,9 +134,79 @@ struct AttendInputs {
   }
 };
 
+
+// The layer operations (backend.h) for tests: every array of `f` (float32) and `iv` (int32) is copied into the
+// backend's memory, the operation runs over them (ints / floats: its scalar arguments, in the order below), and
+// every array comes back as it stands after the operation (in-place operations show; outputs are the caller's
+// arrays, poisoned with NaN first by the tests).
+std::tuple<std::vector<std::vector<float>>, std::vector<std::vector<int32_t>>> layer_op(
+    const std::string& bname, const std::string& op, const std::vector<std::vector<float>>& f,
+    const std::vector<std::vector<int32_t>>& iv, const std::vector<int64_t>& n, const std::vector<double>& d) {
+  Backend& be = backend(bname);
+  std::vector<std::unique_ptr<Buf>> fb, ib;
+  for (auto& a : f) fb.push_back(std::make_unique<Buf>(be, a.data(), std::max<size_t>(a.size(), 1) * 4));
+  for (auto& a : iv) ib.push_back(std::make_unique<Buf>(be, a.data(), std::max<size_t>(a.size(), 1) * 4));
+  auto F = [&](size_t i) {
+    STRATA_CHECK(i < fb.size(), op, ": float array ", i, " missing");
+    return fb[i]->as<float>();
+  };
+  auto I = [&](size_t i) {
+    STRATA_CHECK(i < ib.size(), op, ": int array ", i, " missing");
+    return ib[i]->as<int32_t>();
+  };
+  auto N = [&](size_t i) {
+    STRATA_CHECK(i < n.size(), op, ": int argument ", i, " missing");
+    return n[i];
+  };
+  auto D = [&](size_t i) {
+    STRATA_CHECK(i < d.size(), op, ": float argument ", i, " missing");
+    return (float)d[i];
+  };
+  if (op == "add") be.add(F(0), F(1), N(0));
+  else if (op == "conv_silu") be.conv_silu(F(0), F(1), (int)N(0), N(1), N(2), (int)N(3), F(2));
+  else if (op == "dn_gates") be.dn_gates(F(0), N(0), F(1), F(2), F(3), (int)N(1), N(2), N(3), N(4), F(4), F(5));
+  else if (op == "dn_heads") {
+    // f: S, S_work, k, v, q, eg, beta, o; n: ldk, ldv, ldq, ldo, nk, nv, dk, dv, T, n_src, has_o, has_swork
+    const bool has_o = N(10) != 0;
+    const DnHeads a{F(2), N(0), F(3), N(1), has_o ? F(4) : nullptr, N(2), F(5), F(6), has_o ? F(7) : nullptr, N(3),
+                    N(4), N(5), N(6), N(7)};
+    be.dn_heads(F(0), N(11) ? F(1) : nullptr, a, (int)N(8), (int)N(9));
+  } else if (op == "gated_norm") be.gated_norm(F(0), F(1), F(2), N(0), (int)N(1), D(0), N(2) != 0, F(3));
+  else if (op == "mul_sigmoid_rows") be.mul_sigmoid_rows(F(0), N(0), F(1), N(1), N(2), (int)N(3));
+  else if (op == "silu_mul") be.silu_mul(F(0), F(1), N(0));
+  else if (op == "norm_rope")
+    be.norm_rope(F(0), N(0), N(1), (int)N(2), (int)N(3), F(1), N(4), D(0), F(2), F(3), N(5), N(6));
+  else if (op == "moe_combine")
+    be.moe_combine(F(0), F(1), (int)N(0), (int)N(1), N(2), N(3) ? F(2) : nullptr, F(3), F(4), F(5));
+  else if (op == "dn_untile")
+    be.dn_untile(F(0), F(1), N(0), N(1), F(2), F(3), F(4), F(5), F(6), I(0), (int)N(2), N(3), N(4), N(5));
+  else if (op == "dn_retile") be.dn_retile(F(0), F(1), I(0), (int)N(0), N(1), N(2));
+  else if (op == "matmul_sel") {
+    // f: x, y; iv: sel, the weight bytes as int32 words; n: type, rows, cols, n_slots, xdiv, ldx, ldy, expert_bytes
+    const MatView W0{reinterpret_cast<const uint8_t*>(I(1)), (uint32_t)N(0), N(1), N(2), row_bytes((uint32_t)N(0), N(2))};
+    be.matmul_sel(W0, (size_t)N(7), I(0), (int)N(3), (int)N(4), F(0), N(5), F(1), N(6));
+  } else if (op == "moe_route") {
+    be.moe_route(F(0), (int)N(0), N(1), (int)N(2), I(0), F(1));
+  } else fail<std::invalid_argument>("layer_op: unknown operation '", op, "'");
+  be.sync();
+  std::vector<std::vector<float>> fo(f.size());
+  std::vector<std::vector<int32_t>> io(iv.size());
+  for (size_t i = 0; i < f.size(); i++) {
+    fo[i].resize(f[i].size());
+    if (!f[i].empty()) be.download(fo[i].data(), fb[i]->p, f[i].size() * 4);
+  }
+  for (size_t i = 0; i < iv.size(); i++) {
+    io[i].resize(iv[i].size());
+    if (!iv[i].empty()) be.download(io[i].data(), ib[i]->p, iv[i].size() * 4);
+  }
+  return {fo, io};
+}
+
 }  // namespace
 
 void init_cuda(nb::module_& m) {
+  m.def("backend_layer_op", &layer_op, nb::arg("backend"), nb::arg("op"), nb::arg("f"), nb::arg("i"), nb::arg("n"),
+        nb::arg("d"), "Tests: one layer operation of backend.h on a backend (arrays in, the same arrays back).");
   m.def("cuda_available", &cuda_available, "Whether this build has CUDA and a usable device (never raises).");
   m.def("cuda_info", &cuda_info, "The CUDA runtime, driver and devices, or why none is usable.");
   m.def("backend_name", [](const std::string& b) { return backend(b).name(); }, nb::arg("backend"));

@@ -514,8 +514,9 @@ void init_model(nb::module_& m) {
       .def(
           "__init__",
           [](Session* s, std::shared_ptr<Model> model, int64_t n_ctx, int max_window, const std::string& fold, bool mtp,
-             const std::string& prefill) {
+             const std::string& prefill, const std::string& backend) {
             SessionOptions o;
+            o.backend = backend;
             o.mtp = mtp;
             if (prefill != "chunked" && prefill != "serial")
               fail<std::invalid_argument>("bad option prefill='", prefill, "': expected 'chunked' or 'serial'");
@@ -526,7 +527,9 @@ void init_model(nb::module_& m) {
             new (s) Session(model, o);
           },
           nb::arg("model"), nb::arg("n_ctx") = 4096, nb::arg("max_window") = 8, nb::arg("fold") = "lazy",
-          nb::arg("mtp") = false, nb::arg("prefill") = "serial")
+          nb::arg("mtp") = false, nb::arg("prefill") = "serial", nb::arg("backend") = "cpu")
+      .def_prop_ro("backend", [](const Session& s) { return s.options().backend; })
+      .def_prop_ro("backend_name", &Session::backend_name)
       .def_prop_ro("position", &Session::position)
       .def_prop_ro("n_ctx", &Session::n_ctx)
       .def_prop_ro("max_window", [](const Session& s) { return s.options().max_window; })

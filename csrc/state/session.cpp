@@ -15,6 +15,7 @@
 //   4. position += keep; committed tokens += the first keep inputs.
 #include <algorithm>
 
+#include "model/backend_forward.h"
 #include "state/checkpoint_file.h"
 #include "strata.h"
 #include "sampling/steer.h"
@@ -31,6 +32,27 @@ Session::Session(std::shared_ptr<const Model> model, const SessionOptions& opt) 
                ": must be in 1..64");
   if (opt_.mtp && !model_->weights().mtp.present)
     fail<std::invalid_argument>("bad option mtp=True: ", model_->file().path(), " has no MTP block (blk.N.nextn.*)");
+  if (!is_backend_name(opt_.backend))
+    fail<std::invalid_argument>("bad option backend='", opt_.backend, "': expected 'cpu', 'cuda' or 'cpu-backend'");
+  if (opt_.backend != "cpu") {
+    const std::string& b = opt_.backend;
+    if (hp.arch == Arch::Qwen4Exp)
+      fail<std::invalid_argument>("bad option backend='", b, "': ", arch_name(hp.arch), " runs only on backend='cpu'");
+    if (opt_.mtp) fail<std::invalid_argument>("bad option mtp=True: MTP drafting runs only on backend='cpu' (backend='", b, "')");
+    if (opt_.fold == FoldMode::Partial)
+      fail<std::invalid_argument>("bad option fold='partial': backend='", b, "' folds eagerly ('lazy' or 'eager')");
+    if (opt_.chunked_prefill)
+      fail<std::invalid_argument>("bad option prefill='chunked': backend='", b, "' runs prompt windows serially");
+    if (model_->experts())
+      fail<std::invalid_argument>("bad option cache_mib: expert streaming runs only on backend='cpu' (backend='", b,
+                                  "' keeps every expert resident; load the model with cache_mib=-1)");
+    // the state lives in the backend's memory (BackendSession): none of the host state below is allocated; on
+    // the CPU backend it is host memory all the same, so the host check applies
+    if (b == "cpu-backend")
+      check_fits_in_memory(state_bytes(hp, opt_), cat("a session with n_ctx=", opt_.n_ctx, " (KV cache and DeltaNet state)"));
+    bs_ = std::make_unique<BackendSession>(model_, opt_, b);
+    return;
+  }
   // the state's size, before any of it is allocated: a context far above RAM is an error, not a kill
   check_fits_in_memory(state_bytes(hp, opt_), cat("a session with n_ctx=", opt_.n_ctx, " (KV cache and DeltaNet state)"));
   if (opt_.mtp) mtp_kv_.init(opt_.n_ctx + 16, hp.n_head_kv * hp.head_dim);
@@ -49,6 +71,16 @@ Session::Session(std::shared_ptr<const Model> model, const SessionOptions& opt) 
     }
   }
   if (hp.ple.layer >= 0) ple_.init(hp.hc * hp.n_embd, hp.ple.history(), opt_.max_window);
+}
+
+Session::~Session() = default;
+
+std::string Session::backend_name() const { return bs_ ? bs_->backend_name() : "cpu"; }
+
+void Session::refuse_on_backend(const char* what) const {
+  if (bs_)
+    fail<std::logic_error>(what, ": not supported on backend='", opt_.backend, "' yet (the session's state is in ",
+                           bs_->backend_name(), " memory); use backend='cpu'");
 }
 
 uint64_t Session::state_bytes(const HParams& hp, const SessionOptions& opt) {
@@ -87,7 +119,8 @@ const float* Session::run(const int32_t* tokens, int T, bool last_only) {
   flush();  // the lazy fold of the last window's kept rows, before this run overwrites their saved inputs
   if (opt_.mtp && !mtp_backlog_tok_.empty() && mtp_backlog_tok_.back() < 0) mtp_backlog_tok_.back() = tokens[0];
   try {
-    forward(*model_, *this, tokens, T, pos_, in_place, partial, last_only, logits_.data(), hidden_.data());
+    if (bs_) bs_->run(tokens, T, pos_, in_place, last_only, logits_.data(), hidden_.data());
+    else forward(*model_, *this, tokens, T, pos_, in_place, partial, last_only, logits_.data(), hidden_.data());
     model_->check_files();  // a truncation during the forward read zeros (gguf/map_guard.h): discard it
   } catch (const std::exception& e) {
     // A failure inside the forward (e.g. a streamed expert read) stops at some layer. A verify window has
@@ -204,7 +237,9 @@ void Session::commit(int keep) {
   if (last_prompt_ && keep != last_T_)
     fail<std::invalid_argument>("commit(", keep, "): a prompt window of ", last_T_, " rows (more than max_window = ",
                                 opt_.max_window, ") commits all its rows");
-  if (!last_in_place_) {
+  if (bs_) {
+    bs_->commit(keep);  // the eager fold on the backend
+  } else if (!last_in_place_) {
     const int64_t first = opt_.fold == FoldMode::Partial ? 1 : 0;
     const int64_t n = keep - first;
     if (opt_.fold == FoldMode::Eager) {
@@ -336,12 +371,14 @@ void Session::reset() {
   last_T_ = 0;
   pend_n_ = 0;
   for (auto& st : dn_) st.reset();
+  if (bs_) bs_->reset();
   ple_.reset();
   steer_origin_ = 0;
   steer_rescan();
 }
 
 Checkpoint Session::checkpoint() {
+  refuse_on_backend("checkpoint()");
   if (last_T_ > 0) fail<std::logic_error>("checkpoint() while a commit is pending: commit the last window first");
   flush();
   Checkpoint cp;
@@ -376,6 +413,7 @@ Checkpoint Session::checkpoint() {
 }
 
 void Session::restore(const Checkpoint& cp) {
+  refuse_on_backend("restore()");
   if (cp.fingerprint != model_->fingerprint())
     fail<std::invalid_argument>("restore(): the checkpoint was taken with model ", cp.model_file, " (fingerprint ",
                                 std::hex, cp.fingerprint, "); this session's model is ", model_->file().path(),
@@ -469,9 +507,12 @@ CheckpointShape Session::checkpoint_shape() const {
 // reads state); a failed load leaves it as it was (restore() runs only on a fully validated checkpoint).
 void Session::save(const std::string& path) { write_checkpoint_file(path, checkpoint(), checkpoint_shape()); }
 
-void Session::load(const std::string& path) { restore(read_checkpoint_file(path, checkpoint_shape())); }
+void Session::load(const std::string& path) {
+  refuse_on_backend("load()");
+  restore(read_checkpoint_file(path, checkpoint_shape())); }
 
 std::map<std::string, std::vector<float>> Session::export_state() {
+  refuse_on_backend("export_state()");
   if (last_T_ > 0) fail<std::logic_error>("export_state() while a commit is pending");
   flush();
   std::map<std::string, std::vector<float>> out;
@@ -505,6 +546,7 @@ void Session::record_qsa(bool on) {
 }
 
 std::map<int64_t, std::vector<std::vector<int32_t>>> Session::qsa_selected() const {
+  if (bs_) return {};  // no QSA layer runs on a backend (qwen4exp is refused)
   std::map<int64_t, std::vector<std::vector<int32_t>>> out;
   const HParams& hp = model_->hp();
   for (int64_t il = 0; il < hp.n_layer; il++)

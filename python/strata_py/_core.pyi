@@ -250,7 +250,13 @@ class Checkpoint:
         """Bytes of state held (what a prefix cache budgets)."""
 
 class Session:
-    def __init__(self, model: Model, n_ctx: int = 4096, max_window: int = 8, fold: str = 'lazy', mtp: bool = False, prefill: str = 'serial') -> None: ...
+    def __init__(self, model: Model, n_ctx: int = 4096, max_window: int = 8, fold: str = 'lazy', mtp: bool = False, prefill: str = 'serial', backend: str = 'cpu') -> None: ...
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def backend_name(self) -> str: ...
 
     @property
     def position(self) -> int: ...
@@ -548,6 +554,11 @@ def masked_argmax(logits: Annotated[NDArray[numpy.float32], dict(shape=(None,), 
 
 def masked_argmax_sub(logits: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], sub: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], mask: Annotated[NDArray[numpy.uint32], dict(shape=(None,), order='C', device='cpu', writable=False)], ref: bool = False) -> int:
     """masked_argmax of logits - sub (not written); ref: twin."""
+
+def backend_layer_op(backend: str, op: str, f: Sequence[Sequence[float]], i: Sequence[Sequence[int]], n: Sequence[int], d: Sequence[float]) -> tuple[list[list[float]], list[list[int]]]:
+    """
+    Tests: one layer operation of backend.h on a backend (arrays in, the same arrays back).
+    """
 
 def cuda_available() -> bool:
     """Whether this build has CUDA and a usable device (never raises)."""

@@ -31,6 +31,9 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--approx-bonus", type=float, default=0.85, help="resident experts' score x exp(bonus) (row 0)")
     ap.add_argument("--approx-draft-protect", type=int, default=None, help="top-j kept for draft rows")
     ap.add_argument("--approx-draft-bonus", type=float, default=None, help="bonus for draft rows")
+    ap.add_argument("--backend", default="cpu", choices=("cpu", "cuda", "cpu-backend"),
+                    help="where the forward runs: cpu (default), cuda (weights and state on the GPU; needs a CUDA "
+                         "build: -Cmake.define.STRATA_CUDA=ON), cpu-backend (the backend forward on the CPU: tests)")
     ap.add_argument("--isa", default=None, choices=("scalar", "avx2", "avx512"),
                     help="use kernels of at most this instruction set (the output of a machine that has no more)")
 
@@ -53,7 +56,8 @@ def load_model(a: argparse.Namespace):
                       io_threads=a.io_threads, prefetch=not a.no_prefetch, prefetch_root_only=a.prefetch_root_only,
                       routing="approximate" if a.approximate_routing else "natural",
                       approx_protect=a.approx_protect, approx_bonus=a.approx_bonus,
-                      approx_draft_protect=a.approx_draft_protect, approx_draft_bonus=a.approx_draft_bonus)
+                      approx_draft_protect=a.approx_draft_protect, approx_draft_bonus=a.approx_draft_bonus,
+                      backend=a.backend)
 
 
 def add_generation_args(ap: argparse.ArgumentParser, defaults: GenerationConfig | None = None) -> None:

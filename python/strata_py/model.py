@@ -85,7 +85,7 @@ class Model:
              io_threads: int = 4, prefetch: bool = True, prefetch_root_only: bool = False,
              routing: str = "natural", approx_protect: int | None = None, approx_bonus: float = 0.85,
              approx_draft_protect: int | None = None, approx_draft_bonus: float | None = None,
-             ple_map_mib: int = 4096, _dense_attention: bool = False) -> "Model":
+             ple_map_mib: int = 4096, _dense_attention: bool = False, backend: str = "cpu") -> "Model":
         """Open a GGUF (default: the shipped model, checksum-verified). threads=None uses the physical cores (at
         most the CPUs this process may run on) and adapts to a busy machine (pool_stats()); an int is used as is.
         mtp: a separate MTP-only GGUF for the model (checked to fit: hidden size, vocabulary, expert shapes).
@@ -107,6 +107,9 @@ class Model:
         ple_map_mib (qwen4exp): a PLE n-gram table larger than this many MiB is read row by row with pread instead
         of through the file's mapping (the table is never read whole either way).
         _dense_attention (benches only): qwen4exp's QSA layers attend densely. This changes the model.
+        backend: where this model's sessions run by default (Model.session's backend): "cpu" (the native CPU
+        forward), "cuda" (the GPU: a RuntimeError here when strata was built without CUDA or no device is usable)
+        or "cpu-backend" (the backend forward over the CPU backend, for tests).
 
         Raises ValueError naming the file, tensor or key for a malformed or unsupported file.
         """
@@ -122,6 +125,14 @@ class Model:
             raise ValueError(f"bad option ple_map_mib={ple_map_mib!r}: expected an int >= 0 (MiB)")
         if routing not in ("natural", "approximate"):
             raise ValueError(f"bad option routing={routing!r}: expected 'natural' or 'approximate'")
+        if backend not in ("cpu", "cuda", "cpu-backend"):
+            raise ValueError(f"bad option backend={backend!r}: expected 'cpu', 'cuda' or 'cpu-backend'")
+        if backend != "cpu" and mib != -1:
+            raise ValueError(f"bad option cache_mib={cache_mib!r} with backend={backend!r}: expert streaming runs "
+                             "only on backend='cpu' (the other backends keep every expert resident)")
+        if backend == "cuda" and not _core.cuda_available():
+            raise RuntimeError(f"bad option backend='cuda' (--backend cuda): {_core.cuda_info()}"
+                               + " (strata needs a build with -Cmake.define.STRATA_CUDA=ON and a usable NVIDIA GPU)")
         if path is None:
             path = default_model_path()
             if not path.exists():
@@ -144,7 +155,11 @@ class Model:
             if str(path) in str(e):
                 raise
             raise ValueError(f"{path}: {e}") from e
-        return cls(core, tok, path)
+        m = cls(core, tok, path)
+        m.backend = backend
+        return m
+
+    backend = "cpu"  # where sessions run unless Model.session says otherwise (Model.load's backend)
 
     @property
     def config(self) -> dict:
@@ -197,7 +212,7 @@ class Model:
         self._core._inject_io_fault(kinds[kind], int(count))
 
     def session(self, *, n_ctx: int | None = None, max_window: int = 8, fold: str = "lazy",
-                mtp: bool = False, prefill: str = "serial") -> "Session":
+                mtp: bool = False, prefill: str = "serial", backend: str | None = None) -> "Session":
         """A new timeline at position 0. n_ctx defaults to min(4096, the model's context).
 
         fold: how a verify window's kept DeltaNet rows become history: "lazy" (default, at the next run),
@@ -207,10 +222,15 @@ class Model:
         row by row, the same bits as T = 1 steps; the faster form on the CPUs measured) or "chunked" (the
         chunked gated delta rule: within float rounding of serial steps). Windows equal serial decoding bit for
         bit after either.
+        backend: where the forward runs (default: the model's, Model.load's backend): "cpu" (the native CPU forward), "cuda" (weights and state on the
+        GPU, csrc/model/backend_forward.h; needs strata built with -Cmake.define.STRATA_CUDA=ON) or "cpu-backend"
+        (the same backend forward over the CPU backend, for tests). The GPU session refuses, by name, what it does
+        not run yet (MTP, checkpoints, fold="partial", prefill="chunked", expert streaming, qwen4exp).
         """
         if n_ctx is None:
             n_ctx = min(4096, self.n_ctx_train)
-        return Session(self, _core.Session(self._core, n_ctx, max_window, fold, mtp, prefill))
+        return Session(self, _core.Session(self._core, n_ctx, max_window, fold, mtp, prefill,
+                                           self.backend if backend is None else backend))
 
     def load_session(self, path: str | Path, **kw) -> "Session":
         """A session restored from a file written by Session.save (refused if from another model or damaged)."""

@@ -8,6 +8,7 @@
 
 #include <stdexcept>
 
+#include "backend/backend.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "util/common.h"
 
@@ -168,6 +169,162 @@ void dn_rows(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) fail<std::runtime_error>("cuda: launch of the dn_rows kernel: ", cudaGetErrorString(e));
   }
+}
+
+
+namespace {
+
+// dn_heads: every value head of a layer in one launch (blockIdx.y = head h), the rows read from backend memory
+// through the DnHeads strides (eg and beta too). The per-column operations are k_dn_rows' / k_dn_rows_split's.
+struct HeadRow {
+  const float *k, *v, *q;
+  float eg, beta;
+  float* o;
+};
+__device__ __forceinline__ HeadRow head_row(const DnHeads& a, int64_t h, int t) {
+  const int64_t g = h / (a.nv / a.nk);
+  return {a.k + t * a.ldk + g * a.dk, a.v + t * a.ldv + h * a.dv, a.q ? a.q + t * a.ldq + g * a.dk : nullptr,
+          a.eg[t * a.nv + h], a.beta[t * a.nv + h], a.o ? a.o + t * a.ldo + h * a.dv : nullptr};
+}
+
+template <int DK>
+__global__ void __launch_bounds__(32) k_dn_heads(float* __restrict__ S, float* __restrict__ S_work,
+                                                 const __grid_constant__ DnHeads A, int T, int n_src) {
+  const int64_t h = blockIdx.y, dk = A.dk, dv = A.dv;
+  const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= dv) return;
+  float* S0 = S + h * dk * dv;
+  float* Sw = S_work ? S_work + h * dk * dv : nullptr;
+  constexpr int kReg = DK > 0 ? DK : 1;
+  float s[kReg];
+  float* Sc = S0;
+  if constexpr (DK > 0) {
+#pragma unroll
+    for (int a = 0; a < DK; a++) s[a] = S0[a * dv + j];
+  }
+  for (int t = 0; t < T; t++) {
+    if (t == n_src) {  // the working copy starts from this column of S as it stands now
+      if constexpr (DK > 0) {
+#pragma unroll
+        for (int a = 0; a < DK; a++) S0[a * dv + j] = s[a];
+      } else {
+        for (int64_t a = 0; a < dk; a++) Sw[a * dv + j] = S0[a * dv + j];
+      }
+      Sc = Sw;
+    }
+    const HeadRow R = head_row(A, h, t);
+    float m = 0.f;
+    if constexpr (DK > 0) {
+#pragma unroll
+      for (int a = 0; a < DK; a++) {
+        s[a] = __fmul_rn(s[a], R.eg);
+        m = __fadd_rn(m, __fmul_rn(s[a], __ldg(R.k + a)));
+      }
+    } else {
+      for (int64_t a = 0; a < dk; a++) {
+        const float x = __fmul_rn(Sc[a * dv + j], R.eg);
+        Sc[a * dv + j] = x;
+        m = __fadd_rn(m, __fmul_rn(x, __ldg(R.k + a)));
+      }
+    }
+    m = __fmul_rn(__fsub_rn(__ldg(R.v + j), m), R.beta);
+    float o = 0.f;
+    const bool read = R.o != nullptr;
+    if constexpr (DK > 0) {
+#pragma unroll
+      for (int a = 0; a < DK; a++) {
+        s[a] = __fadd_rn(s[a], __fmul_rn(__ldg(R.k + a), m));
+        if (read) o = __fadd_rn(o, __fmul_rn(s[a], __ldg(R.q + a)));
+      }
+    } else {
+      for (int64_t a = 0; a < dk; a++) {
+        const float x = __fadd_rn(Sc[a * dv + j], __fmul_rn(__ldg(R.k + a), m));
+        Sc[a * dv + j] = x;
+        if (read) o = __fadd_rn(o, __fmul_rn(x, __ldg(R.q + a)));
+      }
+    }
+    if (read) R.o[j] = o;
+  }
+  if constexpr (DK > 0) {
+#pragma unroll
+    for (int a = 0; a < DK; a++) Sc[a * dv + j] = s[a];
+  }
+}
+
+template <int DK>
+__global__ void __launch_bounds__(32) k_dn_heads_split(float* __restrict__ S, float* __restrict__ S_work,
+                                                       const __grid_constant__ DnHeads A, int T, int n_src) {
+  constexpr int H = DK / 2;
+  const int64_t h = blockIdx.y, dv = A.dv;
+  const int lane = threadIdx.x, half = lane >> 4, lo = lane & 15;
+  const int64_t j = (int64_t)blockIdx.x * 16 + lo;
+  const bool valid = j < dv;
+  const int a0 = half * H;
+  float* S0 = S + h * DK * dv;
+  float* Sw = S_work ? S_work + h * DK * dv : nullptr;
+  float s[H];
+#pragma unroll
+  for (int i = 0; i < H; i++) s[i] = valid ? S0[(a0 + i) * dv + j] : 0.f;
+  float* Sc = S0;
+  for (int t = 0; t < T; t++) {
+    if (t == n_src) {
+      if (valid)
+#pragma unroll
+        for (int i = 0; i < H; i++) S0[(a0 + i) * dv + j] = s[i];
+      Sc = Sw;
+    }
+    const HeadRow R = head_row(A, h, t);
+    const float* k = R.k + a0;
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+      s[i] = __fmul_rn(s[i], R.eg);
+      m = __fadd_rn(m, __fmul_rn(s[i], __ldg(k + i)));
+    }
+    const float m_lo = __shfl_sync(0xffffffffu, m, lo);
+    if (half == 1) {
+      m = m_lo;
+#pragma unroll
+      for (int i = 0; i < H; i++) m = __fadd_rn(m, __fmul_rn(s[i], __ldg(k + i)));
+    }
+    m = __shfl_sync(0xffffffffu, m, lo + 16);
+    m = __fmul_rn(__fsub_rn(valid ? __ldg(R.v + j) : 0.f, m), R.beta);
+    const bool read = R.o != nullptr;
+    float o = 0.f;
+    const float* q = read ? R.q + a0 : nullptr;
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+      s[i] = __fadd_rn(s[i], __fmul_rn(__ldg(k + i), m));
+      if (read) o = __fadd_rn(o, __fmul_rn(s[i], __ldg(q + i)));
+    }
+    if (read) {
+      const float o_lo = __shfl_sync(0xffffffffu, o, lo);
+      if (half == 1) {
+        o = o_lo;
+#pragma unroll
+        for (int i = 0; i < H; i++) o = __fadd_rn(o, __fmul_rn(s[i], __ldg(q + i)));
+        if (valid) R.o[j] = o;
+      }
+    }
+  }
+  if (valid)
+#pragma unroll
+    for (int i = 0; i < H; i++) Sc[(a0 + i) * dv + j] = s[i];
+}
+
+}  // namespace
+
+void dn_heads(float* S, float* S_work, const DnHeads& a, int T, int n_src, void* stream) {
+  STRATA_CHECK(T >= 1 && n_src >= 0 && (n_src >= T || S_work), "dn_heads: T = ", T, ", n_src = ", n_src);
+  STRATA_CHECK(a.dk >= 1 && a.dv >= 1 && a.nk >= 1 && a.nv % a.nk == 0, "dn_heads: dk = ", a.dk, ", dv = ", a.dv,
+               ", nk = ", a.nk, ", nv = ", a.nv);
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const unsigned nv = (unsigned)a.nv;
+  if (a.dk == 128) k_dn_heads_split<128><<<dim3((unsigned)((a.dv + 15) / 16), nv), 32, 0, st>>>(S, S_work, a, T, n_src);
+  else if (a.dk == 64) k_dn_heads<64><<<dim3((unsigned)((a.dv + 31) / 32), nv), 32, 0, st>>>(S, S_work, a, T, n_src);
+  else k_dn_heads<0><<<dim3((unsigned)((a.dv + 31) / 32), nv), 32, 0, st>>>(S, S_work, a, T, n_src);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail<std::runtime_error>("cuda: launch of the dn_heads kernel: ", cudaGetErrorString(e));
 }
 
 }  // namespace strata::cuda

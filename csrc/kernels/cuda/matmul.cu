@@ -1,6 +1,7 @@
 // CUDA T-row products and norms: see matmul_cuda.h for the contract, decode.cuh for the block formats.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "kernels/cuda/decode.cuh"
@@ -35,10 +36,19 @@ __device__ __forceinline__ float reduce16(float l) {
 // Float activations: lane j accumulates columns c = j (mod 16) in increasing c, zero-padded to a multiple of 16.
 // Each thread holds lane j of R weight rows (R = 4 on large matrices: one load of x serves 4 rows; R = 1 keeps
 // small matrices spread over more threads). The launch shape never changes what a lane computes.
+// Expert selection (matmul_sel): with sel, grid row blockIdx.y is slot s, its weight the matrix at W + sel[s] *
+// ebytes, its activation row s / xdiv, its output row s (T = 1 per slot).
 template <class D, int TT, int R>
 __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
                                                int64_t cols, const float* __restrict__ x, int64_t ldx, int T,
-                                               float* __restrict__ y, int64_t ldy) {
+                                               float* __restrict__ y, int64_t ldy, const int32_t* __restrict__ sel,
+                                               size_t ebytes, int xdiv) {
+  if (sel) {
+    const int slot = blockIdx.y;
+    W += (size_t)sel[slot] * ebytes;
+    x += (int64_t)(slot / xdiv) * ldx;
+    y += (int64_t)slot * ldy;
+  }
   const int lane = threadIdx.x & 15;
   const int64_t r0 = ((int64_t)blockIdx.x * kRowsPerBlock + (threadIdx.x >> 4)) * R;
   const uint8_t* row[R];
@@ -50,6 +60,9 @@ __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, si
 #pragma unroll
     for (int t = 0; t < TT; t++) acc[i][t] = 0.f;
   const int64_t padded = (cols + 15) / 16 * 16;
+  // unrolled: several columns' loads in flight ahead of the lane's FMA chain (its order is unchanged); small
+  // matrices (the F32 router: 32 thread blocks) were waiting on one load at a time
+#pragma unroll 4
   for (int64_t c = lane; c < padded; c += 16) {
     const bool in = c < cols;
     float w[R];
@@ -78,7 +91,15 @@ __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, si
 template <class D, int TT>
 __global__ void __launch_bounds__(256) k_int(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
                                              int64_t nb, const int8_t* __restrict__ q, const float* __restrict__ dx,
-                                             int T, float* __restrict__ y, int64_t ldy) {
+                                             int T, float* __restrict__ y, int64_t ldy, const int32_t* __restrict__ sel,
+                                             size_t ebytes, int xdiv) {
+  if (sel) {  // as k_float's
+    const int slot = blockIdx.y;
+    W += (size_t)sel[slot] * ebytes;
+    q += (int64_t)(slot / xdiv) * nb * QK_K;
+    dx += (int64_t)(slot / xdiv) * nb;
+    y += (int64_t)slot * ldy;
+  }
   __shared__ IqTables tab;  // IQ2_XXS / IQ3_XXS: the grids, loaded once per thread block
   if constexpr (D::kTables) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) {
@@ -182,7 +203,9 @@ template <class D, int R>
 void launch_float_r(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, cudaStream_t st) {
   const int64_t per_block = (int64_t)kRowsPerBlock * R;
   const dim3 grid((unsigned)((W.rows + per_block - 1) / per_block));
-  auto go = [&](auto kern) { kern<<<grid, 256, 0, st>>>(W.data, W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy); };
+  auto go = [&](auto kern) {
+    kern<<<grid, 256, 0, st>>>(W.data, W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy, nullptr, 0, 1);
+  };
   if (T == 1) go(k_float<D, 1, R>);
   else if (T == 2) go(k_float<D, 2, R>);
   else if (T <= 4) go(k_float<D, 4, R>);
@@ -206,7 +229,9 @@ void launch_int(const MatView& W, const float* x, int64_t ldx, int T, float* y, 
   k_quantize<<<dim3((unsigned)nb, (unsigned)T), 256, 0, st>>>(x, ldx, nb, q, dx);
   const int64_t groups = (W.rows + kRowsPerBlock - 1) / kRowsPerBlock;  // at most 4096 blocks, each over several
   const dim3 grid((unsigned)(groups < kMaxIntBlocks ? groups : kMaxIntBlocks));  // groups (the IQ tables: once each)
-  auto go = [&](auto kern) { kern<<<grid, 256, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy); };
+  auto go = [&](auto kern) {
+    kern<<<grid, 256, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1);
+  };
   if (T == 1) go(k_int<D, 1>);
   else if (T == 2) go(k_int<D, 2>);
   else if (T <= 4) go(k_int<D, 4>);
@@ -278,6 +303,40 @@ void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int6
     if (!ok) fail<std::invalid_argument>("cuda matmul: no CUDA kernel for weight type ", type_name(W.type));
     check(cudaGetLastError(), "launch of the product kernel");
   }
+}
+
+size_t matmul_sel_scratch_bytes(uint32_t type, int n_x, int64_t cols) {
+  if (!int_act_type(type)) return 0;
+  return (size_t)n_x * cols + (size_t)n_x * (cols / QK_K) * sizeof(float);
+}
+
+void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int xdiv, const float* x, int64_t ldx,
+                float* y, int64_t ldy, void* scratch, void* stream) {
+  STRATA_CHECK(n >= 1 && xdiv >= 1 && W0.rows >= 1 && W0.cols >= 1, "cuda matmul_sel: n = ", n, ", xdiv = ", xdiv);
+  STRATA_CHECK(!int_act_type(W0.type) || W0.cols % QK_K == 0, "cuda matmul_sel: ", type_name(W0.type),
+               " needs cols % 256 == 0, got ", W0.cols);
+  STRATA_CHECK(n <= 65535, "cuda matmul_sel: ", n, " slots in one call (at most 65535)");
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const int n_x = (n + xdiv - 1) / xdiv;  // activation rows read
+  const bool ok = with_decoder(W0.type, [&](auto dec, auto is_int) {
+    using D = decltype(dec);
+    if constexpr (decltype(is_int)::value) {
+      const int64_t nb = W0.cols / QK_K;
+      int8_t* q = static_cast<int8_t*>(scratch);
+      float* dx = reinterpret_cast<float*>(q + (size_t)n_x * W0.cols);
+      k_quantize<<<dim3((unsigned)nb, (unsigned)n_x), 256, 0, st>>>(x, ldx, nb, q, dx);
+      const int64_t groups = (W0.rows + kRowsPerBlock - 1) / kRowsPerBlock;
+      const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, kMaxIntBlocks / n));
+      k_int<D, 1><<<dim3((unsigned)gx, (unsigned)n), 256, 0, st>>>(W0.data, W0.row_bytes, W0.rows, nb, q, dx, 1, y, ldy,
+                                                                  sel, ebytes, xdiv);
+    } else {
+      const dim3 grid((unsigned)((W0.rows + kRowsPerBlock - 1) / kRowsPerBlock), (unsigned)n);
+      k_float<D, 1, 1><<<grid, 256, 0, st>>>(W0.data, W0.row_bytes, W0.rows, W0.cols, x, ldx, 1, y, ldy, sel, ebytes,
+                                             xdiv);
+    }
+  });
+  if (!ok) fail<std::invalid_argument>("cuda matmul_sel: no CUDA kernel for weight type ", type_name(W0.type));
+  check(cudaGetLastError(), "launch of the expert product kernel");
 }
 
 void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y, int64_t ldy,

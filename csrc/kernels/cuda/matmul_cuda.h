@@ -20,6 +20,11 @@ size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols);
 // Issued on `stream` (a cudaStream_t); returns at once. Throws std::invalid_argument for an unsupported type.
 void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch,
             void* stream);
+// Expert products over a device selection (backend.h matmul_sel): slot s < n: y[s] = W_{sel[s]} . x[s / xdiv].
+// Scratch: matmul_sel_scratch_bytes(type, ceil(n / xdiv), cols).
+size_t matmul_sel_scratch_bytes(uint32_t type, int n_x, int64_t cols);
+void matmul_sel(const MatView& W0, size_t expert_bytes, const int32_t* sel, int n, int xdiv, const float* x,
+                int64_t ldx, float* y, int64_t ldy, void* scratch, void* stream);
 // T rows of n: ops.h rmsnorm.
 void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y, int64_t ldy,
              void* stream);

@@ -12,6 +12,10 @@
 #include "sampling/sampler.h"
 #include "state/deltanet_state.h"
 
+namespace strata {
+struct DnHeads;
+}
+
 namespace strata::cuda {
 
 // deltanet_state.h dn_rows (its scalar twin dn_rows_ref's operations, row by row): `rows` is a host array whose
@@ -32,5 +36,24 @@ size_t sample_scratch_bytes(int T, int64_t n_vocab);
 void sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p, const int32_t* committed,
                  int64_t n_committed, const int32_t* inputs, int64_t pos0, int32_t* out, int32_t* status,
                  void* scratch, void* stream);
+
+// The layer operations of backend.h (layers.cu, deltanet.cu), each with the CPU backend's results bit for bit.
+// dn_gates: qscale = 1 / sqrt(dk) as the CPU computes it. moe_combine: sg is T floats of device scratch.
+void dn_heads(float* S, float* S_work, const DnHeads& a, int T, int n_src, void* stream);
+void add(float* x, const float* y, int64_t n, void* stream);
+void conv_silu(const float* hist, const float* w_t, int T, int64_t n, int64_t ld, int K, float* out, void* stream);
+void dn_gates(float* conv, int64_t ld, const float* ba, const float* ssm_a, const float* dt_bias, int T, int64_t nk,
+              int64_t nv, int64_t dk, float qscale, float* eg, float* beta, void* stream);
+void dn_untile(const float* rawf, float* raw, int64_t cd, int64_t key_dim, const float* fz, float* z, const float* fb,
+               const float* fa, float* ba, const int32_t* fh, int T, int64_t nk, int64_t nv, int64_t dv, void* stream);
+void dn_retile(const float* y, float* out, const int32_t* fh, int T, int64_t nv, int64_t dv, void* stream);
+void gated_norm(const float* x, const float* w, const float* z, int64_t n, int rows, float eps, bool sig, float* y,
+                void* stream);
+void mul_sigmoid_rows(float* o, int64_t ldo, const float* g, int64_t ldg, int64_t n, int rows, void* stream);
+void silu_mul(float* g, const float* u, int64_t n, void* stream);
+void norm_rope(float* x, int64_t ldt, int64_t ldh, int T, int nh, const float* w, int64_t hd, float eps, const float* cs,
+               const float* sn, int64_t n_rot, int64_t pos0, void* stream);
+void moe_combine(const float* yg, const float* wt, int T, int k, int64_t H, const float* sh, const float* gate_shexp,
+                 const float* x, float* out, float* sg, void* stream);
 
 }  // namespace strata::cuda

@@ -1,0 +1,114 @@
+"""The model forward on the GPU (issue 19, third milestone): decode tok/s at T = 1 and the cost of a verify window
+C(T) / C(1) for T = 1, 2, 4, 8, 16, per model file, on backend="cuda" (weights and state on the card), plus the
+weight bytes one T = 1 step reads and the fraction of the HBM floor that is (bytes / step time / bandwidth).
+
+    python bench/bench_gpu_forward.py MODEL.gguf [MODEL2.gguf ...] [--reps 30] [--bw-gbs 4300] [--json OUT]
+
+Each timed step is Session.run(T tokens) + commit(T) after a 64-token prompt (commit(T) keeps every row: no replay),
+wall clock over --reps steps after 3 warm-up steps, median of 3 rounds; run() returns after the logits are on the
+host (the sampler's input). Bytes per step: every tensor except the routed experts, plus n_expert_used / n_expert
+of the routed experts' bytes (the experts one row reads; random routing reads about that). --bw-gbs: the HBM
+bandwidth of the floor (default: the device-to-device copy bandwidth measured here, read + write).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import write_json  # noqa: E402
+from strata_py import _core  # noqa: E402
+from strata_py.model import Model  # noqa: E402
+
+TS = [1, 2, 4, 8, 16]
+
+
+def step_bytes(path: str, k: int, E: int) -> tuple[int, int]:
+    """(bytes a T = 1 step reads, the file's tensor bytes)."""
+    from gguf import GGUFReader
+    r = GGUFReader(path)
+    total = dense = experts = 0
+    for t in r.tensors:
+        n = int(t.n_bytes)
+        total += n
+        if "_exps." in t.name:
+            experts += n
+        elif t.name != "token_embd.weight" or not any(x.name == "output.weight" for x in r.tensors):
+            dense += n  # token_embd is read for T rows only; without output.weight it is the head
+    return dense + experts * k // E, total
+
+
+def time_steps(s, V, T, reps, rng) -> float:
+    for _ in range(3):
+        s.run(rng.integers(0, V, T).tolist())
+        s.commit(T)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        s.run(rng.integers(0, V, T).tolist())
+        s.commit(T)
+    return (time.perf_counter() - t0) / reps
+
+
+def bench_model(path: str, reps: int, bw: float) -> dict:
+    t0 = time.perf_counter()
+    m = Model.load(path, backend="cuda")
+    cfg = m.config
+    V = m.n_vocab
+    rng = np.random.default_rng(0)
+    s = m.session(n_ctx=4096, max_window=16)
+    s.run(rng.integers(0, V, 64).tolist())
+    s.commit(64)
+    load_s = time.perf_counter() - t0
+    per = {T: [] for T in TS}
+    for _ in range(3):  # rounds, the window sizes alternating
+        for T in TS:
+            per[T].append(time_steps(s, V, T, reps if T == 1 else max(5, reps // 2), rng))
+            if s.position > 3500:
+                s = m.session(n_ctx=4096, max_window=16)
+                s.run(rng.integers(0, V, 64).tolist())
+                s.commit(64)
+    med = {T: float(np.median(v)) for T, v in per.items()}
+    nb, total = step_bytes(path, cfg["n_expert_used"], cfg["n_expert"])
+    res = {"model": Path(path).name, "file_gib": total / 2**30, "load_and_prompt_s": load_s,
+           "step_s": {str(T): med[T] for T in TS}, "decode_tok_s": 1 / med[1],
+           "c_over_c1": {str(T): med[T] / med[1] for T in TS}, "step_bytes": nb,
+           "hbm_floor_fraction": nb / med[1] / bw, "bw_gbs": bw / 1e9}
+    print(f"{res['model']}: {res['file_gib']:.2f} GiB, decode {res['decode_tok_s']:.1f} tok/s "
+          f"({med[1] * 1e3:.2f} ms/step, {nb / 1e9:.3f} GB/step = {100 * res['hbm_floor_fraction']:.1f} % of the "
+          f"{bw / 1e9:.0f} GB/s floor); C(T)/C(1): " +
+          ", ".join(f"T={T} {med[T] / med[1]:.2f}" for T in TS), flush=True)
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--bw-gbs", type=float, default=None)
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    if not _core.cuda_available():
+        print(f"bench_gpu_forward: no CUDA device ({_core.cuda_info()})", file=sys.stderr)
+        return 2
+    if a.bw_gbs:
+        bw = a.bw_gbs * 1e9
+    else:
+        med, _ = _core.cuda_bench_copy(1 << 30, 5)
+        bw = 2 * (1 << 30) / med
+    res = {"device": _core.backend_name("cuda"), "bw_gbs": bw / 1e9, "models": []}
+    for p in a.models:
+        try:
+            res["models"].append(bench_model(p, a.reps, bw))
+        except Exception as e:  # one file failing must not lose the others' rows
+            print(f"{p}: {type(e).__name__}: {e}", flush=True)
+            res["models"].append({"model": Path(p).name, "error": f"{type(e).__name__}: {e}"})
+        write_json(a.json, res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

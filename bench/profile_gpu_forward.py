@@ -1,0 +1,64 @@
+"""Where a GPU decode step's time goes (issue 19): the device time of every kernel and copy of a few T-row steps of
+backend="cuda", read through PyTorch's profiler (CUPTI: it sees the kernels of any library in the process), beside
+the wall time per step. Sum of device time per step close to the wall time: the card is busy and kernels are the
+cost; far below: the host (launches, Python, copies) is.
+
+    python bench/profile_gpu_forward.py MODEL.gguf [--T 1,4] [--steps 10] [--top 25]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from strata_py.model import Model
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--T", default="1,4")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--top", type=int, default=25)
+    a = ap.parse_args(argv)
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    m = Model.load(a.model, backend="cuda")
+    V = m.n_vocab
+    rng = np.random.default_rng(0)
+    for T in (int(t) for t in a.T.split(",")):
+        s = m.session(n_ctx=4096, max_window=16)
+        s.run(rng.integers(0, V, 64).tolist())
+        s.commit(64)
+        for _ in range(3):
+            s.run(rng.integers(0, V, T).tolist())
+            s.commit(T)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(a.steps):
+                s.run(rng.integers(0, V, T).tolist())
+                s.commit(T)
+            wall = (time.perf_counter() - t0) / a.steps
+        rows = []
+        for e in prof.key_averages():
+            dev = getattr(e, "self_device_time_total", None)
+            if dev is None:
+                dev = getattr(e, "self_cuda_time_total", 0)
+            if dev > 0:
+                rows.append((dev, e.count, e.key[:90]))
+        busy = sum(r[0] for r in rows) / a.steps
+        launches = sum(r[1] for r in rows) / a.steps
+        print(f"\n{m.path.name} T = {T}: wall {wall * 1e3:.2f} ms/step, device time {busy / 1e3:.2f} ms/step "
+              f"({len(rows)} kernel kinds, {launches:.0f} kernels and copies per step)")
+        for dev, n, k in sorted(rows, reverse=True)[:a.top]:
+            print(f"  {dev / a.steps / 1e3:8.3f} ms/step {n / a.steps:6.0f}x {dev / n:8.1f} us  {k}")
+        if not rows:  # this torch names the fields otherwise: its own table
+            print(prof.key_averages().table(row_limit=a.top))
+    del torch
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,257 @@
+// The layers' elementwise and per-row operations on the card (ops_cuda.h, backend.h): each the CPU model's
+// operations (ops.h, rowops_impl.h, deltanet.cpp, attention.cpp, moe.cpp) as correctly rounded float32 steps in
+// the same order (__fadd_rn / __fmul_rn / __fdiv_rn, the build's --fmad=false besides), with rowops' exp_inl and
+// glibc's expf / log1pf where the CPU calls them (exp_inl.cuh, libm_inl.cuh). Sums over a row keep dot16's 16
+// lanes and tree (one warp per row, lanes 0..15 hold the lanes) or the CPU's running order (one thread).
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+
+#include "kernels/cuda/exp_inl.cuh"
+#include "kernels/cuda/libm_inl.cuh"
+#include "kernels/cuda/ops_cuda.h"
+#include "util/common.h"
+
+namespace strata::cuda {
+
+namespace {
+
+void launched(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail<std::runtime_error>("cuda: launch of the ", what, " kernel: ", cudaGetErrorString(e));
+}
+unsigned blocks(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
+
+// ops.h dot16(a, b, n) over one warp: lane j < 16 sums i = j (mod 16) in increasing i, then the fixed tree; every
+// lane gets the value.
+__device__ __forceinline__ float dot16_warp(const float* a, const float* b, int64_t n) {
+  const int lane = threadIdx.x & 31;
+  float l = 0.f;
+  if (lane < 16)
+    for (int64_t i = lane; i < n; i += 16) l = __fadd_rn(l, __fmul_rn(a[i], b[i]));
+  const float s8 = __fadd_rn(l, __shfl_down_sync(0xffffffffu, l, 8));
+  const float s4 = __fadd_rn(s8, __shfl_down_sync(0xffffffffu, s8, 4));
+  const float s4_0 = __shfl_sync(0xffffffffu, s4, 0), s4_1 = __shfl_sync(0xffffffffu, s4, 1),
+              s4_2 = __shfl_sync(0xffffffffu, s4, 2), s4_3 = __shfl_sync(0xffffffffu, s4, 3);
+  return __fadd_rn(__fadd_rn(s4_0, s4_2), __fadd_rn(s4_1, s4_3));
+}
+__device__ __forceinline__ float silu_of(float z) { return __fdiv_rn(z, __fadd_rn(1.f, exp_inl_dev(-z))); }
+__device__ __forceinline__ float sigmoid_of(float g) { return __fdiv_rn(1.f, __fadd_rn(1.f, exp_inl_dev(-g))); }
+
+__global__ void k_add(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = __fadd_rn(x[i], y[i]);
+}
+
+// rowops causal_conv_silu: o = 0, o = o + w[j] * h[t + j] for j = 0..K-1, then silu.
+__global__ void k_conv_silu(const float* __restrict__ hist, const float* __restrict__ w_t, int T, int64_t n, int64_t ld,
+                            int K, float* __restrict__ out) {
+  const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int t = blockIdx.y;
+  if (c >= n) return;
+  float o = 0.f;
+  for (int j = 0; j < K; j++) o = __fadd_rn(o, __fmul_rn(w_t[(int64_t)j * ld + c], hist[(int64_t)(t + j) * ld + c]));
+  out[(int64_t)t * ld + c] = silu_of(o);
+}
+
+// deltanet.cpp's per-row gates of key head g = blockIdx.x, row t = blockIdx.y (one warp).
+__global__ void k_dn_gates(float* __restrict__ conv, int64_t ld, const float* __restrict__ ba,
+                           const float* __restrict__ ssm_a, const float* __restrict__ dt_bias, int64_t nk, int64_t nv,
+                           int64_t dk, float qscale, float* __restrict__ eg, float* __restrict__ beta) {
+  const int64_t g = blockIdx.x, r = nv / nk, key_dim = nk * dk;
+  const int t = blockIdx.y, lane = threadIdx.x;
+  float* row = conv + (int64_t)t * ld;
+  float* q = row + g * dk;
+  float* k = row + key_dim + g * dk;
+  const float rq = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(dot16_warp(q, q, dk), 1e-6f)));
+  const float rk = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(dot16_warp(k, k, dk), 1e-6f)));
+  __syncwarp();
+  for (int64_t i = lane; i < dk; i += 32) {
+    q[i] = __fmul_rn(__fmul_rn(q[i], rq), qscale);
+    k[i] = __fmul_rn(k[i], rk);
+  }
+  for (int64_t j = lane; j < r; j += 32) {
+    const int64_t h = g * r + j;
+    const float b = ba[(int64_t)t * 2 * nv + g * 2 * r + j];
+    const float a = ba[(int64_t)t * 2 * nv + g * 2 * r + r + j];
+    beta[t * nv + h] = sigmoid_libm(b);
+    eg[t * nv + h] = expf_glibc(__fmul_rn(ssm_a[h], softplus_libm(__fadd_rn(a, dt_bias[h]))));
+  }
+}
+
+// Qwen3.5's tiled value heads to the grouped order: one thread per (row, float of raw) and per head index.
+__global__ void k_dn_untile(const float* __restrict__ rawf, float* __restrict__ raw, int64_t cd, int64_t key_dim,
+                            const float* __restrict__ fz, float* __restrict__ z, const float* __restrict__ fb,
+                            const float* __restrict__ fa, float* __restrict__ ba, const int32_t* __restrict__ fh,
+                            int64_t nk, int64_t nv, int64_t dv) {
+  const int t = blockIdx.y;
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, d_inner = nv * dv, r = nv / nk;
+  if (i < cd) {
+    int64_t src = i;
+    if (i >= 2 * key_dim) {
+      const int64_t j = (i - 2 * key_dim) / dv;
+      src = 2 * key_dim + fh[j] * dv + (i - 2 * key_dim) % dv;
+    }
+    raw[(int64_t)t * cd + i] = rawf[(int64_t)t * cd + src];
+  }
+  if (i < d_inner) z[(int64_t)t * d_inner + i] = fz[(int64_t)t * d_inner + fh[i / dv] * dv + i % dv];
+  if (i < nv) {
+    ba[(int64_t)t * 2 * nv + (i / r) * 2 * r + i % r] = fb[(int64_t)t * nv + fh[i]];
+    ba[(int64_t)t * 2 * nv + (i / r) * 2 * r + r + i % r] = fa[(int64_t)t * nv + fh[i]];
+  }
+}
+__global__ void k_dn_retile(const float* __restrict__ y, float* __restrict__ out, const int32_t* __restrict__ fh,
+                            int64_t nv, int64_t dv) {
+  const int t = blockIdx.y;
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, d_inner = nv * dv;
+  if (i < d_inner) out[(int64_t)t * d_inner + fh[i / dv] * dv + i % dv] = y[(int64_t)t * d_inner + i];
+}
+
+// rmsnorm(x; w) of one row of n per warp, then y *= silu(z) or sigmoid(z) (rowops mul_silu / mul_sigmoid).
+__global__ void k_gated_norm(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ z,
+                             int64_t n, float eps, bool sig, float* __restrict__ y) {
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * n;
+  const float r = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(dot16_warp(xr, xr, n), (float)n), eps)));
+  for (int64_t i = threadIdx.x; i < n; i += 32) {
+    const float v = __fmul_rn(__fmul_rn(xr[i], r), w[i]);
+    const float zz = z[row * n + i];
+    y[row * n + i] = __fmul_rn(v, sig ? sigmoid_of(zz) : silu_of(zz));
+  }
+}
+
+__global__ void k_mul_sigmoid_rows(float* __restrict__ o, int64_t ldo, const float* __restrict__ g, int64_t ldg,
+                                   int64_t n) {
+  const int64_t row = blockIdx.y, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) o[row * ldo + i] = __fmul_rn(o[row * ldo + i], sigmoid_of(g[row * ldg + i]));
+}
+
+__global__ void k_silu_mul(float* __restrict__ g, const float* __restrict__ u, int64_t n) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) g[i] = __fmul_rn(silu_of(g[i]), u[i]);
+}
+
+// attention.cpp: rmsnorm of one head in place, then rope_neox of its first n_rot dims. One warp per (t, head).
+__global__ void k_norm_rope(float* x, int64_t ldt, int64_t ldh, int nh, const float* __restrict__ w, int64_t hd,
+                            float eps, const float* __restrict__ cs, const float* __restrict__ sn, int64_t n_rot,
+                            int64_t pos0) {
+  const int t = blockIdx.x / nh, h = blockIdx.x % nh;
+  float* v = x + t * ldt + h * ldh;
+  const float r = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(dot16_warp(v, v, hd), (float)hd), eps)));
+  __syncwarp();
+  for (int64_t i = threadIdx.x; i < hd; i += 32) v[i] = __fmul_rn(__fmul_rn(v[i], r), w[i]);
+  __syncwarp();
+  const int64_t half = n_rot / 2;
+  const float* c = cs + (pos0 + t) * half;
+  const float* s = sn + (pos0 + t) * half;
+  for (int64_t i = threadIdx.x; i < half; i += 32) {
+    const float a = v[i], b = v[i + half];
+    v[i] = __fsub_rn(__fmul_rn(a, c[i]), __fmul_rn(b, s[i]));
+    v[i + half] = __fadd_rn(__fmul_rn(b, c[i]), __fmul_rn(a, s[i]));
+  }
+}
+
+// moe.cpp's shared-expert gate of row t = blockIdx.x: gl = the running sum of gate[i] * x[t][i] (one thread adds, in
+// order, the products the warp computed into shared memory), then sigmoid (libm exp).
+__global__ void k_shared_gate(const float* __restrict__ gate, const float* __restrict__ x, int64_t H,
+                              float* __restrict__ sg) {
+  __shared__ float prod[1024];
+  const float* xt = x + (int64_t)blockIdx.x * H;
+  float gl = 0.f;
+  for (int64_t i0 = 0; i0 < H; i0 += 1024) {
+    const int64_t n = H - i0 < 1024 ? H - i0 : 1024;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) prod[i] = __fmul_rn(gate[i0 + i], xt[i0 + i]);
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int64_t i = 0; i < n; i++) gl = __fadd_rn(gl, prod[i]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) sg[blockIdx.x] = sigmoid_libm(gl);
+}
+
+// moe.cpp's combine: o = 0, o = o + wt_j * y_j for j = 0..k-1 (axpy: a multiply, then an add), then o + sg * sh.
+__global__ void k_moe_combine(const float* __restrict__ yg, const float* __restrict__ wt, int k, int64_t H,
+                              const float* __restrict__ sh, const float* __restrict__ sg, float* __restrict__ out) {
+  const int t = blockIdx.y;
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= H) return;
+  float o = 0.f;
+  for (int j = 0; j < k; j++) o = __fadd_rn(o, __fmul_rn(wt[t * k + j], yg[((int64_t)t * k + j) * H + i]));
+  if (sh) o = __fadd_rn(o, __fmul_rn(sg[t], sh[(int64_t)t * H + i]));
+  out[(int64_t)t * H + i] = o;
+}
+
+}  // namespace
+
+void add(float* x, const float* y, int64_t n, void* stream) {
+  if (n <= 0) return;
+  k_add<<<blocks(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(x, y, n);
+  launched("add");
+}
+
+void conv_silu(const float* hist, const float* w_t, int T, int64_t n, int64_t ld, int K, float* out, void* stream) {
+  STRATA_CHECK(T >= 1 && n >= 1 && K >= 1, "cuda conv_silu: T = ", T, ", n = ", n, ", K = ", K);
+  k_conv_silu<<<dim3(blocks(n, 128), (unsigned)T), 128, 0, static_cast<cudaStream_t>(stream)>>>(hist, w_t, T, n, ld, K,
+                                                                                               out);
+  launched("conv_silu");
+}
+
+void dn_gates(float* conv, int64_t ld, const float* ba, const float* ssm_a, const float* dt_bias, int T, int64_t nk,
+              int64_t nv, int64_t dk, float qscale, float* eg, float* beta, void* stream) {
+  STRATA_CHECK(T >= 1 && nk >= 1 && nv % nk == 0, "cuda dn_gates: T = ", T, ", nk = ", nk, ", nv = ", nv);
+  k_dn_gates<<<dim3((unsigned)nk, (unsigned)T), 32, 0, static_cast<cudaStream_t>(stream)>>>(conv, ld, ba, ssm_a, dt_bias,
+                                                                                          nk, nv, dk, qscale, eg, beta);
+  launched("dn_gates");
+}
+
+void dn_untile(const float* rawf, float* raw, int64_t cd, int64_t key_dim, const float* fz, float* z, const float* fb,
+               const float* fa, float* ba, const int32_t* fh, int T, int64_t nk, int64_t nv, int64_t dv, void* stream) {
+  k_dn_untile<<<dim3(blocks(cd, 256), (unsigned)T), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      rawf, raw, cd, key_dim, fz, z, fb, fa, ba, fh, nk, nv, dv);
+  launched("dn_untile");
+}
+
+void dn_retile(const float* y, float* out, const int32_t* fh, int T, int64_t nv, int64_t dv, void* stream) {
+  k_dn_retile<<<dim3(blocks(nv * dv, 256), (unsigned)T), 256, 0, static_cast<cudaStream_t>(stream)>>>(y, out, fh, nv, dv);
+  launched("dn_retile");
+}
+
+void gated_norm(const float* x, const float* w, const float* z, int64_t n, int rows, float eps, bool sig, float* y,
+                void* stream) {
+  if (rows <= 0) return;
+  k_gated_norm<<<(unsigned)rows, 32, 0, static_cast<cudaStream_t>(stream)>>>(x, w, z, n, eps, sig, y);
+  launched("gated_norm");
+}
+
+void mul_sigmoid_rows(float* o, int64_t ldo, const float* g, int64_t ldg, int64_t n, int rows, void* stream) {
+  if (rows <= 0) return;
+  k_mul_sigmoid_rows<<<dim3(blocks(n, 128), (unsigned)rows), 128, 0, static_cast<cudaStream_t>(stream)>>>(o, ldo, g, ldg, n);
+  launched("mul_sigmoid_rows");
+}
+
+void silu_mul(float* g, const float* u, int64_t n, void* stream) {
+  if (n <= 0) return;
+  k_silu_mul<<<blocks(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(g, u, n);
+  launched("silu_mul");
+}
+
+void norm_rope(float* x, int64_t ldt, int64_t ldh, int T, int nh, const float* w, int64_t hd, float eps, const float* cs,
+               const float* sn, int64_t n_rot, int64_t pos0, void* stream) {
+  STRATA_CHECK(T >= 1 && nh >= 1 && n_rot <= hd, "cuda norm_rope: T = ", T, ", nh = ", nh, ", n_rot = ", n_rot);
+  k_norm_rope<<<(unsigned)(T * nh), 32, 0, static_cast<cudaStream_t>(stream)>>>(x, ldt, ldh, nh, w, hd, eps, cs, sn,
+                                                                               n_rot, pos0);
+  launched("norm_rope");
+}
+
+void moe_combine(const float* yg, const float* wt, int T, int k, int64_t H, const float* sh, const float* gate_shexp,
+                 const float* x, float* out, float* sg, void* stream) {
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (sh) {
+    k_shared_gate<<<(unsigned)T, 256, 0, st>>>(gate_shexp, x, H, sg);
+    launched("shared_gate");
+  }
+  k_moe_combine<<<dim3(blocks(H, 256), (unsigned)T), 256, 0, st>>>(yg, wt, k, H, sh, sg, out);
+  launched("moe_combine");
+}
+
+}  // namespace strata::cuda

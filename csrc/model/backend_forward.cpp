@@ -1,0 +1,510 @@
+// The Qwen3-Next forward over the backend interface (backend_forward.h), top to bottom as qwen3next.cpp:
+//   x = token_embd[tokens]
+//   per layer:  x = x + Mixer(rmsnorm(x; attn_norm))            Mixer = Gated DeltaNet | gated attention
+//               x = x + MoE(rmsnorm(x; post_attention_norm))
+//   h = rmsnorm(x; output_norm);  logits = output · h
+// Each layer below names the native function whose operations it issues, in that function's order.
+#include "model/backend_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+
+#include "kernels/types.h"
+#include "model/ops.h"
+#include "strata.h"
+
+namespace strata {
+
+namespace {
+
+constexpr int kChunk = 64;  // rows per forward pass of a prompt window (in place: the same values in any pieces)
+
+// A buffer of backend memory; grow-only when used as scratch.
+struct Buf {
+  Backend* be = nullptr;
+  void* p = nullptr;
+  size_t bytes = 0;
+  Buf() = default;
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  ~Buf() {
+    if (be) be->release(p);
+  }
+  void alloc(Backend& b, size_t n) {
+    if (be) be->release(p);
+    be = &b;
+    p = b.alloc(n);
+    bytes = n;
+  }
+  void zeros(Backend& b, size_t n) {
+    alloc(b, n);
+    std::vector<uint8_t> z(n, 0);
+    if (n) b.upload(p, z.data(), n);
+  }
+  void grow(Backend& b, size_t n) {
+    if (n > bytes || !be) {
+      b.sync();  // nothing in flight still reads the old buffer
+      alloc(b, n);
+    }
+  }
+  float* f() const { return static_cast<float*>(p); }
+  int32_t* i() const { return static_cast<int32_t*>(p); }
+};
+
+}  // namespace
+
+// Every weight of the forward in backend memory: a MatView's data and every float vector are device pointers.
+struct BackendModel {
+  std::shared_ptr<const Model> model;
+  std::unique_ptr<Backend> be;
+  std::mutex mu;  // sessions on other threads share the backend (its stream, lanes and scratch): one forward at a time
+  bool host = false;  // the CPU backend: views point at the mapping and the loaded vectors
+  std::vector<std::unique_ptr<Buf>> held;
+  struct Dn {
+    MatView wqkv, wgate, ssm_ba, ssm_beta, ssm_alpha, ssm_out;
+    const float *conv, *dt_bias, *ssm_a, *norm;
+    const int32_t* file_head = nullptr;  // Split: [nv], device
+    bool gate_sigmoid = false;
+  };
+  struct Attn {
+    MatView wq, wk, wv, wo;
+    const float *q_norm, *k_norm;
+  };
+  struct Moe {
+    MatView router, gate, up, down, gate_sh, up_sh, down_sh;
+    size_t gate_bytes = 0, up_bytes = 0, down_bytes = 0;
+    const float* gate_inp_shexp = nullptr;
+    bool has_shexp = false;
+  };
+  struct Layer {
+    bool recurrent = false;
+    const float *attn_norm, *post_norm;
+    Dn dn;
+    Attn attn;
+    Moe moe;
+  };
+  std::vector<Layer> layers;
+  const float* output_norm = nullptr;
+  MatView output;
+
+  MatView put(const MatView& m) {
+    if (host || !m.data) return m;
+    MatView d = m;
+    d.data = static_cast<const uint8_t*>(put_bytes(m.data, (size_t)m.rows * m.row_bytes));
+    return d;
+  }
+  const void* put_bytes(const void* src, size_t n) {
+    held.push_back(std::make_unique<Buf>());
+    held.back()->alloc(*be, n);
+    be->upload(held.back()->p, src, n);
+    return held.back()->p;
+  }
+  const float* put(const std::vector<float>& v) {
+    if (host || v.empty()) return v.data();
+    return static_cast<const float*>(put_bytes(v.data(), v.size() * sizeof(float)));
+  }
+
+  BackendModel(std::shared_ptr<const Model> m, std::unique_ptr<Backend> b) : model(std::move(m)), be(std::move(b)) {
+    host = be->name() == "cpu";
+    const Weights& W = model->weights();
+    const HParams& hp = model->hp();
+    layers.resize((size_t)hp.n_layer);
+    for (int64_t il = 0; il < hp.n_layer; il++) {
+      const LayerWeights& L = W.layers[il];
+      Layer& D = layers[il];
+      D.recurrent = L.recurrent;
+      D.attn_norm = put(L.attn_norm);
+      D.post_norm = put(L.post_attention_norm);
+      if (L.recurrent) {
+        const DeltaNetWeights& w = L.dn;
+        if (w.layout == DnLayout::Legacy)
+          fail<std::invalid_argument>("backend ", be->name(), ": ", model->file().path(), " layer ", il,
+                                      " has the legacy fused ssm_in DeltaNet projection, which only the CPU forward "
+                                      "runs (backend='cpu')");
+        D.dn.wqkv = put(w.wqkv);
+        D.dn.wgate = put(w.wgate);
+        D.dn.ssm_ba = put(w.ssm_ba);
+        D.dn.ssm_beta = put(w.ssm_beta);
+        D.dn.ssm_alpha = put(w.ssm_alpha);
+        D.dn.ssm_out = put(w.ssm_out);
+        D.dn.conv = put(w.conv);
+        D.dn.dt_bias = put(w.dt_bias);
+        D.dn.ssm_a = put(w.ssm_a);
+        D.dn.norm = put(w.norm);
+        D.dn.gate_sigmoid = w.gate_sigmoid;
+        if (w.layout == DnLayout::Split)
+          D.dn.file_head = host ? w.file_head.data()
+                                : static_cast<const int32_t*>(put_bytes(w.file_head.data(), w.file_head.size() * 4));
+      } else {
+        if (L.attn.qsa)
+          fail<std::invalid_argument>("backend ", be->name(), ": layer ", il, " is QSA attention (qwen4exp), which only "
+                                      "the CPU forward runs (backend='cpu')");
+        D.attn = {put(L.attn.wq), put(L.attn.wk), put(L.attn.wv), put(L.attn.wo), put(L.attn.q_norm),
+                  put(L.attn.k_norm)};
+      }
+      const MoeWeights& mw = L.moe;
+      const MatView router{reinterpret_cast<const uint8_t*>(mw.gate_inp.data()), GGML_F32, hp.n_expert, hp.n_embd,
+                           (size_t)hp.n_embd * sizeof(float)};
+      Moe& M = D.moe;
+      M.router = put(router);
+      M.gate = put(mw.gate_exps.all);
+      M.up = put(mw.up_exps.all);
+      M.down = put(mw.down_exps.all);
+      M.gate.rows = mw.gate_exps.rows;
+      M.up.rows = mw.up_exps.rows;
+      M.down.rows = mw.down_exps.rows;
+      M.gate_bytes = mw.gate_exps.expert_bytes();
+      M.up_bytes = mw.up_exps.expert_bytes();
+      M.down_bytes = mw.down_exps.expert_bytes();
+      M.has_shexp = mw.has_shexp;
+      if (mw.has_shexp) {
+        M.gate_sh = put(mw.gate_shexp);
+        M.up_sh = put(mw.up_shexp);
+        M.down_sh = put(mw.down_shexp);
+        M.gate_inp_shexp = put(mw.gate_inp_shexp);
+      }
+    }
+    output_norm = put(W.output_norm);
+    output = put(W.output);
+    be->sync();
+  }
+};
+
+namespace {
+
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads) {
+  if (name == "cuda") return make_cuda_backend(0);
+  if (name == "cpu-backend") return make_cpu_backend(threads);
+  fail<std::invalid_argument>("bad option backend='", name, "': expected 'cpu', 'cuda' or 'cpu-backend'");
+}
+
+// One BackendModel per (model, backend) while a session uses it: the weights are uploaded once.
+std::shared_ptr<BackendModel> backend_model(const std::shared_ptr<const Model>& m, const std::string& name) {
+  static std::mutex mu;
+  static std::map<std::pair<const Model*, std::string>, std::weak_ptr<BackendModel>> live;
+  std::lock_guard<std::mutex> lk(mu);
+  auto& slot = live[{m.get(), name}];
+  if (auto p = slot.lock()) return p;
+  auto p = std::make_shared<BackendModel>(m, make_backend(name, m->threads()));
+  slot = p;
+  return p;
+}
+
+}  // namespace
+
+bool is_backend_name(const std::string& name) { return name == "cpu" || name == "cuda" || name == "cpu-backend"; }
+
+struct BackendSession::Impl {
+  std::shared_ptr<BackendModel> bm;
+  Backend* be;
+  const Model* m;
+  int max_window;
+  int64_t n_ctx;
+  struct DnState {
+    Buf S, S_work, conv;                 // [nv][dk][dv] x 2, [K-1][cd]
+    Buf conv_rows, eg_rows, beta_rows, raw_rows;  // replay inputs: [W][cd] (after conv, q k normed), [W][nv] x 2, [W][cd]
+  };
+  struct KvState {
+    Buf k, v;  // [n_ctx][width]
+  };
+  std::deque<DnState> dn;  // deque: Buf does not move
+  std::deque<KvState> kv;
+  std::vector<int> slot;
+  Buf rope_cs, rope_sn;  // [n_ctx][n_rot / 2]
+  // activations (grow-only)
+  Buf x, h, mix, hid, logits;
+  Buf raw, rawf, z, ba, fz, fb, fa, hist, convo, eg, beta, o, y;
+  Buf qg, att;
+  Buf rl, sel, wt, act, up, yg, sa, su, sh;
+  int last_T = 0;
+  bool last_in_place = true;
+  std::vector<float> emb;
+
+  Impl(std::shared_ptr<const Model> model, const SessionOptions& opt, const std::string& name)
+      : bm(backend_model(model, name)), be(bm->be.get()), m(model.get()), max_window(opt.max_window), n_ctx(opt.n_ctx) {
+    std::lock_guard<std::mutex> lk(bm->mu);
+    const HParams& hp = m->hp();
+    slot.resize((size_t)hp.n_layer);
+    const int64_t width = hp.n_head_kv * hp.head_dim;
+    for (int64_t il = 0; il < hp.n_layer; il++) {
+      if (hp.recurrent[il]) {
+        slot[il] = (int)dn.size();
+        dn.emplace_back();
+      } else {
+        slot[il] = (int)kv.size();
+        kv.emplace_back();
+      }
+    }
+    for (auto& k : kv) {
+      k.k.zeros(*be, (size_t)n_ctx * width * 4);
+      k.v.zeros(*be, (size_t)n_ctx * width * 4);
+    }
+    const int64_t nv = hp.ssm_dt_rank, cd = hp.conv_dim(), K = hp.ssm_d_conv, W = max_window;
+    for (auto& d : dn) {
+      d.S.zeros(*be, (size_t)nv * hp.dk() * hp.dv() * 4);
+      d.S_work.zeros(*be, d.S.bytes);
+      d.conv.zeros(*be, (size_t)std::max<int64_t>(K - 1, 1) * cd * 4);
+      d.conv_rows.alloc(*be, (size_t)W * cd * 4);
+      d.eg_rows.alloc(*be, (size_t)W * nv * 4);
+      d.beta_rows.alloc(*be, (size_t)W * nv * 4);
+      d.raw_rows.alloc(*be, (size_t)W * cd * 4);
+    }
+    if (!kv.empty()) {
+      const int64_t half = hp.n_rot / 2;
+      std::vector<float> cs((size_t)n_ctx * half), sn((size_t)n_ctx * half);
+      for (int64_t p = 0; p < n_ctx; p++) rope_angles(hp.n_rot, p, hp.rope_theta, &cs[p * half], &sn[p * half]);
+      rope_cs.alloc(*be, cs.size() * 4);
+      rope_sn.alloc(*be, sn.size() * 4);
+      be->upload(rope_cs.p, cs.data(), cs.size() * 4);
+      be->upload(rope_sn.p, sn.data(), sn.size() * 4);
+    }
+    be->sync();
+  }
+
+  void reset() {
+    for (auto& d : dn) {
+      d.S.zeros(*be, d.S.bytes);
+      d.conv.zeros(*be, d.conv.bytes);
+    }
+    last_T = 0;
+    last_in_place = true;
+  }
+
+  // deltanet.cpp deltanet_layer: projections, conv + SiLU, gates, the recurrence, gated norm, ssm_out.
+  void deltanet(const BackendModel::Dn& w, DnState& st, const float* xin, int T, bool in_place, float* out) {
+    const HParams& hp = m->hp();
+    const int64_t H = hp.n_embd, nk = hp.ssm_n_group, nv = hp.ssm_dt_rank, dk = hp.dk(), dv = hp.dv();
+    const int64_t key_dim = nk * dk, d_inner = nv * dv, cd = hp.conv_dim(), K = hp.ssm_d_conv;
+    raw.grow(*be, (size_t)T * cd * 4);
+    z.grow(*be, (size_t)T * d_inner * 4);
+    ba.grow(*be, (size_t)T * 2 * nv * 4);
+    hist.grow(*be, (size_t)(K - 1 + T) * cd * 4);
+    convo.grow(*be, (size_t)T * cd * 4);
+    eg.grow(*be, (size_t)T * nv * 4);
+    beta.grow(*be, (size_t)T * nv * 4);
+    o.grow(*be, (size_t)T * d_inner * 4);
+    y.grow(*be, (size_t)T * d_inner * 4);
+    if (w.file_head) {
+      // the file's value heads are tiled (slot file_head[j] holds head j): brought to the grouped order
+      rawf.grow(*be, (size_t)T * cd * 4);
+      fz.grow(*be, (size_t)T * d_inner * 4);
+      fb.grow(*be, (size_t)T * nv * 4);
+      fa.grow(*be, (size_t)T * nv * 4);
+      be->fork(4);  // the four projections side by side
+      be->lane(0);
+      be->matmul(w.wqkv, xin, H, T, rawf.f(), cd);
+      be->lane(1);
+      be->matmul(w.wgate, xin, H, T, fz.f(), d_inner);
+      be->lane(2);
+      be->matmul(w.ssm_beta, xin, H, T, fb.f(), nv);
+      be->lane(3);
+      be->matmul(w.ssm_alpha, xin, H, T, fa.f(), nv);
+      be->join();
+      be->dn_untile(rawf.f(), raw.f(), cd, key_dim, fz.f(), z.f(), fb.f(), fa.f(), ba.f(), w.file_head, T, nk, nv, dv);
+    } else {
+      be->fork(3);
+      be->lane(0);
+      be->matmul(w.wqkv, xin, H, T, raw.f(), cd);
+      be->lane(1);
+      be->matmul(w.wgate, xin, H, T, z.f(), d_inner);
+      be->lane(2);
+      be->matmul(w.ssm_ba, xin, H, T, ba.f(), 2 * nv);
+      be->join();
+    }
+    // causal conv over [committed history ++ this window's raw rows]
+    if (K > 1) be->copy(hist.f(), st.conv.f(), (size_t)(K - 1) * cd * 4);
+    be->copy(hist.f() + (K - 1) * cd, raw.f(), (size_t)T * cd * 4);
+    be->conv_silu(hist.f(), w.conv, T, cd, cd, (int)K, convo.f());
+    be->dn_gates(convo.f(), cd, ba.f(), w.ssm_a, w.dt_bias, T, nk, nv, dk, eg.f(), beta.f());
+    const DnHeads a{convo.f() + key_dim, cd, convo.f() + 2 * key_dim, cd, convo.f(), cd, eg.f(), beta.f(), o.f(),
+                    d_inner, nk, nv, dk, dv};
+    be->dn_heads(st.S.f(), st.S_work.f(), a, T, in_place ? T : 0);
+    if (in_place) {
+      if (K > 1) be->copy(st.conv.f(), hist.f() + (size_t)T * cd, (size_t)(K - 1) * cd * 4);
+    } else {  // replay inputs for the fold
+      be->copy(st.conv_rows.f(), convo.f(), (size_t)T * cd * 4);
+      be->copy(st.eg_rows.f(), eg.f(), (size_t)T * nv * 4);
+      be->copy(st.beta_rows.f(), beta.f(), (size_t)T * nv * 4);
+      be->copy(st.raw_rows.f(), raw.f(), (size_t)T * cd * 4);
+    }
+    be->gated_norm(o.f(), w.norm, z.f(), dv, T * (int)nv, hp.rms_eps, w.gate_sigmoid, y.f());
+    if (w.file_head) {  // back to the file's value-head order for ssm_out's columns
+      be->dn_retile(y.f(), fz.f(), w.file_head, T, nv, dv);
+      be->matmul(w.ssm_out, fz.f(), d_inner, T, out, H);
+      return;
+    }
+    be->matmul(w.ssm_out, y.f(), d_inner, T, out, H);
+  }
+
+  // attention.cpp attention_layer: q/gate, k, v (k, v straight into this window's cells), norms + RoPE, attend per
+  // KV head over all T rows, the output gate, attn_output.
+  void attention(const BackendModel::Attn& w, KvState& st, const float* xin, int T, int64_t pos0, float* out) {
+    const HParams& hp = m->hp();
+    const int64_t H = hp.n_embd, hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv, group = nh / nkv;
+    const int64_t width = nkv * hd;
+    STRATA_CHECK(pos0 + T <= n_ctx, "attention: positions ", pos0, "..", pos0 + T - 1, " exceed the context ", n_ctx);
+    qg.grow(*be, (size_t)T * nh * hd * 2 * 4);
+    att.grow(*be, (size_t)T * nh * hd * 4);
+    float* kc = st.k.f() + pos0 * width;
+    float* vc = st.v.f() + pos0 * width;
+    be->fork(3);
+    be->lane(0);
+    be->matmul(w.wq, xin, H, T, qg.f(), nh * hd * 2);
+    be->norm_rope(qg.f(), nh * hd * 2, 2 * hd, T, (int)nh, w.q_norm, hd, hp.rms_eps, rope_cs.f(), rope_sn.f(), hp.n_rot,
+                  pos0);
+    be->lane(1);
+    be->matmul(w.wk, xin, H, T, kc, width);
+    be->norm_rope(kc, width, hd, T, (int)nkv, w.k_norm, hd, hp.rms_eps, rope_cs.f(), rope_sn.f(), hp.n_rot, pos0);
+    be->lane(2);
+    be->matmul(w.wv, xin, H, T, vc, width);
+    be->join();
+    const float scale = 1.f / std::sqrt((float)hd);
+    for (int64_t g = 0; g < nkv; g++) {
+      const AttendArgs args{qg.f() + g * group * hd * 2, nh * hd * 2, 2 * hd, T, (int)group, st.k.f() + g * hd,
+                            st.v.f() + g * hd, width, pos0 + 1, hd, scale, att.f() + g * group * hd, nh * hd, hd};
+      be->attend(args);
+    }
+    be->mul_sigmoid_rows(att.f(), hd, qg.f() + hd, 2 * hd, hd, T * (int)nh);
+    be->matmul(w.wo, att.f(), nh * hd, T, out, H);
+  }
+
+  // moe.cpp moe_layer: router, routing, each row's k experts (gate, up, SwiGLU, down) over the device selection,
+  // the shared expert over all rows, the combine.
+  void moe(const BackendModel::Moe& w, const float* xin, int T, float* out) {
+    const HParams& hp = m->hp();
+    const int64_t H = hp.n_embd, E = hp.n_expert, k = hp.n_expert_used, F = hp.n_ff_exp, S = (int64_t)T * k;
+    rl.grow(*be, (size_t)T * E * 4);
+    sel.grow(*be, (size_t)S * 4);
+    wt.grow(*be, (size_t)S * 4);
+    act.grow(*be, (size_t)S * F * 4);
+    up.grow(*be, (size_t)S * F * 4);
+    yg.grow(*be, (size_t)S * H * 4);
+    const int64_t Fs = hp.n_ff_shexp;
+    if (w.has_shexp) {
+      sa.grow(*be, (size_t)T * Fs * 4);
+      su.grow(*be, (size_t)T * Fs * 4);
+      sh.grow(*be, (size_t)T * H * 4);
+    }
+    // lane 0: routing and the routed experts; lane 1: the shared expert (over every row)
+    be->fork(w.has_shexp ? 2 : 1);
+    be->lane(0);
+    be->matmul(w.router, xin, H, T, rl.f(), E);
+    be->moe_route(rl.f(), T, E, (int)k, sel.i(), wt.f());
+    be->matmul_sel(w.gate, w.gate_bytes, sel.i(), (int)S, (int)k, xin, H, act.f(), F);
+    be->matmul_sel(w.up, w.up_bytes, sel.i(), (int)S, (int)k, xin, H, up.f(), F);
+    be->silu_mul(act.f(), up.f(), S * F);
+    be->matmul_sel(w.down, w.down_bytes, sel.i(), (int)S, 1, act.f(), F, yg.f(), H);
+    const float* shp = nullptr;
+    if (w.has_shexp) {
+      be->lane(1);
+      be->matmul(w.gate_sh, xin, H, T, sa.f(), Fs);
+      be->matmul(w.up_sh, xin, H, T, su.f(), Fs);
+      be->silu_mul(sa.f(), su.f(), T * Fs);
+      be->matmul(w.down_sh, sa.f(), Fs, T, sh.f(), H);
+      shp = sh.f();
+    }
+    be->join();
+    be->moe_combine(yg.f(), wt.f(), T, (int)k, H, shp, w.gate_inp_shexp, xin, out);
+  }
+
+  // qwen3next.cpp forward_qwen3next over rows [0, T) at pos0; logits of rows [first, T) into logits (backend).
+  void forward(const int32_t* tokens, int T, int64_t pos0, bool in_place, int first, float* hid_out, float* lg_out) {
+    const HParams& hp = m->hp();
+    const Weights& W = m->weights();
+    const int64_t H = hp.n_embd;
+    x.grow(*be, (size_t)T * H * 4);
+    h.grow(*be, (size_t)T * H * 4);
+    mix.grow(*be, (size_t)T * H * 4);
+    emb.resize((size_t)T * H);
+    const TypeTraits* et = type_traits(W.token_embd.type);
+    for (int t = 0; t < T; t++)
+      et->dequant(W.token_embd.data + (size_t)tokens[t] * W.token_embd.row_bytes, emb.data() + (size_t)t * H, H);
+    be->upload(x.p, emb.data(), emb.size() * 4);
+    for (int64_t il = 0; il < hp.n_layer; il++) {
+      const BackendModel::Layer& L = bm->layers[il];
+      be->rmsnorm(x.f(), H, L.attn_norm, H, T, hp.rms_eps, h.f(), H);
+      if (L.recurrent) {
+        deltanet(L.dn, dn[slot[il]], h.f(), T, in_place, mix.f());
+      } else {
+        attention(L.attn, kv[slot[il]], h.f(), T, pos0, mix.f());
+      }
+      be->add(x.f(), mix.f(), (int64_t)T * H);
+      be->rmsnorm(x.f(), H, L.post_norm, H, T, hp.rms_eps, h.f(), H);
+      moe(L.moe, h.f(), T, mix.f());
+      be->add(x.f(), mix.f(), (int64_t)T * H);
+    }
+    be->rmsnorm(x.f(), H, bm->output_norm, H, T, hp.rms_eps, hid_out, H);
+    if (first < T) be->matmul(bm->output, hid_out + (size_t)first * H, H, T - first, lg_out, hp.n_vocab);
+  }
+
+  void run(const int32_t* tokens, int T, int64_t pos0, bool in_place, bool last_only, float* logits_host,
+           float* hidden_host) {
+    const HParams& hp = m->hp();
+    const int64_t H = hp.n_embd, V = hp.n_vocab;
+    STRATA_CHECK(in_place || T <= max_window, "backend run: a verify window of ", T, " rows exceeds max_window ",
+                 max_window);
+    const int step = in_place ? kChunk : T;
+    hid.grow(*be, (size_t)std::min(T, step) * H * 4);
+    logits.grow(*be, (size_t)std::min(T, step) * V * 4);
+    for (int t0 = 0; t0 < T; t0 += step) {
+      const int n = std::min(step, T - t0);
+      // logits of every row, or only of the window's last row
+      const int first = last_only ? (t0 + n == T ? n - 1 : n) : 0;
+      forward(tokens + t0, n, pos0 + t0, in_place, first, hid.f(), logits.f());
+      be->download(hidden_host + (size_t)t0 * H, hid.p, (size_t)n * H * 4);
+      if (first < n)
+        be->download(logits_host + (last_only ? 0 : (size_t)t0 * V), logits.p, (size_t)(n - first) * V * 4);
+    }
+    last_T = T;
+    last_in_place = in_place;
+  }
+
+  // deltanet_state.cpp fold_layers: replay the kept rows into S, or swap S_work in when all were kept; then the
+  // kept raw rows into the conv history.
+  void commit(int keep) {
+    if (last_in_place || last_T == 0) return;
+    const HParams& hp = m->hp();
+    const int64_t nk = hp.ssm_n_group, nv = hp.ssm_dt_rank, dk = hp.dk(), dv = hp.dv(), cd = hp.conv_dim(),
+                  K = hp.ssm_d_conv, key_dim = nk * dk;
+    hist.grow(*be, (size_t)(K - 1 + keep) * cd * 4);
+    for (auto& st : dn) {
+      if (keep == last_T) {
+        std::swap(st.S.p, st.S_work.p);
+      } else {
+        const DnHeads a{st.conv_rows.f() + key_dim, cd, st.conv_rows.f() + 2 * key_dim, cd, nullptr, 0,
+                        st.eg_rows.f(), st.beta_rows.f(), nullptr, 0, nk, nv, dk, dv};
+        be->dn_heads(st.S.f(), nullptr, a, keep, keep);
+      }
+      if (K > 1) {
+        be->copy(hist.f(), st.conv.f(), (size_t)(K - 1) * cd * 4);
+        be->copy(hist.f() + (K - 1) * cd, st.raw_rows.f(), (size_t)keep * cd * 4);
+        be->copy(st.conv.f(), hist.f() + (size_t)keep * cd, (size_t)(K - 1) * cd * 4);
+      }
+    }
+    last_T = 0;
+  }
+};
+
+BackendSession::BackendSession(std::shared_ptr<const Model> model, const SessionOptions& opt, const std::string& name)
+    : p_(std::make_unique<Impl>(std::move(model), opt, name)) {}
+BackendSession::~BackendSession() = default;
+std::string BackendSession::backend_name() const { return p_->be->name(); }
+void BackendSession::run(const int32_t* tokens, int T, int64_t pos0, bool in_place, bool last_only, float* logits,
+                         float* hidden) {
+  std::lock_guard<std::mutex> lk(p_->bm->mu);
+  p_->run(tokens, T, pos0, in_place, last_only, logits, hidden);
+}
+void BackendSession::commit(int keep) {
+  std::lock_guard<std::mutex> lk(p_->bm->mu);
+  p_->commit(keep);
+}
+void BackendSession::reset() {
+  std::lock_guard<std::mutex> lk(p_->bm->mu);
+  p_->reset();
+}
+
+}  // namespace strata

@@ -1,0 +1,54 @@
+// The Qwen3-Next forward over the backend interface (backend/backend.h), written once for every backend, and the
+// session state it keeps in backend memory (issue 19, third milestone).
+//
+// BackendModel: every weight the forward reads, resident in the backend's memory (uploaded once; the CPU backend
+// points at the mapping). The token embedding is the one exception: the window's T rows are dequantized on the
+// host from the mapping and uploaded (T x H floats), exactly as the native forward dequantizes them.
+// BackendSession: the KV cells, DeltaNet S / S_work / conv history and a verify window's replay inputs, in backend
+// memory. run() mirrors Session::run's window modes: T = 1 and prompt windows update committed state in place
+// (prompt windows in pieces of kChunk rows, the same values), verify windows run on S_work and save their replay
+// inputs; commit(keep) folds the kept rows at once (the eager fold: its state equals the lazy fold's bit for
+// bit), swapping S_work in when every row is kept. Logits and hidden rows come back to the host (the sampler,
+// steering and drafting run there, unchanged).
+//
+// Exactness: every operation equals the native CPU forward's (model/qwen3next.cpp, deltanet.cpp, attention.cpp,
+// moe.cpp) on the CPU backend bit for bit (tests/test_backend_forward.py), and the CUDA backend's operations
+// equal the CPU backend's (tests/test_cuda_*.py), so a GPU session gives the CPU session's logits.
+// What runs here: qwen3next and qwen35moe graphs (DeltaNet layouts Current and Split), every expert resident,
+// dense attention. Session refuses the rest by name (MTP, checkpoints, expert streaming, qwen4exp, ...).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace strata {
+
+class Model;
+struct SessionOptions;
+struct BackendModel;
+
+// Whether `name` is a backend a session can run on ("cpu" is the native forward, not this file's).
+bool is_backend_name(const std::string& name);
+
+class BackendSession {
+ public:
+  // backend: "cuda" (device 0) or "cpu-backend" (this forward over the CPU backend: tests and benches).
+  BackendSession(std::shared_ptr<const Model> model, const SessionOptions& opt, const std::string& backend);
+  ~BackendSession();
+  std::string backend_name() const;
+  // T rows at pos0: in_place (T = 1, prompt windows) or a verify window (rows on S_work). logits: [T or 1][n_vocab]
+  // (host), hidden [T][H] (host).
+  void run(const int32_t* tokens, int T, int64_t pos0, bool in_place, bool last_only, float* logits, float* hidden);
+  // The kept rows of the last verify window become DeltaNet history (no-op after an in-place window).
+  void commit(int keep);
+  void reset();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+};
+
+}  // namespace strata

@@ -1,0 +1,260 @@
+"""The model forward on the GPU (issue 19, third milestone). Every layer operation the backend forward issues
+(backend.h: conv + SiLU, DeltaNet gates with glibc's expf / log1pf twins, all-head DeltaNet rows, gated norm,
+norm + RoPE, the output gate, SwiGLU, the MoE combine with the shared-expert gate, Qwen3.5's head untiling, expert
+products over a device-side selection) equals the CPU backend's bit for bit on fresh random inputs, and a T-row call
+equals T one-row calls. The GPU session's logits and hidden rows equal the CPU session's bit for bit on the tiny
+models, the shipped default model, a qwen35moe model and a Q4_K model, for prompt windows, T = 1 and windows of
+T = 1..16 with random keeps; greedy and sampled decoding give the CPU's tokens, and suffix-drafted decoding on the
+GPU gives plain decoding's. The CPU side runs its scalar kernels (force_isa): attention's AVX-512 / AVX2 paths sum
+in their own orders (kernels/attend.h), the GPU's attention is attend_ref's. Skipped where no CUDA device is usable."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backend_util import decode_equal, windows_equal
+from cuda_util import CUDA_TYPES, bits, needs_cuda, weights
+from seeds import fresh_rng
+from strata_py import _core
+from strata_py.model import Model
+
+pytestmark = needs_cuda
+
+
+def _op(backend, name, f, i=(), n=(), d=()):
+    fo, io = _core.backend_layer_op(backend, name, [np.ascontiguousarray(a, np.float32).ravel() for a in f],
+                                    [np.ascontiguousarray(a, np.int32).ravel() for a in i], [int(v) for v in n],
+                                    [float(v) for v in d])
+    return [np.asarray(x, np.float32) for x in fo], [np.asarray(x, np.int32) for x in io]
+
+
+def both(name, f, i=(), n=(), d=()):
+    """The operation on the CPU backend and on the GPU: every array after it, bit for bit. Returns the CPU's."""
+    a, ai = _op("cpu", name, f, i, n, d)
+    b, bi = _op("cuda", name, f, i, n, d)
+    for j, (x, y) in enumerate(zip(a, b)):
+        assert np.array_equal(bits(x), bits(y)), f"{name}: float array {j} differs at {np.argwhere(bits(x) != bits(y))[:3].ravel().tolist()}"
+    for j, (x, y) in enumerate(zip(ai, bi)):
+        assert np.array_equal(x, y), f"{name}: int array {j} differs"
+    return a
+
+
+def nan(*shape):
+    return np.full(shape, np.nan, np.float32)
+
+
+# ---------------------------------------------------------------- elementwise and per-row operations
+def test_add_silu_mul_mul_sigmoid_equal_cpu():
+    rng = fresh_rng()
+    n = int(rng.integers(1, 5000))
+    x, y = (rng.standard_normal(n) * 4).astype(np.float32), (rng.standard_normal(n) * 4).astype(np.float32)
+    both("add", [x, y], n=[n])
+    both("silu_mul", [x * 6, y], n=[n])
+    rows, hd = int(rng.integers(1, 9)), 64
+    o, g = rng.standard_normal((rows, hd)).astype(np.float32), (rng.standard_normal((rows, 2 * hd)) * 5).astype(np.float32)
+    got = both("mul_sigmoid_rows", [o, g[:, hd:].copy().ravel()], n=[hd, hd, hd, rows])[0].reshape(rows, hd)
+    for r in range(rows):  # each row alone
+        one = _op("cuda", "mul_sigmoid_rows", [o[r], g[r, hd:]], n=[hd, hd, hd, 1])[0][0]
+        assert np.array_equal(bits(one), bits(got[r]))
+
+
+@pytest.mark.parametrize("K", [2, 4])
+def test_conv_silu_equals_cpu_and_rows(K):
+    rng = fresh_rng()
+    T, cd = int(rng.integers(1, 17)), int(rng.integers(1, 700))
+    hist = rng.standard_normal((K - 1 + T, cd)).astype(np.float32)
+    w = rng.standard_normal((K, cd)).astype(np.float32)
+    out = both("conv_silu", [hist, w, nan(T, cd)], n=[T, cd, cd, K])[2].reshape(T, cd)
+    for t in range(T):
+        one = _op("cuda", "conv_silu", [hist[t:t + K], w, nan(1, cd)], n=[1, cd, cd, K])[0][2]
+        assert np.array_equal(bits(one), bits(out[t])), f"row {t}"
+
+
+@pytest.mark.parametrize("dk", [64, 128])
+def test_dn_gates_equal_cpu_and_rows(dk):
+    """Gate inputs over a wide range (softplus' threshold at 20, exp's overflow and underflow): glibc's expf and
+    log1pf on the card give the host libm's bits."""
+    rng = fresh_rng()
+    T, nk, r = int(rng.integers(1, 17)), 4, 2
+    nv = nk * r
+    cd = 2 * nk * dk + nv * 32
+    conv = rng.standard_normal((T, cd)).astype(np.float32)
+    ba = (rng.standard_normal((T, 2 * nv)) * rng.choice([0.5, 5, 30, 120], (T, 2 * nv))).astype(np.float32)
+    ssm_a = -np.exp(rng.uniform(-2, 2, nv)).astype(np.float32)
+    dt = rng.uniform(-1, 1, nv).astype(np.float32)
+    out = both("dn_gates", [conv, ba, ssm_a, dt, nan(T, nv), nan(T, nv)], n=[cd, T, nk, nv, dk])
+    for t in range(T):
+        one = _op("cuda", "dn_gates", [conv[t], ba[t], ssm_a, dt, nan(1, nv), nan(1, nv)], n=[cd, 1, nk, nv, dk])[0]
+        for j in (0, 4, 5):
+            assert np.array_equal(bits(one[j]), bits(out[j].reshape(T, -1)[t])), f"row {t}, array {j}"
+
+
+def _dn_case(rng, T, nk, r, dk, dv):
+    nv = nk * r
+    k = rng.standard_normal((T, nk, dk)).astype(np.float32)
+    k /= np.linalg.norm(k, axis=2, keepdims=True)
+    q = (rng.standard_normal((T, nk, dk)) / np.sqrt(dk)).astype(np.float32)
+    v = rng.standard_normal((T, nv, dv)).astype(np.float32)
+    eg = rng.uniform(0.6, 1.0, (T, nv)).astype(np.float32)
+    beta = rng.uniform(0.0, 1.0, (T, nv)).astype(np.float32)
+    S = (rng.standard_normal((nv, dk, dv)) * 0.3).astype(np.float32)
+    return S, k, v, q, eg, beta
+
+
+@pytest.mark.parametrize("dk,dv", [(128, 128), (64, 64), (32, 48)])
+@pytest.mark.parametrize("mode", ["in_place", "window", "partial", "replay"])
+def test_dn_heads_equal_cpu_and_rows(dk, dv, mode):
+    rng = fresh_rng()
+    T, nk, r = int(rng.integers(1, 17)), 2, 2
+    nv = nk * r
+    S, k, v, q, eg, beta = _dn_case(rng, T, nk, r, dk, dv)
+    n_src = {"in_place": T, "window": 0, "partial": 1, "replay": T}[mode]
+    has_o = mode != "replay"
+    f = [S, nan(nv, dk, dv), k, v, q, eg, beta, nan(T, nv, dv)]
+    n = [nk * dk, nv * dv, nk * dk, nv * dv, nk, nv, dk, dv, T, n_src, int(has_o), int(n_src < T)]
+    out = both("dn_heads", f, n=n)
+    if mode == "in_place":  # T one-row calls carrying S
+        S1 = S
+        for t in range(T):
+            one = _op("cuda", "dn_heads", [S1, nan(1), k[t], v[t], q[t], eg[t], beta[t], nan(nv, dv)],
+                      n=[0, 0, 0, 0, nk, nv, dk, dv, 1, 1, 1, 0])[0]
+            assert np.array_equal(bits(one[7]), bits(out[7].reshape(T, -1)[t])), f"row {t}"
+            S1 = one[0]
+        assert np.array_equal(bits(S1), bits(out[0]))
+
+
+def test_gated_norm_and_norm_rope_equal_cpu_and_rows():
+    rng = fresh_rng()
+    rows, n = int(rng.integers(1, 40)), 128
+    x, z = rng.standard_normal((rows, n)).astype(np.float32), (rng.standard_normal((rows, n)) * 4).astype(np.float32)
+    w = rng.standard_normal(n).astype(np.float32)
+    for sig in (0, 1):
+        out = both("gated_norm", [x, w, z, nan(rows, n)], n=[n, rows, sig], d=[1e-6])[3].reshape(rows, n)
+        one = _op("cuda", "gated_norm", [x[-1], w, z[-1], nan(1, n)], n=[n, 1, sig], d=[1e-6])[0][3]
+        assert np.array_equal(bits(one), bits(out[-1]))
+    T, nh, hd, n_rot, pos0 = int(rng.integers(1, 17)), 3, 64, 16, int(rng.integers(0, 50))
+    xs = rng.standard_normal((T, nh, 2 * hd)).astype(np.float32)  # heads at stride 2 hd (q | gate)
+    half = n_rot // 2
+    cs = rng.uniform(-1, 1, (pos0 + T, half)).astype(np.float32)
+    sn = rng.uniform(-1, 1, (pos0 + T, half)).astype(np.float32)
+    wq = rng.standard_normal(hd).astype(np.float32)
+    out = both("norm_rope", [xs, wq, cs, sn], n=[nh * 2 * hd, 2 * hd, T, nh, hd, n_rot, pos0], d=[1e-6])[0]
+    t = T - 1
+    one = _op("cuda", "norm_rope", [xs[t], wq, cs, sn], n=[nh * 2 * hd, 2 * hd, 1, nh, hd, n_rot, pos0 + t], d=[1e-6])[0][0]
+    assert np.array_equal(bits(one), bits(out.reshape(T, -1)[t]))
+
+
+@pytest.mark.parametrize("shared", [0, 1])
+def test_moe_combine_equals_cpu_and_rows(shared):
+    rng = fresh_rng()
+    T, k, H = int(rng.integers(1, 17)), int(rng.integers(1, 11)), int(rng.choice([256, 1024, 2048, 3000]))
+    yg = rng.standard_normal((T, k, H)).astype(np.float32)
+    wt = rng.dirichlet(np.ones(k), T).astype(np.float32)
+    sh = rng.standard_normal((T, H)).astype(np.float32)
+    gate = (rng.standard_normal(H) * 0.2).astype(np.float32)
+    x = (rng.standard_normal((T, H)) * rng.choice([0.1, 1, 5])).astype(np.float32)
+    out = both("moe_combine", [yg, wt, sh, gate, x, nan(T, H)], n=[T, k, H, shared])[5].reshape(T, H)
+    t = int(rng.integers(0, T))
+    one = _op("cuda", "moe_combine", [yg[t], wt[t], sh[t], gate, x[t], nan(1, H)], n=[1, k, H, shared])[0][5]
+    assert np.array_equal(bits(one), bits(out[t]))
+
+
+def test_dn_untile_retile_equal_cpu():
+    rng = fresh_rng()
+    T, nk, r, dk, dv = int(rng.integers(1, 9)), 2, 3, 16, 8
+    nv = nk * r
+    cd, d_inner = 2 * nk * dk + nv * dv, nv * dv
+    fh = rng.permutation(nv).astype(np.int32)
+    f = [rng.standard_normal((T, cd)), nan(T, cd), rng.standard_normal((T, d_inner)), nan(T, d_inner),
+         rng.standard_normal((T, nv)), rng.standard_normal((T, nv)), nan(T, 2 * nv)]
+    out = both("dn_untile", f, i=[fh], n=[cd, nk * dk, T, nk, nv, dv])
+    assert not np.isnan(out[1]).any() and not np.isnan(out[6]).any()
+    back = both("dn_retile", [out[3], nan(T, d_inner)], i=[fh], n=[T, nv, dv])[1]
+    np.testing.assert_array_equal(bits(back), bits(f[2].astype(np.float32).ravel()))  # z untiled, retiled = z
+
+
+@pytest.mark.parametrize("typ", CUDA_TYPES)
+def test_matmul_sel_equals_cpu_and_one_row_products(typ):
+    """Expert products over a device selection equal the CPU backend's and each slot's one-row product."""
+    rng = fresh_rng()
+    E, rows, cols, k = 5, int(rng.integers(1, 40)), 512, 3
+    T = int(rng.integers(1, 6))
+    w = np.concatenate([weights(rng, typ, rows, cols) for _ in range(E)])
+    eb = w.size // E
+    pad = (-w.size) % 4
+    words = np.concatenate([w, np.zeros(pad, np.uint8)]).view(np.int32)
+    sel = rng.integers(0, E, T * k).astype(np.int32)
+    x = rng.standard_normal((T, cols)).astype(np.float32)
+    qt = {t.name: int(t) for t in __import__("gguf").GGMLQuantizationType}[typ]
+    y = both("matmul_sel", [x, nan(T * k, rows)], i=[sel, words], n=[qt, rows, cols, T * k, k, cols, rows, eb])[1]
+    y = y.reshape(T * k, rows)
+    for s in range(T * k):
+        want = _core.backend_matmul("cuda", w[sel[s] * eb:(sel[s] + 1) * eb].copy(), typ, rows, cols, x[s // k:s // k + 1])
+        assert np.array_equal(bits(want[0]), bits(y[s])), f"slot {s}"
+
+
+# ---------------------------------------------------------------- the GPU session
+@pytest.fixture(scope="module", autouse=True)
+def cpu_scalar():
+    """The CPU session on its scalar kernels (the GPU's attention is attend_ref's order), restored afterwards."""
+    prev = _core.active_isa()
+    _core.force_isa("scalar")
+    yield
+    _core.force_isa(prev)
+
+
+@pytest.fixture(scope="module")
+def default_model():
+    return Model.load(threads=4)
+
+
+@pytest.fixture(scope="module")
+def q35(tmp_path_factory):
+    from hf_tiny_next import make_tiny_qwen35moe
+    from strata_py.convert import convert
+    d = tmp_path_factory.mktemp("q35g")
+    make_tiny_qwen35moe(d / "hf", seed=24)
+    return Model.load(convert(d / "hf", d / "q35.gguf", "q8_0"), threads=4)
+
+
+@pytest.fixture(scope="module")
+def q4k_model(tmp_path_factory):
+    from strata_py import synth
+    return Model.load(synth.write("tiny", tmp_path_factory.mktemp("q4k") / "tiny-q4_k.gguf", "q4_k", seed=5), threads=4)
+
+
+@pytest.mark.parametrize("which", ["tiny_model", "tiny_q8_model", "default_model", "q35", "q4k_model"])
+def test_gpu_session_windows(request, which):
+    m = request.getfixturevalue(which)
+    for _ in range(2):
+        windows_equal(m, "cuda", fresh_rng(), n_windows=16, label=which)
+
+
+def test_gpu_session_long_prompt(tiny_q8_model):
+    windows_equal(tiny_q8_model, "cuda", fresh_rng(), n_windows=4, prompt=150, n_ctx=320, label="150-row prompt")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("draft", ["none", "suffix"])
+def test_gpu_decode(default_model, temperature, draft):
+    decode_equal(default_model, "cuda", fresh_rng(), temperature=temperature, draft=draft, max_tokens=32,
+                 label=f"{draft} t={temperature}")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_gpu_speculative_equals_plain(default_model, temperature):
+    seed = int(fresh_rng().integers(1 << 62))
+    plain = decode_equal(default_model, "cuda", np.random.default_rng(seed), temperature=temperature, draft="none")
+    drafted = decode_equal(default_model, "cuda", np.random.default_rng(seed), temperature=temperature, draft="suffix")
+    assert plain == drafted
+
+
+def test_gpu_session_refusals(tiny_q8_model):
+    s = tiny_q8_model.session(backend="cuda")
+    assert "cuda" in s._core.backend_name
+    s.run([1, 2])
+    s.commit(2)
+    with pytest.raises(RuntimeError, match="checkpoint\\(\\): not supported on backend='cuda'"):
+        s._core.checkpoint()
+    with pytest.raises(ValueError, match="bad option mtp=True"):
+        tiny_q8_model.session(backend="cuda", mtp=True)
