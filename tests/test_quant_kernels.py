@@ -247,12 +247,13 @@ def test_iq_vbmi_decoders_equal_the_plain_avx512_ones(typ):
     for cols in (256, 768):
         rows = int(rng.integers(1, 40))
         raw = _blocks(rng, typ, rows, cols, wild=bool(rng.integers(0, 2)))
-        x = rng.standard_normal((3, cols)).astype(np.float32)
-        vbmi = _core.matmul(raw, typ, rows, cols, x, isa="avx512", threads=2)
-        _core.allow_vbmi(False)
-        try:
-            plain = _core.matmul(raw, typ, rows, cols, x, isa="avx512", threads=2)
-        finally:
-            _core.allow_vbmi(True)
-        np.testing.assert_array_equal(vbmi, plain)
-        np.testing.assert_array_equal(vbmi, _core.matmul(raw, typ, rows, cols, x, isa="scalar"))
+        for T in (3, 19):  # 19: the prompt panels (IQ2_XXS's byte panel decodes with or without VBMI)
+            x = rng.standard_normal((T, cols)).astype(np.float32)
+            vbmi = _core.matmul(raw, typ, rows, cols, x, isa="avx512", threads=2)
+            _core.allow_vbmi(False)
+            try:
+                plain = _core.matmul(raw, typ, rows, cols, x, isa="avx512", threads=2)
+            finally:
+                _core.allow_vbmi(True)
+            np.testing.assert_array_equal(vbmi, plain)
+            np.testing.assert_array_equal(vbmi, _core.matmul(raw, typ, rows, cols, x, isa="scalar"))

@@ -66,6 +66,7 @@ bool cpu_has_avx512vnni() { return g_vnni && g_vnni_on; }
 bool cpu_has_avx512vbmi() { return g_vbmi; }
 void allow_vbmi(bool on) { g_vbmi_on = on; }
 void allow_vnni(bool on) { g_vnni_on = on; }
+bool vbmi_kernels_on() { return g_vbmi && g_vbmi_on && g_vnni_on; }
 
 RowsFn rows_fn(uint32_t type, Isa isa) {
   switch (isa) {

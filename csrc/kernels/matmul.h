@@ -141,6 +141,8 @@ void allow_vbmi(bool on);
 // Tests: with false, the AVX-512 kernels take their paths for CPUs without VNNI (vpmaddwd + vpaddd for vpdpwssd;
 // no VBMI kernels, which need VNNI): the same results either way, tested.
 void allow_vnni(bool on);
+// Whether the AVX-512 path takes its VBMI kernels now (the CPU has VBMI and VNNI, and tests allow both).
+bool vbmi_kernels_on();
 
 // The canonical 16-lane reduction, shared by the scalar twins.
 inline float reduce16(const float* l) {

@@ -25,6 +25,10 @@
 
 namespace strata {
 
+// kquants_avx512vbmi.cpp (built with VBMI; call only when vbmi_kernels_on()): an IQ2_XXS block's signed grid
+// bytes, pair-interleaved as below (w[4]), and its scale pairs (s2[4]) from vectorised grid and sign lookups.
+void iq2xxs_bytes_vbmi(const uint8_t* b, __m512i* w, int32_t* s2);
+
 namespace {
 
 using namespace kq;
@@ -246,6 +250,7 @@ void rows_many_iq2xxs8(const MatView& W, const Act* pass, int np, float* y, int6
   }
   const __m512i il = _mm512_load_si512(il16);
   const __m512i ones = _mm512_set1_epi8(1);
+  const bool vbmi = vbmi_kernels_on();
   for (int64_t rb = r0; rb < r1; rb += kPanelRows) {
     const int64_t re = rb + kPanelRows < r1 ? rb + kPanelRows : r1;
     for (int64_t r = rb; r < re; r++) {
@@ -257,22 +262,28 @@ void rows_many_iq2xxs8(const MatView& W, const Act* pass, int np, float* y, int6
         Panel8& P = pb[b];
         P.d = h2f(blk) * 0.125f;
         P.dmin = 0.f;
-        __m256i sg[8];
-        int16_t sc[8];
-        for (int ib = 0; ib < 8; ib++) {
-          const uint8_t* q = blk + 2 + 8 * ib;
-          const uint32_t aux1 = u32_at(q + 4);
-          const __m256i g = _mm256_set_epi64x((long long)kIq2xxsGrid[q[3]], (long long)kIq2xxsGrid[q[2]],
-                                              (long long)kIq2xxsGrid[q[1]], (long long)kIq2xxsGrid[q[0]]);
-          sg[ib] = iq_signed(g, aux1);
-          sc[ib] = (int16_t)(2 * (aux1 >> 28) + 1);
+        if (vbmi) {
+          iq2xxs_bytes_vbmi(blk, P.w, P.s2);
+        } else {
+          __m256i sg[8];
+          int16_t sc[8];
+          for (int ib = 0; ib < 8; ib++) {
+            const uint8_t* q = blk + 2 + 8 * ib;
+            const uint32_t aux1 = u32_at(q + 4);
+            const __m256i g = _mm256_set_epi64x((long long)kIq2xxsGrid[q[3]], (long long)kIq2xxsGrid[q[2]],
+                                                (long long)kIq2xxsGrid[q[1]], (long long)kIq2xxsGrid[q[0]]);
+            sg[ib] = iq_signed(g, aux1);
+            sc[ib] = (int16_t)(2 * (aux1 >> 28) + 1);
+          }
+          for (int c = 0; c < 4; c++) {
+            P.w[c] = _mm512_permutex2var_epi16(_mm512_castsi256_si512(sg[2 * c]), il,
+                                               _mm512_castsi256_si512(sg[2 * c + 1]));
+            P.s2[c] = (int32_t)(uint16_t)sc[2 * c] | (int32_t)sc[2 * c + 1] << 16;
+          }
         }
         __m512i wsum = _mm512_setzero_si512();
-        for (int c = 0; c < 4; c++) {
-          P.w[c] = _mm512_permutex2var_epi16(_mm512_castsi256_si512(sg[2 * c]), il, _mm512_castsi256_si512(sg[2 * c + 1]));
-          P.s2[c] = (int32_t)(uint16_t)sc[2 * c] | (int32_t)sc[2 * c + 1] << 16;
+        for (int c = 0; c < 4; c++)
           wsum = dot_pairs<kVnni>(wsum, _mm512_maddubs_epi16(ones, P.w[c]), _mm512_set1_epi32(P.s2[c]));
-        }
         P.init = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(wsum, 7));
       }
     }

@@ -73,6 +73,47 @@ inline void signed_scaled_pair(__m512i g, __mmask64 neg, uint32_t a0, uint32_t a
                             _mm512_set1_epi16((short)(2 * (a1 >> 28) + 1)));
 }
 
+// IQ2_XXS: each pair p of sub-blocks (2p, 2p+1) as their 64 unsigned grid bytes g (sub-block 2p's in bytes
+// 0-31), the mask of the negated ones and the two aux words: pair(p, g, neg, a0, a1).
+template <class F>
+inline void iq2xxs_pairs(const uint8_t* b, F&& pair) {
+  // the body: qword ib = sub-block ib's four grid indices (bytes 0-3) and its aux word (bytes 4-7)
+  const __m512i Z = _mm512_loadu_si512(b + 2);
+  // 1. grid entry j = 4 ib + e: its 16-bit code from the 256-entry table held in 8 registers
+  const __m512i gsel = _mm512_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                       0, 0, 0, 0, 0, 0, 59, 58, 57, 56, 51, 50, 49, 48, 43, 42, 41, 40, 35, 34, 33,
+                                       32, 27, 26, 25, 24, 19, 18, 17, 16, 11, 10, 9, 8, 3, 2, 1, 0);
+  const __m512i gidx = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(_mm512_permutexvar_epi8(gsel, Z)));
+  const __m512i codes = lookup256(kGridCodes.data(), gidx);
+  // 2. sign patterns: the 7-bit fields of each aux word (bits 32 + 7e of its qword) through ksigns
+  const __m512i sctl = _mm512_set1_epi64(0x00000000352E2720LL);  // bytes 32, 39, 46, 53
+  const __m512i sidx = _mm512_and_si512(_mm512_multishift_epi64_epi8(sctl, Z), _mm512_set1_epi8(127));
+  const __m512i ks0 = _mm512_loadu_si512(kKsigns), ks1 = _mm512_loadu_si512(kKsigns + 64);
+  const __m512i S = _mm512_permutex2var_epi8(ks0, sidx, ks1);  // qword ib, bytes 0-3: entries 4 ib + e
+  // 3. per pair of sub-blocks (8 entries, 64 weights): bytes from the codes, signs as a byte mask
+  const __m512i shift = _mm512_set1_epi64(0x0E0C0A0806040200LL);  // byte k <- bits 2k.. of its qword
+  const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(0x08, 0x19, 0x2b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
+  for (int p = 0; p < 4; p++) {
+    // qword L <- code word of entry 8p + L; byte 8L + k <- sign pattern byte of entry 8p + L
+    const __m512i cw = _mm512_permutexvar_epi16(
+        _mm512_set_epi16(8 * p + 7, 8 * p + 7, 8 * p + 7, 8 * p + 7, 8 * p + 6, 8 * p + 6, 8 * p + 6, 8 * p + 6,
+                         8 * p + 5, 8 * p + 5, 8 * p + 5, 8 * p + 5, 8 * p + 4, 8 * p + 4, 8 * p + 4, 8 * p + 4,
+                         8 * p + 3, 8 * p + 3, 8 * p + 3, 8 * p + 3, 8 * p + 2, 8 * p + 2, 8 * p + 2, 8 * p + 2,
+                         8 * p + 1, 8 * p + 1, 8 * p + 1, 8 * p + 1, 8 * p, 8 * p, 8 * p, 8 * p),
+        codes);
+    const __m512i g = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_multishift_epi64_epi8(shift, cw),
+                                                                _mm512_set1_epi8(3)));
+    // sub-block 2p's four pattern bytes sit at S bytes 16p.., 2p + 1's at 16p + 8..: gather them to 8 in a row
+    const __m512i S8 = _mm512_permutexvar_epi8(
+        _mm512_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, (char)(16 * p + 11),
+                        (char)(16 * p + 10), (char)(16 * p + 9), (char)(16 * p + 8), (char)(16 * p + 3),
+                        (char)(16 * p + 2), (char)(16 * p + 1), (char)(16 * p)),
+        S);
+    pair(p, g, sign_mask(S8, 0), u32_at(b + 2 + 16 * p + 4), u32_at(b + 2 + 16 * p + 12));
+  }
+}
+
 struct DecIQ2XXSVbmi {
   static constexpr int kBytes = 66;
   static constexpr bool kHasMin = false;
@@ -80,41 +121,9 @@ struct DecIQ2XXSVbmi {
     d = h2f(b) * 0.125f;
     dmin = 0.f;
     mins = _mm_setzero_si128();
-    // the body: qword ib = sub-block ib's four grid indices (bytes 0-3) and its aux word (bytes 4-7)
-    const __m512i Z = _mm512_loadu_si512(b + 2);
-    // 1. grid entry j = 4 ib + e: its 16-bit code from the 256-entry table held in 8 registers
-    const __m512i gsel = _mm512_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                         0, 0, 0, 0, 0, 0, 59, 58, 57, 56, 51, 50, 49, 48, 43, 42, 41, 40, 35, 34, 33,
-                                         32, 27, 26, 25, 24, 19, 18, 17, 16, 11, 10, 9, 8, 3, 2, 1, 0);
-    const __m512i gidx = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(_mm512_permutexvar_epi8(gsel, Z)));
-    const __m512i codes = lookup256(kGridCodes.data(), gidx);
-    // 2. sign patterns: the 7-bit fields of each aux word (bits 32 + 7e of its qword) through ksigns
-    const __m512i sctl = _mm512_set1_epi64(0x00000000352E2720LL);  // bytes 32, 39, 46, 53
-    const __m512i sidx = _mm512_and_si512(_mm512_multishift_epi64_epi8(sctl, Z), _mm512_set1_epi8(127));
-    const __m512i ks0 = _mm512_loadu_si512(kKsigns), ks1 = _mm512_loadu_si512(kKsigns + 64);
-    const __m512i S = _mm512_permutex2var_epi8(ks0, sidx, ks1);  // qword ib, bytes 0-3: entries 4 ib + e
-    // 3. per pair of sub-blocks (8 entries, 64 weights): bytes from the codes, signs as a byte mask
-    const __m512i shift = _mm512_set1_epi64(0x0E0C0A0806040200LL);  // byte k <- bits 2k.. of its qword
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(0x08, 0x19, 0x2b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
-    for (int p = 0; p < 4; p++) {
-      // qword L <- code word of entry 8p + L; byte 8L + k <- sign pattern byte of entry 8p + L
-      const __m512i cw = _mm512_permutexvar_epi16(
-          _mm512_set_epi16(8 * p + 7, 8 * p + 7, 8 * p + 7, 8 * p + 7, 8 * p + 6, 8 * p + 6, 8 * p + 6, 8 * p + 6,
-                           8 * p + 5, 8 * p + 5, 8 * p + 5, 8 * p + 5, 8 * p + 4, 8 * p + 4, 8 * p + 4, 8 * p + 4,
-                           8 * p + 3, 8 * p + 3, 8 * p + 3, 8 * p + 3, 8 * p + 2, 8 * p + 2, 8 * p + 2, 8 * p + 2,
-                           8 * p + 1, 8 * p + 1, 8 * p + 1, 8 * p + 1, 8 * p, 8 * p, 8 * p, 8 * p),
-          codes);
-      const __m512i g = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_multishift_epi64_epi8(shift, cw),
-                                                                  _mm512_set1_epi8(3)));
-      // sub-block 2p's four pattern bytes sit at S bytes 16p.., 2p + 1's at 16p + 8..: gather them to 8 in a row
-      const __m512i S8 = _mm512_permutexvar_epi8(
-          _mm512_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                          0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, (char)(16 * p + 11),
-                          (char)(16 * p + 10), (char)(16 * p + 9), (char)(16 * p + 8), (char)(16 * p + 3),
-                          (char)(16 * p + 2), (char)(16 * p + 1), (char)(16 * p)),
-          S);
-      signed_scaled_pair(g, sign_mask(S8, 0), u32_at(b + 2 + 16 * p + 4), u32_at(b + 2 + 16 * p + 12), w + 2 * p);
-    }
+    iq2xxs_pairs(b, [&](int p, __m512i g, __mmask64 neg, uint32_t a0, uint32_t a1) {
+      signed_scaled_pair(g, neg, a0, a1, w + 2 * p);
+    });
   }
 };
 
@@ -154,6 +163,16 @@ struct DecIQ3XXSVbmi {
 };
 
 }  // namespace
+
+void iq2xxs_bytes_vbmi(const uint8_t* b, __m512i* w, int32_t* s2) {
+  // word k of sub-block 2p's bytes, then word k of 2p+1's: dword k = pair k of each (kquants8_avx512.cpp)
+  const __m512i il = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
+                                      20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  iq2xxs_pairs(b, [&](int p, __m512i g, __mmask64 neg, uint32_t a0, uint32_t a1) {
+    w[p] = _mm512_permutexvar_epi16(il, _mm512_mask_sub_epi8(g, neg, _mm512_setzero_si512(), g));
+    s2[p] = (int32_t)(2 * (a0 >> 28) + 1) | (int32_t)(2 * (a1 >> 28) + 1) << 16;
+  });
+}
 
 RowsFn rows_fn_kq_avx512vbmi(uint32_t type) {
   switch (type) {
