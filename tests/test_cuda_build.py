@@ -1,0 +1,43 @@
+"""The CUDA backend compiles (issue 19). This machine and CI have nvcc but no GPU, so this is where every change is
+compiled for CUDA on every run; the GPU tests run on the lent device (tools/gpu_check.sh). The project's own CMake
+(cmake/strata_core.cmake with STRATA_CUDA=ON: its archs, its exactness flags) builds the object of every
+csrc/**/*.cu; the CPU objects are the ordinary build's. Skipped, with the reason, where nvcc is absent."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NVCC = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.access(p, os.X_OK)), None)
+CU = sorted(ROOT.glob("csrc/**/*.cu"))
+
+
+@pytest.mark.skipif(NVCC is None, reason="no nvcc on this machine: the CUDA sources compile where a toolkit is")
+@pytest.mark.skipif(shutil.which("ninja") is None, reason="ninja (a test dependency) is not on the PATH")
+def test_every_cuda_source_compiles(tmp_path):
+    assert CU, "no CUDA sources found under csrc/"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.18)\nproject(strata_cuda_check LANGUAGES CXX)\n"
+        "set(CMAKE_CXX_STANDARD 17)\nfind_package(Threads REQUIRED)\n"
+        f'include("{ROOT}/cmake/strata_core.cmake")\n')
+    build = tmp_path / "build"
+    env = {**os.environ, "CUDACXX": NVCC}
+    cfg = subprocess.run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DSTRATA_CUDA=ON",
+                          "-DCMAKE_BUILD_TYPE=Release"], capture_output=True, text=True, env=env)
+    assert cfg.returncode == 0, cfg.stdout[-3000:] + cfg.stderr[-3000:]
+    assert "CUDA backend ON" in cfg.stdout
+    targets = subprocess.run(["ninja", "-C", str(build), "-t", "targets", "all"], capture_output=True, text=True,
+                             check=True).stdout
+    objs = [line.split(":")[0] for line in targets.splitlines() if line.split(":")[0].endswith(".cu.o")]
+    assert len(objs) == len(CU), (objs, CU)  # one object per source (the names CMake gives them)
+    jobs = str(max(1, min(4, os.cpu_count() or 1)))
+    out = subprocess.run(["ninja", "-C", str(build), "-j", jobs, *objs], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+    for o in objs:
+        assert (build / o).stat().st_size > 0, o
