@@ -226,19 +226,31 @@ void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float
   thread_local std::vector<int32_t> uni;  // the union, ascending; jobs[q] runs expert uni[q]
   jobs.clear();
   uni.clear();
+  bool gather = false;
   for (int64_t i = 0; i < S;) {
     const int32_t e = sel[order[i]];
     int64_t j = i + 1;
     while (j < S && sel[order[j]] == e) j++;
     const float* xj = x + (size_t)(order[i] / k) * H;
     if (j - i > 1) {
-      for (int64_t r = i; r < j; r++) std::memcpy(xg.data() + r * H, x + (size_t)(order[r] / k) * H, H * sizeof(float));
+      gather = true;
       xj = xg.data() + i * H;
     }
     jobs.push_back({{}, {}, {}, xj, (int)(j - i), yg.data() + i * F, ygather.data() + i * H});
     uni.push_back(e);
     i = j;
   }
+  // A prompt window's gather (every slot's row, T * k rows) and combine below are memory-bound loops over
+  // megabytes: split over the pool (each row is one copy / one fixed sequence of axpy, whoever runs it).
+  const bool wide = (int64_t)T * k * H >= (1 << 16);
+  auto rows = [&](int64_t n, auto&& fn) {
+    if (wide) pool.parallel_for(n, [&](int64_t b, int64_t e, int) { for (int64_t r = b; r < e; r++) fn(r); });
+    else for (int64_t r = 0; r < n; r++) fn(r);
+  };
+  // (the buffers are the caller's thread_locals: the workers get plain pointers)
+  float* const xgp = xg.data();
+  const int32_t* const ord = order.data();
+  if (gather) rows(S, [&](int64_t r) { std::memcpy(xgp + r * H, x + (size_t)(ord[r] / k) * H, H * sizeof(float)); });
   ExpertJob shared{};  // the shared expert (all T rows) joins the first batch
   if (w.has_shexp) {
     sh.resize((size_t)T * H);
@@ -282,17 +294,21 @@ void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float
       }
     }
   }
-  for (int t = 0; t < T; t++) {
+  const float* const ygp = ygather.data();
+  const float* const shp = w.has_shexp ? sh.data() : nullptr;
+  const int32_t* const posp = pos.data();
+  const float* const wtp = wt.data();
+  rows(T, [&](int64_t t) {
     float* o = out + (size_t)t * H;
     for (int64_t i = 0; i < H; i++) o[i] = 0.f;
-    for (int64_t j = 0; j < k; j++) axpy(o, ygather.data() + (size_t)pos[t * k + j] * H, wt[t * k + j], H);
-    if (w.has_shexp) {
+    for (int64_t j = 0; j < k; j++) axpy(o, ygp + (size_t)posp[t * k + j] * H, wtp[t * k + j], H);
+    if (shp) {
       float gl = 0.f;
       const float* xt = x + (size_t)t * H;
       for (int64_t i = 0; i < H; i++) gl += w.gate_inp_shexp[i] * xt[i];
-      axpy(o, sh.data() + (size_t)t * H, sigmoid(gl), H);
+      axpy(o, shp + (size_t)t * H, sigmoid(gl), H);
     }
-  }
+  });
 }
 
 }  // namespace strata
