@@ -307,3 +307,52 @@ def test_validate_is_the_mask_without_forced_bytes(model):
             assert m.consume_token(t)
     assert tally["unforced"] >= 5 and tally["accepting"] >= 1 and tally["forced, differ"] >= 1, tally
     assert tally["forced, one token"] >= 1, tally
+
+
+class _SpyCore:
+    """A session's C++ core, recording the linger_us each window's run asked for."""
+
+    def __init__(self, core):
+        self._c, self.lingers = core, []
+
+    def run_sample_traced(self, tokens, params, cap, linger_us=0.0):
+        self.lingers.append(linger_us)
+        return self._c.run_sample_traced(tokens, params, cap, linger_us)
+
+    def run_sample(self, tokens, params, masks=None, linger_us=0.0):
+        self.lingers.append(linger_us)
+        return self._c.run_sample(tokens, params, masks, linger_us)
+
+    def __getattr__(self, name):
+        return getattr(self._c, name)
+
+
+class _SpySession:
+    def __init__(self, session):
+        self._s, self._core = session, _SpyCore(session._core)
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_grammar_windows_keep_the_pool_polling(model, lazy):
+    """Under a grammar every window's forward asks the pool to keep its workers polling through the grammar's step
+    (speculative.GRAMMAR_LINGER_US: a worker asleep by the next forward cost it ~50 us), lazy or full masks; without
+    a grammar no window does. The tokens are those of a session without the spy."""
+    from strata_py.generate import generate_ids
+
+    prompt = model.tokenizer.encode(GRAMMARS["json_records"][0])
+    for grammar in (GRAMMARS["json_records"][1], {}):
+        cfg = exactness.config("sampled", 3, 24, **grammar)
+        want = exactness.plain(model, prompt, cfg)
+        spy = _SpySession(model.session(n_ctx=512, max_window=cfg.max_window))
+        speculative.LAZY_MASKS = lazy
+        try:
+            got = list(generate_ids(model, prompt, cfg, session=spy))
+        finally:
+            speculative.LAZY_MASKS = True
+        assert got == want
+        assert len(spy._core.lingers) == len(got)
+        assert set(spy._core.lingers) == ({speculative.GRAMMAR_LINGER_US} if grammar else {0.0})
+    assert speculative.GRAMMAR_LINGER_US > 0

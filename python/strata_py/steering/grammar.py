@@ -199,13 +199,15 @@ class GrammarMatcher:
         T = len(inputs)
         m = self.matcher
         eog = self._eog
+        first = self.origin - pos0  # rows before it hold prompt tokens: not consumed
         n = 0
         took = [False] * T
         vetted = self._vetted == (pos0, int(inputs[0]))
-        walked = 0
+        walked = checked = validated = repicked = full = 0
         for i in range(T):
             t = int(inputs[i])
-            if pos0 + i >= self.origin and not (m.is_stopped() and t in eog):
+            # (an end-of-generation token at a stopped state changes nothing: is_stopped only asked for those)
+            if i >= first and not (t in eog and m.is_stopped()):
                 if i == 0 and not vetted and m.validate_tokens([t]) != 1:
                     raise ValueError(f"{self.field}: the window's input {t} at row 0 does not satisfy the grammar")
                 if not m.consume_token(t):
@@ -213,43 +215,55 @@ class GrammarMatcher:
                 took[i] = True
                 n += 1
             walked = i + 1
-            self.checked += 1
+            checked += 1
             ids = cands[i]
-            bits = None if ids is None else self._bits(ids, complete[i])
-            if bits is not None and bits[0] and not all(bits) and complete[i]:
-                self.repicked += 1
-                out[i] = repick(i, bytes(bits))
-            elif bits is None or not all(bits):  # the best token refused, or the trace cannot decide
-                self.full += 1
+            if ids is None:  # too many candidates to check one by one
+                ok = False
+            elif m.is_stopped():
+                bits = [x in eog for x in ids]
+                ok = bits[0]
+            elif m.compute_ff_bytes():  # forced bytes: llguidance's mask is their canonical tokenization's
+                ff = m.compute_ff_tokens()
+                if ff:  # ... first token alone (compute_mask: "forcing ff_token by mask")
+                    f0 = ff[0]
+                    bits = [x == f0 for x in ids]
+                else:
+                    mask = self._mask()
+                    bits = [(int(mask[x >> 5]) >> (x & 31)) & 1 == 1 for x in ids]
+                ok = bits[0]
+            else:  # up to the first refused one when the trace is incomplete; only the first when it is refused
+                ok = m.validate_tokens([ids[0]]) == 1
+                bits = [ok]
+                if ok:
+                    done = complete[i]
+                    for x in ids[1:]:
+                        b = m.validate_tokens([x]) == 1
+                        bits.append(b)
+                        if not b and not done:
+                            break
+                validated += len(bits)
+            if ok and len(bits) > 1 and not all(bits):
+                if complete[i]:
+                    repicked += 1
+                    out[i] = repick(i, bytes(bits))
+                else:
+                    full += 1
+                    out[i] = refinish(i, self._mask())
+            elif not ok:  # the best token refused, or the trace cannot decide
+                full += 1
                 out[i] = refinish(i, self._mask())
             if i + 1 >= T or out[i] != int(inputs[i + 1]):
                 break
+        self.checked += checked
+        self.validated += validated
+        self.repicked += repicked
+        self.full += full
         self._window = n
         self._took = took
-        self._pending_inputs = [int(x) for x in inputs[:T]]
+        self._pending_inputs = [int(x) for x in inputs]
         self._pending_pos0 = pos0
         self._pending_out = (out, walked)
         return out
-
-    def _bits(self, ids: list[int], complete: bool) -> list[bool]:
-        """The current state's mask bits of ids (up to the first refused one when the trace is incomplete; only
-        the first when it is refused, as nothing else matters then)."""
-        m = self.matcher
-        if m.is_stopped():
-            return [x in self._eog for x in ids]
-        if m.compute_ff_bytes():  # forced bytes: llguidance's mask is their canonical tokenization's
-            ff = m.compute_ff_tokens()
-            if ff:  # ... first token alone (compute_mask: "forcing ff_token by mask")
-                return [x == ff[0] for x in ids]
-            mask = self._mask()
-            return [(int(mask[x >> 5]) >> (x & 31)) & 1 == 1 for x in ids]
-        bits = []
-        for x in ids:
-            bits.append(m.validate_tokens([x]) == 1)
-            if not bits[-1] and (len(bits) == 1 or not complete):
-                break
-        self.validated += len(bits)
-        return bits
 
     def _mask(self) -> np.ndarray:
         """The current state's full mask (a buffer reused by every row)."""
@@ -262,11 +276,11 @@ class GrammarMatcher:
     def commit(self, keep: int) -> None:
         """Keep the state after the first `keep` rows of the last window."""
         pos0 = self._pending_pos0
-        kept = sum(1 for i in range(keep) if pos0 + i >= self.origin)
+        kept = keep - min(keep, max(0, self.origin - pos0))  # the kept rows at or after the origin
         took_kept = sum(self._took[:keep])
         if self._window > took_kept:
             self.matcher.rollback(self._window - took_kept)
-        self._consumed.extend(self._pending_inputs[keep - kept:keep])
+        self._consumed += self._pending_inputs[keep - kept:keep]
         self._window = 0
         po, self._pending_out = self._pending_out, None
         # the kept row's choice, checked by fix_rows, is the next window's input at row 0
