@@ -268,9 +268,47 @@ def suffix_under_schema(model, rounds, n):
     return res, identical, model.tokenizer.decode(plain, skip_special=True)
 
 
+class _Recorded:
+    """A drafter whose drafts are recorded (the windows a run verified, for replaying them without a grammar)."""
+
+    def __init__(self, inner):
+        self.inner, self.drafts = inner, {}  # context length (the window's position) -> its drafts
+
+    def propose(self, context, max_drafts):
+        d = list(self.inner.propose(context, max_drafts))[:max_drafts]
+        self.drafts[len(context)] = d
+        return d
+
+    def observe(self, drafts, accepted):
+        self.inner.observe(drafts, accepted)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def replay(model, ids, cfg, windows):
+    """The windows [(inputs, keep)] of a run, verified again without steering (an unmasked finish, as plain
+    decoding's): the same forwards and commits as the run, none of its grammar work. Returns tok/s."""
+    from strata_py.model import sampling_params
+    from strata_py.speculative import prefill
+
+    s = model.session(n_ctx=max(1024, len(ids) + cfg.max_tokens + 32), max_window=cfg.max_window)
+    prefill(s, ids[:-1])
+    core, params = s._core, sampling_params(cfg)
+    tokens = 0
+    t0 = time.perf_counter()
+    for inputs, keep in windows:
+        core.run_sample(np.asarray(inputs, dtype=np.int32), params, None)
+        core.commit(keep)
+        tokens += keep
+    return tokens / (time.perf_counter() - t0)
+
+
 def constrained_vs_plain(model, rounds, n):
     """Part 4: {greedy, sampled} x {T = 1, suffix drafting}: no schema vs the schema (lazy masks), same prompt,
-    rounds alternating. Per run: tok/s, process CPU time per token, pool worker sleeps per token."""
+    rounds alternating; and the schema run's own windows replayed without the grammar ("same windows": the same
+    forwards, so the ratio is the constraint's cost alone, whatever the output does to drafting). Per run: tok/s,
+    process CPU time per token, pool worker sleeps per token."""
     ids = model.tokenizer.encode(JSON_PROMPT)
     runs = {}
     for _ in range(rounds):
@@ -281,17 +319,31 @@ def constrained_vs_plain(model, rounds, n):
                     cfg = GenerationConfig(max_tokens=n, draft=draft, stop_at_eos=False, json_schema=schema, **kw)
                     st = LoopStats()
                     prop = make_proposer(model, cfg)
+                    prop = _Recorded(prop) if prop is not None else None
                     sl0, c0 = model._core.pool_sleeps, time.process_time()
                     out = list(generate_ids(model, ids, cfg, stats=st, proposer=prop))
                     c1, sl1 = time.process_time(), model._core.pool_sleeps
                     d = st.as_dict()
-                    runs.setdefault((mode, draft, schema is not None), []).append(
+                    runs.setdefault((mode, draft, "schema" if schema else "plain"), []).append(
                         {"tok_s": d["decode_tok_s"], "cpu_us_per_token": (c1 - c0) / len(out) * 1e6,
                          "sleeps_per_token": (sl1 - sl0) / len(out), "e_keep": d["e_keep"], "tokens": len(out)})
+                    if schema:  # its windows: root = the last kept token, drafts as proposed, keep as emitted
+                        windows, root, pos = [], ids[-1], 0
+                        for keep in st.window_tokens:
+                            drafts = prop.drafts.get(len(ids) + pos, []) if prop is not None else []
+                            windows.append(([root] + drafts, keep))
+                            pos += keep
+                            root = out[pos - 1]
+                        sl0, c0 = model._core.pool_sleeps, time.process_time()
+                        tok_s = replay(model, ids, cfg, windows)
+                        c1, sl1 = time.process_time(), model._core.pool_sleeps
+                        runs.setdefault((mode, draft, "same windows, no grammar"), []).append(
+                            {"tok_s": tok_s, "cpu_us_per_token": (c1 - c0) / len(out) * 1e6,
+                             "sleeps_per_token": (sl1 - sl0) / len(out), "e_keep": d["e_keep"], "tokens": len(out)})
     res = {}
-    for (mode, draft, constrained), v in runs.items():
-        res[f"{mode}/{draft}/{'schema' if constrained else 'plain'}"] = {
-            "mode": mode, "draft": draft, "schema": constrained,
+    for (mode, draft, run), v in runs.items():
+        res[f"{mode}/{draft}/{run}"] = {
+            "mode": mode, "draft": draft, "run": run,
             **{k: _median([r[k] for r in v]) for k in ("tok_s", "cpu_us_per_token", "sleeps_per_token", "e_keep")},
             "tok_s_runs": [r["tok_s"] for r in v], "tokens": v[-1]["tokens"]}
     return res
@@ -475,15 +527,15 @@ def main(argv=None) -> int:
                   f"{r['acceptance']:.2f}", f"{r['e_keep']:.2f}", r["stop"])
     con.print(t)
     t = Table(title=f"constrained (JSON schema, lazy masks) vs plain on the JSON prompt, {a.max_tokens} tokens, median of {a.rounds}")
-    for c in ("mode", "draft", "plain tok/s", "schema tok/s", "schema / plain", "CPU us/token (plain / schema)",
-              "worker sleeps/token (plain / schema)", "E[keep] (plain / schema)"):
+    for c in ("mode", "draft", "run", "tok/s", "schema / this", "CPU us/token", "worker sleeps/token", "E[keep]"):
         t.add_column(c)
     for mode in ("greedy", "sampled") if versus else ():
         for draft in ("none", "suffix"):
-            p, q = versus[f"{mode}/{draft}/plain"], versus[f"{mode}/{draft}/schema"]
-            t.add_row(mode, draft, f"{p['tok_s']:.0f}", f"{q['tok_s']:.0f}", f"{q['tok_s'] / p['tok_s']:.3f}",
-                      f"{p['cpu_us_per_token']:.0f} / {q['cpu_us_per_token']:.0f}",
-                      f"{p['sleeps_per_token']:.2f} / {q['sleeps_per_token']:.2f}", f"{p['e_keep']:.2f} / {q['e_keep']:.2f}")
+            q = versus[f"{mode}/{draft}/schema"]
+            for run in ("plain", "same windows, no grammar", "schema"):
+                r = versus[f"{mode}/{draft}/{run}"]
+                t.add_row(mode, draft, run, f"{r['tok_s']:.0f}", f"{q['tok_s'] / r['tok_s']:.3f}",
+                          f"{r['cpu_us_per_token']:.0f}", f"{r['sleeps_per_token']:.2f}", f"{r['e_keep']:.2f}")
     con.print(t)
     t = Table(title=f"a T = 1 step's parts, us per token (median), {a.max_tokens} tokens x {a.rounds} rounds")
     for c in ("mode", "run", "linger us", "forward + finish", "grammar step / idle", "commit", "total",

@@ -185,12 +185,16 @@ class GrammarMatcher:
           2. else if it allows every candidate, out[i] stands (the masked row keeps the same candidates);
           3. else a complete trace gives the masked choice from the candidates' bits alone:
              out[i] = repick(i, bits); an incomplete one (top-k cut them) needs the full mask.
-        The grammar's bit of a token is validate_tokens([t]) except where the grammar forces bytes: there
-        llguidance's mask holds only tokens of their canonical tokenization (it refuses '"' where '": ' is
-        forced, which validate_tokens accepts): the first forced token alone when the forced bytes make one
-        (compute_ff_tokens), else the row's full mask gives the bits. Without forced bytes the mask is exactly
-        the tokens validate_tokens accepts (compute_mask: the token trie walked from the empty prefix, plus
-        end-of-generation when accepting). tests/test_lazy_masks.py checks both on every token of real states.
+        The grammar's bit of a token is validate_tokens([t]) except where the grammar forces tokens: where the
+        forced bytes make one (compute_ff_tokens), llguidance's mask is the first forced token alone
+        (compute_mask: "forcing ff_token by mask"; it refuses '"' where '": ' is forced, which validate_tokens
+        accepts). Elsewhere the mask is exactly the tokens validate_tokens accepts: without forced bytes
+        (compute_mask walks the token trie from the empty prefix, plus end-of-generation when accepting), and
+        where forced bytes make no token (the tokenization's tail could still merge with what follows, so it is
+        chopped: compute_mask walks the trie from those bytes, allowing the tokens that match them or a prefix
+        of them and continue as the grammar allows, which is what validate_tokens checks). One llguidance call
+        (compute_ff_tokens, which forces the bytes itself) tells the two apart. tests/test_lazy_masks.py checks
+        all three on every token of the vocabulary at real states.
         Greedy rows have cands[i] = [out[i]].
         Walks the rows the acceptance walk can reach (until a row's choice differs from the next input),
         consuming inputs as window_masks does; commit(keep) is the same.
@@ -222,16 +226,12 @@ class GrammarMatcher:
             elif m.is_stopped():
                 bits = [x in eog for x in ids]
                 ok = bits[0]
-            elif m.compute_ff_bytes():  # forced bytes: llguidance's mask is their canonical tokenization's
-                ff = m.compute_ff_tokens()
-                if ff:  # ... first token alone (compute_mask: "forcing ff_token by mask")
-                    f0 = ff[0]
-                    bits = [x == f0 for x in ids]
-                else:
-                    mask = self._mask()
-                    bits = [(int(mask[x >> 5]) >> (x & 31)) & 1 == 1 for x in ids]
+            elif ff := m.compute_ff_tokens():  # forced tokens: the mask is the first alone
+                f0 = ff[0]
+                bits = [x == f0 for x in ids]
                 ok = bits[0]
-            else:  # up to the first refused one when the trace is incomplete; only the first when it is refused
+            else:  # the mask is validate_tokens: up to the first refused candidate when the trace is incomplete;
+                # only the first when it is refused
                 ok = m.validate_tokens([ids[0]]) == 1
                 bits = [ok]
                 if ok:
