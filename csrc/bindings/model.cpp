@@ -335,7 +335,7 @@ void init_model(nb::module_& m) {
   m.def(
       "_pool_linger",
       [](int threads, double linger_us, double idle_us, double wait_s) {
-        // tests only. A region of two 2 ms chunks; then, once a worker has gone to sleep (a known start),
+        // tests only. A region of two 2 ms chunks; then, once a worker has gone to sleep (a known start; up to 10 s),
         // linger(linger_us), a second such region and idle_us of the caller's own work: (workers' sleeps from
         // the linger() call to the idle's end, microseconds from the linger() call to the first sleep after it,
         // -1 if none within wait_s).
@@ -346,7 +346,7 @@ void init_model(nb::module_& m) {
           }
         };
         pool.parallel_for(2, work);
-        for (Timer w; pool.sleeps() == 0 && w.seconds() < wait_s;) std::this_thread::sleep_for(std::chrono::microseconds(100));
+        for (Timer w; pool.sleeps() == 0 && w.seconds() < 10;) std::this_thread::sleep_for(std::chrono::microseconds(100));
         const int64_t s0 = pool.sleeps();
         Timer tm;
         pool.linger(linger_us);
