@@ -13,6 +13,14 @@ under a JSON schema.
    sampled decoding on the JSON prompt: no schema, schema lazy, schema full masks.
 3. Suffix drafting vs plain, both under a JSON schema, on a repetitive JSON workload (a list of records);
    the outputs must be identical. Also the grammar masks computed during the forward ("overlap") vs before.
+4. Constrained vs plain end to end, greedy and sampled, T = 1 and suffix drafting: the schema (lazy masks, the
+   default) against no schema on the same prompt, rounds alternating; tok/s, process and main-thread CPU time per token (for a
+   machine others use) and the pool workers' sleeps per token.
+5. Where a constrained T = 1 step's time goes: the same loop by hand, timed in three parts (forward + finish,
+   the grammar's step, commit), against plain decoding of the same tokens, and of the same tokens with a 40 us
+   idle spin in Python in place of the grammar's step (a step that touches no memory), each with the pool's
+   linger on (speculative.GRAMMAR_LINGER_US, the default) and off; then every llguidance call of the step timed
+   (calls per token, us per call).
 Targets: 10 000 phrases <= 3 % of a plain decode step; JSON schema <= 10 %; suffix under the schema >= 1.5x.
 """
 from __future__ import annotations
@@ -260,6 +268,191 @@ def suffix_under_schema(model, rounds, n):
     return res, identical, model.tokenizer.decode(plain, skip_special=True)
 
 
+class _Recorded:
+    """A drafter whose drafts are recorded (the windows a run verified, for replaying them without a grammar)."""
+
+    def __init__(self, inner):
+        self.inner, self.drafts = inner, {}  # context length (the window's position) -> its drafts
+
+    def propose(self, context, max_drafts):
+        d = list(self.inner.propose(context, max_drafts))[:max_drafts]
+        self.drafts[len(context)] = d
+        return d
+
+    def observe(self, drafts, accepted):
+        self.inner.observe(drafts, accepted)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def replay(model, ids, cfg, windows):
+    """The windows [(inputs, keep)] of a run, verified again without steering (an unmasked finish, as plain
+    decoding's): the same forwards and commits as the run, none of its grammar work. Returns tok/s."""
+    from strata_py.model import sampling_params
+    from strata_py.speculative import prefill
+
+    s = model.session(n_ctx=max(1024, len(ids) + cfg.max_tokens + 32), max_window=cfg.max_window)
+    prefill(s, ids[:-1])
+    core, params = s._core, sampling_params(cfg)
+    tokens = 0
+    t0 = time.perf_counter()
+    for inputs, keep in windows:
+        core.run_sample(np.asarray(inputs, dtype=np.int32), params, None)
+        core.commit(keep)
+        tokens += keep
+    return tokens / (time.perf_counter() - t0)
+
+
+def constrained_vs_plain(model, rounds, n):
+    """Part 4: {greedy, sampled} x {T = 1, suffix drafting}: no schema vs the schema (lazy masks), same prompt,
+    rounds alternating; and the schema run's own windows replayed without the grammar ("same windows": the same
+    forwards, so the ratio is the constraint's cost alone, whatever the output does to drafting). Per run: tok/s,
+    process and main-thread CPU time per token, pool worker sleeps per token."""
+    ids = model.tokenizer.encode(JSON_PROMPT)
+    runs = {}
+    for _ in range(rounds):
+        for mode in ("greedy", "sampled"):
+            for draft in ("none", "suffix"):
+                for schema in (None, SCHEMA):
+                    kw = dict(SAMPLED) if mode == "sampled" else dict(temperature=0.0, dry_multiplier=0.0)
+                    cfg = GenerationConfig(max_tokens=n, draft=draft, stop_at_eos=False, json_schema=schema, **kw)
+                    st = LoopStats()
+                    prop = make_proposer(model, cfg)
+                    prop = _Recorded(prop) if prop is not None else None
+                    sl0, c0, m0 = model._core.pool_sleeps, time.process_time(), time.thread_time()
+                    out = list(generate_ids(model, ids, cfg, stats=st, proposer=prop))
+                    m1, c1, sl1 = time.thread_time(), time.process_time(), model._core.pool_sleeps
+                    d = st.as_dict()
+                    runs.setdefault((mode, draft, "schema" if schema else "plain"), []).append(
+                        {"tok_s": d["decode_tok_s"], "cpu_us_per_token": (c1 - c0) / len(out) * 1e6,
+                         "main_cpu_us_per_token": (m1 - m0) / len(out) * 1e6,
+                         "sleeps_per_token": (sl1 - sl0) / len(out), "e_keep": d["e_keep"], "tokens": len(out)})
+                    if schema:  # its windows: root = the last kept token, drafts as proposed, keep as emitted
+                        windows, root, pos = [], ids[-1], 0
+                        for keep in st.window_tokens:
+                            drafts = prop.drafts.get(len(ids) + pos, []) if prop is not None else []
+                            windows.append(([root] + drafts, keep))
+                            pos += keep
+                            root = out[pos - 1]
+                        sl0, c0, m0 = model._core.pool_sleeps, time.process_time(), time.thread_time()
+                        tok_s = replay(model, ids, cfg, windows)
+                        m1, c1, sl1 = time.thread_time(), time.process_time(), model._core.pool_sleeps
+                        runs.setdefault((mode, draft, "same windows, no grammar"), []).append(
+                            {"tok_s": tok_s, "cpu_us_per_token": (c1 - c0) / len(out) * 1e6,
+                             "main_cpu_us_per_token": (m1 - m0) / len(out) * 1e6,
+                             "sleeps_per_token": (sl1 - sl0) / len(out), "e_keep": d["e_keep"], "tokens": len(out)})
+    res = {}
+    for (mode, draft, run), v in runs.items():
+        res[f"{mode}/{draft}/{run}"] = {
+            "mode": mode, "draft": draft, "run": run,
+            **{k: _median([r[k] for r in v]) for k in ("tok_s", "cpu_us_per_token", "main_cpu_us_per_token",
+                                                        "sleeps_per_token", "e_keep")},
+            "tok_s_runs": [r["tok_s"] for r in v], "tokens": v[-1]["tokens"]}
+    return res
+
+
+def step_breakdown(model, rounds, n):
+    """Part 5 (see the module docstring): per-token medians of the three parts of a T = 1 step, us."""
+    from strata_py.model import sampling_params
+    from strata_py.speculative import prefill
+    from strata_py.steering import Steering
+
+    ids = model.tokenizer.encode(JSON_PROMPT)
+    pc = time.perf_counter
+    cap, linger_default = speculative.LAZY_CAP, speculative.GRAMMAR_LINGER_US
+
+    def session():
+        s = model.session(n_ctx=1024, max_window=16)
+        prefill(s, ids[:-1])
+        return s
+
+    def constrained(cfg, linger, rec, matcher=None):
+        s = session()
+        core, params = s._core, sampling_params(cfg)
+        st = Steering(model, cfg, 16)
+        st.attach(s, s.position + 1)
+        g = st.grammar
+        if matcher is not None:
+            g.matcher = matcher(g.matcher)
+        root, toks = ids[-1], []
+        for _ in range(n):
+            sl0, t0 = model._core.pool_sleeps, pc()
+            out, cands, complete = core.run_sample_traced(np.asarray([root], dtype=np.int32), params, cap, linger)
+            t1 = pc()
+            out = g.fix_rows([root], s.position, out, cands, complete,
+                             lambda i, mk: core.sample_row(params, i, mk), core.repick)
+            t2 = pc()
+            core.commit(1)
+            st.commit(1)
+            rec.append((t1 - t0, t2 - t1, pc() - t2, model._core.pool_sleeps - sl0))
+            root = out[0]
+            toks.append(root)
+        return toks
+
+    def plain(cfg, toks, linger, rec, gap_us=0.0):
+        s = session()
+        core, params = s._core, sampling_params(cfg)
+        root = ids[-1]
+        for t in toks:
+            sl0, t0 = model._core.pool_sleeps, pc()
+            core.run_sample(np.asarray([root], dtype=np.int32), params, None, linger)
+            t1 = pc()
+            end = t1 + gap_us * 1e-6
+            while pc() < end:  # idle: no memory touched
+                pass
+            t2 = pc()
+            core.commit(1)
+            rec.append((t1 - t0, t2 - t1, pc() - t2, model._core.pool_sleeps - sl0))
+            root = t
+
+    res = {}
+    for mode in ("greedy", "sampled"):
+        cfg = GenerationConfig(max_tokens=n, json_schema=SCHEMA, draft="none", temperature=0.0, dry_multiplier=0.0)
+        if mode == "sampled":
+            cfg = cfg.replace(**SAMPLED)
+        toks = constrained(cfg, linger_default, [])
+        recs = {}
+        for _ in range(rounds):
+            for linger in (linger_default, 0.0):
+                for name, fn in (("schema", lambda rec: constrained(cfg, linger, rec)),
+                                 ("plain, same tokens", lambda rec: plain(cfg, toks, linger, rec)),
+                                 ("plain + 40 us idle", lambda rec: plain(cfg, toks, linger, rec, 40.0))):
+                    rec = []
+                    fn(rec)
+                    recs.setdefault((name, linger), []).extend(rec[4:])  # the first steps: warm-up
+        for (name, linger), rec in recs.items():
+            cols = list(zip(*rec))
+            res[f"{mode}/{name}/linger={linger:g}"] = {
+                "mode": mode, "run": name, "linger_us": linger, "forward_us": _median(cols[0]) * 1e6,
+                "step_us": _median(cols[1]) * 1e6, "commit_us": _median(cols[2]) * 1e6,
+                "total_us": _median([a + b + c for a, b, c, _ in rec]) * 1e6,
+                "sleeps_per_token": sum(cols[3]) / len(rec)}
+        # every llguidance call of the step, timed through a proxy (a separate pass: the proxy costs ~0.3 us a call)
+        calls: dict = {}
+
+        class Timed:
+            def __init__(self, m):
+                self._m = m
+
+            def __getattr__(self, k):
+                f = getattr(self._m, k)
+
+                def w(*a):
+                    t0 = pc()
+                    r = f(*a)
+                    calls.setdefault(k, []).append(pc() - t0)
+                    return r
+                return w
+
+        for _ in range(rounds):
+            constrained(cfg, linger_default, [], Timed)
+        tokens = rounds * n
+        res[f"{mode}/calls"] = {k: {"calls_per_token": len(v) / tokens, "us_per_call": _median(v) * 1e6,
+                                    "us_per_token": sum(v) / tokens * 1e6} for k, v in calls.items()}
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", "-m", help="GGUF (default: the shipped default model)")
@@ -268,7 +461,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=200, help="finishes per component timing")
     ap.add_argument("--max-tokens", "-n", type=int, default=256)
     ap.add_argument("--json", metavar="OUT", help="write all results as JSON")
+    ap.add_argument("--parts", default="1,2,3,4,5", help="which parts of the module docstring to run (default: all)")
     a = ap.parse_args(argv)
+    parts = {int(x) for x in a.parts.split(",")}
 
     from strata_py.model import Model
     model = Model.load(a.model, threads=a.threads)
@@ -279,11 +474,21 @@ def main(argv=None) -> int:
     t_build = time.perf_counter() - t_build
     list(generate_ids(model, model.tokenizer.encode("warm up"), GenerationConfig(max_tokens=8)))
     load0 = os.getloadavg()
-    comp = components(model, configs, a.rounds, a.reps)
-    comp.update(components(model, configs, a.rounds, a.reps, sampled=True))
-    e2e = end_to_end(model, configs, a.rounds, a.max_tokens)
-    e2e_s, identical_s = sampled_json(model, a.rounds, a.max_tokens)
-    spec, identical, sample_text = suffix_under_schema(model, a.rounds, a.max_tokens)
+    comp, e2e, e2e_s, spec, versus, breakdown = {}, {}, {}, {}, {}, {}
+    identical = identical_s = True
+    sample_text = ""
+    if 1 in parts:
+        comp = components(model, configs, a.rounds, a.reps)
+        comp.update(components(model, configs, a.rounds, a.reps, sampled=True))
+    if 2 in parts:
+        e2e = end_to_end(model, configs, a.rounds, a.max_tokens)
+        e2e_s, identical_s = sampled_json(model, a.rounds, a.max_tokens)
+    if 3 in parts:
+        spec, identical, sample_text = suffix_under_schema(model, a.rounds, a.max_tokens)
+    if 4 in parts:
+        versus = constrained_vs_plain(model, a.rounds, a.max_tokens)
+    if 5 in parts:
+        breakdown = step_breakdown(model, a.rounds, a.max_tokens)
     load1 = os.getloadavg()
 
     from rich.console import Console
@@ -293,7 +498,7 @@ def main(argv=None) -> int:
     for c in ("processor", "T", "finish us", "plain finish us", "python us/window", "overhead us/row",
               "plain step us (p50 / p10)", "% of step (p50 / p10)"):
         t.add_column(c, justify="left" if c == "processor" else "right")
-    for r in comp.values():
+    for r in comp.values():  # (empty tables for the parts not run)
         t.add_row(r["processor"], str(r["T"]), f"{r['finish_us']:.1f}", f"{r['plain_finish_us']:.1f}",
                   f"{r['python_us']:.1f}", f"{r['overhead_us_per_row']:.2f}",
                   f"{r['plain_step_us']:.0f} / {r['plain_step_p10_us']:.0f}",
@@ -324,6 +529,36 @@ def main(argv=None) -> int:
                   f"{r['tok_s'] / spec[base_key(r)]['tok_s']:.2f}x",
                   f"{r['acceptance']:.2f}", f"{r['e_keep']:.2f}", r["stop"])
     con.print(t)
+    t = Table(title=f"constrained (JSON schema, lazy masks) vs plain on the JSON prompt, {a.max_tokens} tokens, median of {a.rounds}")
+    for c in ("mode", "draft", "run", "tok/s", "schema / this", "CPU us/token (process / main thread)",
+              "worker sleeps/token", "E[keep]"):
+        t.add_column(c)
+    for mode in ("greedy", "sampled") if versus else ():
+        for draft in ("none", "suffix"):
+            q = versus[f"{mode}/{draft}/schema"]
+            for run in ("plain", "same windows, no grammar", "schema"):
+                r = versus[f"{mode}/{draft}/{run}"]
+                t.add_row(mode, draft, run, f"{r['tok_s']:.0f}", f"{q['tok_s'] / r['tok_s']:.3f}",
+                          f"{r['cpu_us_per_token']:.0f} / {r['main_cpu_us_per_token']:.0f}", f"{r['sleeps_per_token']:.2f}",
+                          f"{r['e_keep']:.2f}")
+    con.print(t)
+    t = Table(title=f"a T = 1 step's parts, us per token (median), {a.max_tokens} tokens x {a.rounds} rounds")
+    for c in ("mode", "run", "linger us", "forward + finish", "grammar step / idle", "commit", "total",
+              "worker sleeps/token"):
+        t.add_column(c)
+    for k, r in breakdown.items():
+        if k.endswith("/calls"):
+            continue
+        t.add_row(r["mode"], r["run"], f"{r['linger_us']:g}", f"{r['forward_us']:.1f}", f"{r['step_us']:.1f}",
+                  f"{r['commit_us']:.1f}", f"{r['total_us']:.1f}", f"{r['sleeps_per_token']:.2f}")
+    con.print(t)
+    t = Table(title="the grammar step's llguidance calls (timed through a proxy)")
+    for c in ("mode", "call", "calls/token", "us/call (median)", "us/token"):
+        t.add_column(c)
+    for mode in ("greedy", "sampled") if breakdown else ():
+        for k, r in sorted(breakdown[f"{mode}/calls"].items(), key=lambda kv: -kv[1]["us_per_token"]):
+            t.add_row(mode, k, f"{r['calls_per_token']:.2f}", f"{r['us_per_call']:.2f}", f"{r['us_per_token']:.2f}")
+    con.print(t)
     identical = identical and identical_s
     print(f"outputs identical (suffix runs; sampled lazy vs full: {identical_s}): {identical}; 10k-phrase automaton: {auto10k.n_patterns} patterns, "
           f"{auto10k.n_nodes} nodes, built in {t_build:.2f} s; load average {load0[0]:.2f} -> {load1[0]:.2f}")
@@ -332,6 +567,7 @@ def main(argv=None) -> int:
             json.dump({"model": str(model.path), "threads": model.threads, "rounds": a.rounds, "reps": a.reps,
                        "max_tokens": a.max_tokens, "machine": platform.platform(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
                        "loadavg": [load0, load1], "components": comp, "end_to_end": e2e, "sampled_json": e2e_s, "suffix_under_schema": spec,
+                       "constrained_vs_plain": versus, "step_breakdown": breakdown,
                        "identical": identical, "automaton_10k": {"patterns": auto10k.n_patterns,
                                                                  "nodes": auto10k.n_nodes, "build_s": t_build},
                        "sample_output": sample_text[:400]}, f, indent=1)

@@ -146,6 +146,7 @@ class Session {
   int64_t logits_cols() const { return model_->hp().n_vocab; }
   int64_t hidden_cols() const { return model_->hp().n_embd; }
   int64_t hidden_rows() const { return last_hidden_rows_; }
+  const Model& model() const { return *model_; }
 
   // MTP drafting (needs SessionOptions::mtp and a model with an MTP block). After commit(keep), with the
   // new root token: feeds the MTP block every committed row it has not seen (hidden state of row t and the

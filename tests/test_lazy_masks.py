@@ -263,47 +263,98 @@ def test_lazy_decoding_equals_full_masks(model, grammar):
                                       reference=ref, label=f"{grammar} {cfg}")
 
 
-def test_validate_is_the_mask_without_forced_bytes(model):
-    """fix_rows reads a token's mask bit as validate_tokens([t]) where the grammar forces no bytes: checked for
-    every token of the vocabulary at real states (random ones along JSON and regex outputs, accepting ones among
-    them). Where bytes are forced the two differ (the mask keeps the canonical tokenization only): there the mask
-    is the first forced token alone when compute_ff_tokens gives one (as fix_rows reads it), else fix_rows
-    computes it."""
+def test_validate_is_the_mask_where_no_token_is_forced(model):
+    """fix_rows reads a token's mask bit as in llguidance's mask: the first forced token alone where
+    compute_ff_tokens gives one, else validate_tokens([t]), both where the grammar forces no bytes and where its
+    forced bytes make no token (their tokenization's tail could merge with what follows). Checked for every token
+    of the vocabulary at real states (along JSON and regex outputs; accepting ones among them; the calls in
+    fix_rows' order). Where tokens are forced, the mask and validate_tokens differ (the mask keeps the canonical
+    tokenization only), so the first case is needed and the comparison can fail."""
     rng = fresh_rng()
     V = model.n_vocab
-    tally = {"unforced": 0, "accepting": 0, "forced": 0, "forced, differ": 0, "forced, one token": 0}
+    tally = {"unforced": 0, "accepting": 0, "forced, one token": 0, "forced, differ": 0, "forced, no token": 0}
     imports = (CODE, dict(regex=r"((import|from) [a-z_.]+( import [a-zA-Z_, ]+)?\n){1,4}"), True)  # accepting at each line end
-    for grammar, (prompt, g, _) in [*((k, GRAMMARS[k]) for k in ("json_records", "json_vs_code")), ("imports", imports)]:
-        mode = "greedy" if grammar == "imports" else "sampled"  # greedy: line ends (accepting states) for sure
-        cfg = exactness.config(mode, int(rng.integers(1 << 31)), 32, **g)
+    bench = ("FIELDS = []\n\nCOLUMNS = ", dict(json_schema={"type": "array", "minItems": 3, "items": {
+        "type": "object", "properties": {"id": {"type": "integer"}, "kind": {"enum": ["int", "str"]}},
+        "required": ["id", "kind"], "additionalProperties": False}}), True)  # '"' forced before the enum: no token
+    for grammar, (prompt, g, _) in [*((k, GRAMMARS[k]) for k in ("json_records", "json_vs_code")), ("imports", imports),
+                                    ("enum", bench)]:
+        mode = "greedy" if grammar in ("imports", "enum") else "sampled"  # greedy: line ends (accepting states) for sure
+        cfg = exactness.config(mode, int(rng.integers(1 << 31)), 40, **g)
         out = exactness.plain(model, model.tokenizer.encode(prompt), cfg)
         gm = GrammarMatcher(model, *grammar_text(cfg), 16)
         gm.sync([], 0)
         m, row = gm.matcher, np.empty(gm.words, np.uint32)
-        n_unforced = n_forced = n_acc = 0
+        seen = {"unforced": 0, "one token": 0, "no token": 0, "accepting": 0}
         for t in out:
             if m.is_stopped():
                 break
+            ff = m.compute_ff_tokens()  # as fix_rows asks: first
             forced, acc = bool(m.compute_ff_bytes()), m.is_accepting()
-            if (n_forced < 3 if forced else (acc and not n_acc) or n_unforced < 3):
+            kind = "one token" if ff else "no token" if forced else "unforced"
+            if seen[kind] < 3 or (acc and not seen["accepting"]):
+                seen[kind] += 1
                 m.unsafe_compute_mask_ptr(row.ctypes.data, gm.words * 4)
                 bits = np.unpackbits(row.view(np.uint8), bitorder="little")[:V].astype(bool)
                 valid = np.array([m.validate_tokens([x]) == 1 for x in range(V)])
-                if forced:
-                    n_forced += 1
-                    tally["forced"] += 1
+                if ff:
+                    tally["forced, one token"] += 1
                     tally["forced, differ"] += bool((valid != bits).any())
-                    assert not (bits & ~valid).any()  # the mask only ever refuses more
-                    ff = m.compute_ff_tokens()
-                    if ff:  # the forced tokens' first one alone
-                        tally["forced, one token"] += 1
-                        assert bits[ff[0]] and bits.sum() == 1, (grammar, ff)
+                    assert bits[ff[0]] and bits.sum() == 1, (grammar, ff)
                 else:
-                    n_unforced += 1
-                    tally["unforced"] += 1
+                    tally["forced, no token" if forced else "unforced"] += 1
                     tally["accepting"] += acc
-                    n_acc += acc
-                    assert (valid == bits).all(), (grammar, np.nonzero(valid != bits)[0][:8])
+                    seen["accepting"] += acc
+                    assert (valid == bits).all(), (grammar, kind, np.nonzero(valid != bits)[0][:8])
             assert m.consume_token(t)
     assert tally["unforced"] >= 5 and tally["accepting"] >= 1 and tally["forced, differ"] >= 1, tally
-    assert tally["forced, one token"] >= 1, tally
+    assert tally["forced, one token"] >= 1 and tally["forced, no token"] >= 1, tally
+
+
+class _SpyCore:
+    """A session's C++ core, recording the linger_us each window's run asked for."""
+
+    def __init__(self, core):
+        self._c, self.lingers = core, []
+
+    def run_sample_traced(self, tokens, params, cap, linger_us=0.0):
+        self.lingers.append(linger_us)
+        return self._c.run_sample_traced(tokens, params, cap, linger_us)
+
+    def run_sample(self, tokens, params, masks=None, linger_us=0.0):
+        self.lingers.append(linger_us)
+        return self._c.run_sample(tokens, params, masks, linger_us)
+
+    def __getattr__(self, name):
+        return getattr(self._c, name)
+
+
+class _SpySession:
+    def __init__(self, session):
+        self._s, self._core = session, _SpyCore(session._core)
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_grammar_windows_keep_the_pool_polling(model, lazy):
+    """Under a grammar every window's forward asks the pool to keep its workers polling through the grammar's step
+    (speculative.GRAMMAR_LINGER_US: a worker asleep by the next forward cost it ~50 us), lazy or full masks; without
+    a grammar no window does. The tokens are those of a session without the spy."""
+    from strata_py.generate import generate_ids
+
+    prompt = model.tokenizer.encode(GRAMMARS["json_records"][0])
+    for grammar in (GRAMMARS["json_records"][1], {}):
+        cfg = exactness.config("sampled", 3, 24, **grammar)
+        want = exactness.plain(model, prompt, cfg)
+        spy = _SpySession(model.session(n_ctx=512, max_window=cfg.max_window))
+        speculative.LAZY_MASKS = lazy
+        try:
+            got = list(generate_ids(model, prompt, cfg, session=spy))
+        finally:
+            speculative.LAZY_MASKS = True
+        assert got == want
+        assert len(spy._core.lingers) == len(got)
+        assert set(spy._core.lingers) == ({speculative.GRAMMAR_LINGER_US} if grammar else {0.0})
+    assert speculative.GRAMMAR_LINGER_US > 0

@@ -55,6 +55,19 @@ def test_adaptive_pool_with_slow_workers_runs_every_chunk_once():
     assert seen == [200] * 4096 and serial == 0 and parallel == 0  # a fixed pool keeps no choice
 
 
+def test_linger_keeps_idle_workers_polling_until_its_deadline():
+    """ThreadPool::linger (the decode loop's grammar step between two forwards): an idle worker does not sleep
+    before the deadline, however long the caller's own work takes, and does sleep after it. What is asserted is
+    the order of events against the deadline, not a speed: a worker can sleep only once its deadline has passed,
+    so the first sleep comes no sooner than linger_us after the call (and without a linger it does come)."""
+    during, first = _core._pool_linger(2, linger_us=2e6, idle_us=20_000, wait_s=0.2)
+    assert during == 0 and first == -1  # 20 ms of the caller's work and 180 ms more: still polling
+    during, first = _core._pool_linger(2, linger_us=30_000, idle_us=0)
+    assert first >= 30_000
+    during, first = _core._pool_linger(2, linger_us=0, idle_us=0)
+    assert first > 0  # without it the worker sleeps (the counter the two cases above read works)
+
+
 # The adaptive choice (util/region_modes.h) on synthetic walls: nothing below is timed. A block closes when its
 # walls add up to RegionModes::kBlockUs (8 ms), so 100 us regions make blocks of 80.
 

@@ -333,6 +333,34 @@ void init_model(nb::module_& m) {
       "Thread pool self-test (tests only): (visits per index, bad chunks, regions run serially, in parallel).");
 
   m.def(
+      "_pool_linger",
+      [](int threads, double linger_us, double idle_us, double wait_s) {
+        // tests only. A region of two 2 ms chunks; then, once a worker has gone to sleep (a known start; up to 10 s),
+        // linger(linger_us), a second such region and idle_us of the caller's own work: (workers' sleeps from
+        // the linger() call to the idle's end, microseconds from the linger() call to the first sleep after it,
+        // -1 if none within wait_s).
+        nb::gil_scoped_release rel;
+        ThreadPool pool(threads);
+        const ThreadPool::Fn work = [](int64_t, int64_t, int) {
+          for (Timer tm; tm.seconds() < 2e-3;) {
+          }
+        };
+        pool.parallel_for(2, work);
+        for (Timer w; pool.sleeps() == 0 && w.seconds() < 10;) std::this_thread::sleep_for(std::chrono::microseconds(100));
+        const int64_t s0 = pool.sleeps();
+        Timer tm;
+        pool.linger(linger_us);
+        pool.parallel_for(2, work);
+        while (tm.seconds() * 1e6 < idle_us) {
+        }
+        const int64_t during = pool.sleeps() - s0;
+        while (pool.sleeps() == s0 && tm.seconds() < wait_s) std::this_thread::sleep_for(std::chrono::microseconds(100));
+        return std::make_tuple(during, pool.sleeps() > s0 ? tm.seconds() * 1e6 : -1.0);
+      },
+      nb::arg("threads"), nb::arg("linger_us"), nb::arg("idle_us"), nb::arg("wait_s") = 5.0,
+      "ThreadPool::linger (tests only): (workers' sleeps while lingering, us to the first sleep or -1).");
+
+  m.def(
       "_region_modes_sim",
       [](const std::vector<std::tuple<uint64_t, double, double>>& regions) {
         // The adaptive mode's choice on synthetic walls (tests only, nothing is timed): for each region
@@ -415,6 +443,8 @@ void init_model(nb::module_& m) {
           "streams experts through a cache of that size (-1: all resident); see csrc/experts/expert_stream.h.")
       .def_prop_ro("config", [](const Model& mo) { return config_dict(mo.hp()); })
       .def_prop_ro("threads", &Model::threads)
+      .def_prop_ro("pool_sleeps", [](const Model& m) { return m.pool().sleeps(); },
+                   "Times a worker of the thread pool went to sleep (benches: wake-ups between regions).")
       .def(
           "pool_stats",
           [](const Model& m) {
@@ -593,7 +623,7 @@ void init_model(nb::module_& m) {
           "Finish the last run: int32 [rows]. masks: uint32 [rows, ceil(n_vocab / 32)] token masks (1 = allowed) or None.")
       .def(
           "run_sample",
-          [](Session& s, I32 tokens, const SamplingParams& p, nb::object masks) {
+          [](Session& s, I32 tokens, const SamplingParams& p, nb::object masks, double linger_us) {
             // one crossing per window: run + finish, logits stay in C++. masks may be a callable returning the
             // window's token masks: it runs on a helper thread (holding the GIL) while the forward runs here.
             const int T = (int)tokens.shape(0);
@@ -618,6 +648,7 @@ void init_model(nb::module_& m) {
                   helper.wait();
                   throw;
                 }
+                if (linger_us > 0) s.model().pool().linger(linger_us);
                 helper.wait();
               }
               if (!err.empty())  // the window stays uncommitted: restore() or commit() it
@@ -629,30 +660,35 @@ void init_model(nb::module_& m) {
               MaskRows mr = mask_rows(masks, T, s.logits_cols());
               nb::gil_scoped_release rel;
               s.run(tokens.data(), T, false);
+              if (linger_us > 0) s.model().pool().linger(linger_us);
               out = s.sample(p, mr.ptr, mr.words);
             }
             return to_numpy<int32_t>(out.data(), {out.size()});
           },
-          nb::arg("tokens"), nb::arg("params"), nb::arg("masks").none() = nb::none(),
+          nb::arg("tokens"), nb::arg("params"), nb::arg("masks").none() = nb::none(), nb::arg("linger_us") = 0.0,
           "run(tokens) then sample(params, masks); returns the chosen token per row. masks: None, uint32\n"
-          "[T, ceil(n_vocab / 32)], or a callable returning them (computed while the forward runs).")
+          "[T, ceil(n_vocab / 32)], or a callable returning them (computed while the forward runs).\n"
+          "linger_us: the caller's next window comes within about this many microseconds of the forward's end\n"
+          "(ThreadPool::linger: the workers keep polling until then rather than sleep); only timing changes.")
       .def(
           "run_sample_traced",
-          [](Session& s, I32 tokens, const SamplingParams& p, int cap) {
+          [](Session& s, I32 tokens, const SamplingParams& p, int cap, double linger_us) {
             // lazy grammar masks: run + an unmasked finish that records each row's candidates (sampler.h PickTrace)
             std::vector<int32_t> out;
             {
               nb::gil_scoped_release rel;
               s.run(tokens.data(), (int)tokens.shape(0), false);
+              if (linger_us > 0) s.model().pool().linger(linger_us);
               out = s.sample_traced(p, cap);
             }
             return traced_rows(s, out);
           },
-          nb::arg("tokens"), nb::arg("params"), nb::arg("cap"),
+          nb::arg("tokens"), nb::arg("params"), nb::arg("cap"), nb::arg("linger_us") = 0.0,
           "run(tokens), then finish every row without masks: (out, cands, complete), lists per row. cands[i]:\n"
           "the row's candidates in the sampler's order (cands[i][0] its best token), or None when there are more\n"
           "than cap; complete[i]: any mask allowing cands[i][0] gives repick(i, its bits of cands[i]); otherwise\n"
-          "the row's choice stands under a mask allowing all of cands[i], and needs its full mask if not.")
+          "the row's choice stands under a mask allowing all of cands[i], and needs its full mask if not.\n"
+          "linger_us: as in run_sample.")
       .def(
           "sample_traced",
           [](Session& s, const SamplingParams& p, int cap) {

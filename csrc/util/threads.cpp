@@ -163,11 +163,25 @@ void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t align, int64_t ta
   if (err) std::rethrow_exception(err);
 }
 
+void ThreadPool::linger(double us) {
+  const int64_t until = (int64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            Clock::now().time_since_epoch()).count() + (int64_t)(us * 1e3);
+  linger_until_.store(until, std::memory_order_relaxed);
+}
+
 void ThreadPool::worker(int idx) {
   uint32_t seen = 0;
   auto fresh = [&] { return stop_.load(std::memory_order_relaxed) || gen_of(word_.load(std::memory_order_acquire)) != seen; };
+  // after kSpinUs, poll on until the caller's linger() deadline, if one is ahead
+  auto lingered = [&] {
+    const int64_t now = (int64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            Clock::now().time_since_epoch()).count();
+    const int64_t left = linger_until_.load(std::memory_order_relaxed) - now;
+    return left > 0 && spin_until(fresh, (double)left * 1e-3);
+  };
   for (;;) {
-    if (!spin_until(fresh, kSpinUs)) {
+    if (!spin_until(fresh, kSpinUs) && !lingered()) {
+      sleeps_.fetch_add(1, std::memory_order_relaxed);
       sleeping_.fetch_add(1, std::memory_order_seq_cst);
       {
         std::unique_lock<std::mutex> lk(mu_);

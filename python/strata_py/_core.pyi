@@ -198,6 +198,12 @@ class Model:
     @property
     def threads(self) -> int: ...
 
+    @property
+    def pool_sleeps(self) -> int:
+        """
+        Times a worker of the thread pool went to sleep (benches: wake-ups between regions).
+        """
+
     def pool_stats(self) -> dict:
         """
         The thread pool's adaptive mode (util/region_modes.h): regions run in parallel and on the caller alone,
@@ -313,18 +319,21 @@ class Session:
         Finish the last run: int32 [rows]. masks: uint32 [rows, ceil(n_vocab / 32)] token masks (1 = allowed) or None.
         """
 
-    def run_sample(self, tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], params: SamplingParams, masks: object | None = None) -> NDArray[numpy.int32]:
+    def run_sample(self, tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], params: SamplingParams, masks: object | None = None, linger_us: float = 0.0) -> NDArray[numpy.int32]:
         """
         run(tokens) then sample(params, masks); returns the chosen token per row. masks: None, uint32
         [T, ceil(n_vocab / 32)], or a callable returning them (computed while the forward runs).
+        linger_us: the caller's next window comes within about this many microseconds of the forward's end
+        (ThreadPool::linger: the workers keep polling until then rather than sleep); only timing changes.
         """
 
-    def run_sample_traced(self, tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], params: SamplingParams, cap: int) -> tuple:
+    def run_sample_traced(self, tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], params: SamplingParams, cap: int, linger_us: float = 0.0) -> tuple:
         """
         run(tokens), then finish every row without masks: (out, cands, complete), lists per row. cands[i]:
         the row's candidates in the sampler's order (cands[i][0] its best token), or None when there are more
         than cap; complete[i]: any mask allowing cands[i][0] gives repick(i, its bits of cands[i]); otherwise
         the row's choice stands under a mask allowing all of cands[i], and needs its full mask if not.
+        linger_us: as in run_sample.
         """
 
     def sample_traced(self, params: SamplingParams, cap: int) -> tuple:

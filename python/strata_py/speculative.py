@@ -107,6 +107,11 @@ LAZY_MASKS = True
 # A sampled row with more candidates than this (sampler.h PickTrace; e.g. min-p 0 and no top-k) takes its full
 # mask: checking them one by one would cost more.
 LAZY_CAP = 16
+# Under a grammar, the Python step between two forwards (the checks, accept, commit) takes ~30-60 us at T = 1, past
+# the ~50 us an idle pool worker polls before it sleeps (threads.h kSpinUs); waking it cost the next forward
+# ~50-60 us on the 2-core VM (docs/BENCHMARKS.md, "Steered decoding"). So each window asks the workers to keep
+# polling this long after its forward (ThreadPool::linger); a longer step only brings the wake-up back.
+GRAMMAR_LINGER_US = 300.0
 
 
 def overlap_masks(model) -> bool:
@@ -152,6 +157,7 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
             return
     overlap = steer.grammar is not None and overlap_masks(session.model)
     lazy = LAZY_MASKS  # full masks only for rows whose candidates the grammar refuses (fix_rows)
+    linger = GRAMMAR_LINGER_US if steer.grammar is not None else 0.0
     # ---
     context = list(session.tokens) + [root]
     while stats.generated < cfg.max_tokens:
@@ -168,14 +174,15 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
         inputs = [root] + drafts
         t0 = time.perf_counter()
         if steer.grammar is not None and lazy:  # check each row's candidates, mask only where needed
-            out, cands, complete = core.run_sample_traced(np.asarray(inputs, dtype=np.int32), params, LAZY_CAP)
+            out, cands, complete = core.run_sample_traced(np.asarray(inputs, dtype=np.int32), params, LAZY_CAP,
+                                                          linger)
             out = steer.grammar.fix_rows(inputs, session.position, out, cands, complete,
                                          lambda i, mask: core.sample_row(params, i, mask), core.repick)
         else:
             masks = None
             if steer.grammar is not None:  # computed during the forward (a callable) or before it
                 masks = (steer.mask_fn if overlap else steer.masks)(inputs, session.position)
-            out = core.run_sample(np.asarray(inputs, dtype=np.int32), params, masks).tolist()
+            out = core.run_sample(np.asarray(inputs, dtype=np.int32), params, masks, linger).tolist()
         keep = accept(inputs, out, eog)
         stopped = False
         if stops is not None:  # a stop string cuts the prefix right after the token completing it

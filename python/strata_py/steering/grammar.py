@@ -185,12 +185,16 @@ class GrammarMatcher:
           2. else if it allows every candidate, out[i] stands (the masked row keeps the same candidates);
           3. else a complete trace gives the masked choice from the candidates' bits alone:
              out[i] = repick(i, bits); an incomplete one (top-k cut them) needs the full mask.
-        The grammar's bit of a token is validate_tokens([t]) except where the grammar forces bytes: there
-        llguidance's mask holds only tokens of their canonical tokenization (it refuses '"' where '": ' is
-        forced, which validate_tokens accepts): the first forced token alone when the forced bytes make one
-        (compute_ff_tokens), else the row's full mask gives the bits. Without forced bytes the mask is exactly
-        the tokens validate_tokens accepts (compute_mask: the token trie walked from the empty prefix, plus
-        end-of-generation when accepting). tests/test_lazy_masks.py checks both on every token of real states.
+        The grammar's bit of a token is validate_tokens([t]) except where the grammar forces tokens: where the
+        forced bytes make one (compute_ff_tokens), llguidance's mask is the first forced token alone
+        (compute_mask: "forcing ff_token by mask"; it refuses '"' where '": ' is forced, which validate_tokens
+        accepts). Elsewhere the mask is exactly the tokens validate_tokens accepts: without forced bytes
+        (compute_mask walks the token trie from the empty prefix, plus end-of-generation when accepting), and
+        where forced bytes make no token (the tokenization's tail could still merge with what follows, so it is
+        chopped: compute_mask walks the trie from those bytes, allowing the tokens that match them or a prefix
+        of them and continue as the grammar allows, which is what validate_tokens checks). One llguidance call
+        (compute_ff_tokens, which forces the bytes itself) tells the two apart. tests/test_lazy_masks.py checks
+        all three on every token of the vocabulary at real states.
         Greedy rows have cands[i] = [out[i]].
         Walks the rows the acceptance walk can reach (until a row's choice differs from the next input),
         consuming inputs as window_masks does; commit(keep) is the same.
@@ -199,13 +203,15 @@ class GrammarMatcher:
         T = len(inputs)
         m = self.matcher
         eog = self._eog
+        first = self.origin - pos0  # rows before it hold prompt tokens: not consumed
         n = 0
         took = [False] * T
         vetted = self._vetted == (pos0, int(inputs[0]))
-        walked = 0
+        walked = checked = validated = repicked = full = 0
         for i in range(T):
             t = int(inputs[i])
-            if pos0 + i >= self.origin and not (m.is_stopped() and t in eog):
+            # (an end-of-generation token at a stopped state changes nothing: is_stopped only asked for those)
+            if i >= first and not (t in eog and m.is_stopped()):
                 if i == 0 and not vetted and m.validate_tokens([t]) != 1:
                     raise ValueError(f"{self.field}: the window's input {t} at row 0 does not satisfy the grammar")
                 if not m.consume_token(t):
@@ -213,43 +219,51 @@ class GrammarMatcher:
                 took[i] = True
                 n += 1
             walked = i + 1
-            self.checked += 1
+            checked += 1
             ids = cands[i]
-            bits = None if ids is None else self._bits(ids, complete[i])
-            if bits is not None and bits[0] and not all(bits) and complete[i]:
-                self.repicked += 1
-                out[i] = repick(i, bytes(bits))
-            elif bits is None or not all(bits):  # the best token refused, or the trace cannot decide
-                self.full += 1
+            if ids is None:  # too many candidates to check one by one
+                ok = False
+            elif m.is_stopped():
+                bits = [x in eog for x in ids]
+                ok = bits[0]
+            elif ff := m.compute_ff_tokens():  # forced tokens: the mask is the first alone
+                f0 = ff[0]
+                bits = [x == f0 for x in ids]
+                ok = bits[0]
+            else:  # the mask is validate_tokens: up to the first refused candidate when the trace is incomplete;
+                # only the first when it is refused
+                ok = m.validate_tokens([ids[0]]) == 1
+                bits = [ok]
+                if ok:
+                    done = complete[i]
+                    for x in ids[1:]:
+                        b = m.validate_tokens([x]) == 1
+                        bits.append(b)
+                        if not b and not done:
+                            break
+                validated += len(bits)
+            if ok and len(bits) > 1 and not all(bits):
+                if complete[i]:
+                    repicked += 1
+                    out[i] = repick(i, bytes(bits))
+                else:
+                    full += 1
+                    out[i] = refinish(i, self._mask())
+            elif not ok:  # the best token refused, or the trace cannot decide
+                full += 1
                 out[i] = refinish(i, self._mask())
             if i + 1 >= T or out[i] != int(inputs[i + 1]):
                 break
+        self.checked += checked
+        self.validated += validated
+        self.repicked += repicked
+        self.full += full
         self._window = n
         self._took = took
-        self._pending_inputs = [int(x) for x in inputs[:T]]
+        self._pending_inputs = [int(x) for x in inputs]
         self._pending_pos0 = pos0
         self._pending_out = (out, walked)
         return out
-
-    def _bits(self, ids: list[int], complete: bool) -> list[bool]:
-        """The current state's mask bits of ids (up to the first refused one when the trace is incomplete; only
-        the first when it is refused, as nothing else matters then)."""
-        m = self.matcher
-        if m.is_stopped():
-            return [x in self._eog for x in ids]
-        if m.compute_ff_bytes():  # forced bytes: llguidance's mask is their canonical tokenization's
-            ff = m.compute_ff_tokens()
-            if ff:  # ... first token alone (compute_mask: "forcing ff_token by mask")
-                return [x == ff[0] for x in ids]
-            mask = self._mask()
-            return [(int(mask[x >> 5]) >> (x & 31)) & 1 == 1 for x in ids]
-        bits = []
-        for x in ids:
-            bits.append(m.validate_tokens([x]) == 1)
-            if not bits[-1] and (len(bits) == 1 or not complete):
-                break
-        self.validated += len(bits)
-        return bits
 
     def _mask(self) -> np.ndarray:
         """The current state's full mask (a buffer reused by every row)."""
@@ -262,11 +276,11 @@ class GrammarMatcher:
     def commit(self, keep: int) -> None:
         """Keep the state after the first `keep` rows of the last window."""
         pos0 = self._pending_pos0
-        kept = sum(1 for i in range(keep) if pos0 + i >= self.origin)
+        kept = keep - min(keep, max(0, self.origin - pos0))  # the kept rows at or after the origin
         took_kept = sum(self._took[:keep])
         if self._window > took_kept:
             self.matcher.rollback(self._window - took_kept)
-        self._consumed.extend(self._pending_inputs[keep - kept:keep])
+        self._consumed += self._pending_inputs[keep - kept:keep]
         self._window = 0
         po, self._pending_out = self._pending_out, None
         # the kept row's choice, checked by fix_rows, is the next window's input at row 0
