@@ -170,6 +170,9 @@ def main(argv=None) -> int:
         a.model = str(default_model_path())
     counts = [int(x) for x in a.threads.split(",")] if a.threads else list(range(1, len(os.sched_getaffinity(0)) + 1))
     engines = a.engines.split(",")
+    for e in engines:
+        if e not in ("strata", "llama"):
+            ap.error(f"bad option --engines {a.engines!r}: {e!r} is not one of strata, llama")
     configs = [(e, t) for t in [*counts, 0] for e in engines]  # 0 = the engine's default
     load = not a.no_load
     runs: dict = {f"{e}:{t}": [] for e, t in configs}
