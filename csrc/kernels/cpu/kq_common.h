@@ -185,4 +185,19 @@ inline void k4_head(const uint8_t* b, float& d, float& dmin, uint8_t* sc, uint8_
   k4_scales(b + 4, sc, m);
 }
 
+#if defined(__AVX512F__)
+// Only for the AVX-512 translation units: the mins term of a Q4_K/Q5_K block for up to 8 rows at once,
+// M = sum_j m[j] * bsum[j] (m16: the mins as words; bs: the block's activation sums, quants.h [pair of
+// sub-blocks][row][2]; lane t = row t), then Lm = fma(dmin * dx, M, Lm), as every kernel of those types does.
+inline __m256 mins_fma(__m128i m16, const int16_t* bs, float dmin, const float* dx, __m256 Lm) {
+  const __m512i idx01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+  const __m512i mz = _mm512_castsi128_si512(m16);
+  const __m512i M16 = _mm512_add_epi32(_mm512_madd_epi16(_mm512_loadu_si512(bs), _mm512_permutexvar_epi32(idx01, mz)),
+                                       _mm512_madd_epi16(_mm512_loadu_si512(bs + 32), _mm512_permutexvar_epi32(idx23, mz)));
+  const __m256i M8 = _mm256_add_epi32(_mm512_castsi512_si256(M16), _mm512_extracti64x4_epi64(M16, 1));
+  return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(M8), Lm);
+}
+#endif
+
 }  // namespace strata::kq

@@ -71,8 +71,6 @@ void rows_q4k8_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t 
   interleave_act(a.q, T, xi);
   const int64_t cols = a.q.cols;
   const __m512i nib = _mm512_set1_epi32(0x0F0F0F0F);
-  const __m512i idx01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m512i idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
   for (int64_t r = r0; r < r1; r++) {
     const uint8_t* row = W.data + r * W.row_bytes;
     __m512 L[T];
@@ -107,13 +105,7 @@ void rows_q4k8_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t 
         acc = dot_pairs<kVnni>(acc, _mm512_maddubs_epi16(w[3], _mm512_load_si512(q + 192)), s67);
         L[t] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx[t]), _mm512_cvtepi32_ps(acc), L[t]);
       }
-      // the mins of every row at once, as the widening kernel does: M = sum_j m[j] * bsum[j] (lane t: row t),
-      // then Lm = fma(dmin * dx, M, Lm)
-      const __m512i mz = _mm512_castsi128_si512(m16);
-      const __m512i M16 = _mm512_add_epi32(_mm512_madd_epi16(_mm512_loadu_si512(bs), _mm512_permutexvar_epi32(idx01, mz)),
-                                           _mm512_madd_epi16(_mm512_loadu_si512(bs + 32), _mm512_permutexvar_epi32(idx23, mz)));
-      const __m256i M8 = _mm256_add_epi32(_mm512_castsi512_si256(M16), _mm512_extracti64x4_epi64(M16, 1));
-      Lm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(M8), Lm);
+      Lm = mins_fma(m16, bs, dmin, dx, Lm);  // the mins of every row at once, as the widening kernel does
     }
     alignas(32) float lm[8];
     _mm256_store_ps(lm, Lm);
@@ -141,8 +133,6 @@ constexpr int64_t kPanelRows = 8;
 
 template <bool kVnni, bool kSigned, int T>
 void panel_row8(const Panel8* pb, int64_t nb, const Act& a, const int8_t* xi, float* y, int64_t ldy, int64_t r) {
-  const __m512i idx01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m512i idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
   const int64_t cols = a.q.cols;
   __m512 L[T];
   for (int t = 0; t < T; t++) L[t] = _mm512_setzero_ps();
@@ -168,21 +158,18 @@ void panel_row8(const Panel8* pb, int64_t nb, const Act& a, const int8_t* xi, fl
       acc = dot_pairs<kVnni>(acc, p3, s67);
       L[t] = _mm512_fmadd_ps(_mm512_set1_ps(B.d * dx[t]), _mm512_cvtepi32_ps(acc), L[t]);
     }
-    if constexpr (kSigned) continue;  // no mins
-    const __m512i mz = _mm512_castsi128_si512(B.m16);
-    const __m512i M16 = _mm512_add_epi32(_mm512_madd_epi16(_mm512_loadu_si512(bs), _mm512_permutexvar_epi32(idx01, mz)),
-                                         _mm512_madd_epi16(_mm512_loadu_si512(bs + 32), _mm512_permutexvar_epi32(idx23, mz)));
-    const __m256i M8 = _mm256_add_epi32(_mm512_castsi512_si256(M16), _mm512_extracti64x4_epi64(M16, 1));
-    Lm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(B.dmin), _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(M8), Lm);
+    if constexpr (!kSigned) Lm = mins_fma(B.m16, bs, B.dmin, dx, Lm);  // (signed weights: no mins)
   }
   alignas(32) float lm[8];
   _mm256_store_ps(lm, Lm);
   for (int t = 0; t < T; t++) y[t * ldy + r] = kSigned ? reduce16(L[t]) : reduce16(L[t]) - lm[t];
 }
 
-template <bool kVnni>
-void rows_many_q4k8(const MatView& W, const Act* pass, int np, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  constexpr int kBytes = 144;
+// A prompt window's passes through byte panels: kPanelRows weight rows at a time decoded by decode(blk, entry)
+// into the panel, then every pass (its rows interleaved once per call, + 128 for signed weights).
+template <bool kVnni, bool kSigned, int kBytes, class Decode>
+void rows_many8(const MatView& W, const Act* pass, int np, float* y, int64_t ldy, int64_t r0, int64_t r1,
+                Decode&& decode) {
   const int64_t nb = W.cols / QK_K;
   const int64_t cols = W.cols;
   thread_local std::vector<Panel8> panel;  // [kPanelRows][nb]
@@ -190,39 +177,44 @@ void rows_many_q4k8(const MatView& W, const Act* pass, int np, float* y, int64_t
   if ((int64_t)panel.size() < kPanelRows * nb) panel.resize(kPanelRows * nb);
   xi_all.resize((size_t)np * kMaxRowsPerPass * cols);
   for (int p = 0; p < np; p++) {
-    interleave_act(pass[p].q, pass[p].T, xi);
+    interleave_act<kSigned>(pass[p].q, pass[p].T, xi);
     std::copy(xi.begin(), xi.begin() + (int64_t)pass[p].T * cols, xi_all.begin() + (int64_t)p * kMaxRowsPerPass * cols);
   }
-  const __m512i nib = _mm512_set1_epi32(0x0F0F0F0F);
   for (int64_t rb = r0; rb < r1; rb += kPanelRows) {
     const int64_t re = rb + kPanelRows < r1 ? rb + kPanelRows : r1;
     for (int64_t r = rb; r < re; r++) {
       const uint8_t* row = W.data + r * W.row_bytes;
       Panel8* pb = panel.data() + (r - rb) * nb;
       for (int64_t b = 0; b < nb; b++) {
-        const uint8_t* blk = row + b * kBytes;
-        prefetch_ahead<kBytes>(blk);
-        __m128 ddm;
-        __m128i sc16;
-        k4_head_simd(blk, ddm, sc16, pb[b].m16);
-        pb[b].d = _mm_cvtss_f32(ddm);
-        pb[b].dmin = _mm_cvtss_f32(_mm_movehdup_ps(ddm));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(pb[b].s2), sc16);
-        for (int c = 0; c < 4; c++) {
-          const __m512i x =
-              _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c)));
-          pb[b].w[c] = _mm512_ternarylogic_epi32(x, _mm512_slli_epi32(x, 12), nib, 0xA8);
-        }
+        prefetch_ahead<kBytes>(row + b * kBytes);
+        decode(row + b * kBytes, pb[b]);
       }
     }
     for (int p = 0; p < np; p++)
       with_rows(pass[p].T, [&](auto t) {
         for (int64_t r = rb; r < re; r++)
-          panel_row8<kVnni, false, decltype(t)::value>(panel.data() + (r - rb) * nb, nb, pass[p],
-                                                xi_all.data() + (int64_t)p * kMaxRowsPerPass * cols,
-                                                y + (int64_t)p * kMaxRowsPerPass * ldy, ldy, r);
+          panel_row8<kVnni, kSigned, decltype(t)::value>(panel.data() + (r - rb) * nb, nb, pass[p],
+                                                         xi_all.data() + (int64_t)p * kMaxRowsPerPass * cols,
+                                                         y + (int64_t)p * kMaxRowsPerPass * ldy, ldy, r);
       });
   }
+}
+
+template <bool kVnni>
+void rows_many_q4k8(const MatView& W, const Act* pass, int np, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const __m512i nib = _mm512_set1_epi32(0x0F0F0F0F);
+  rows_many8<kVnni, false, 144>(W, pass, np, y, ldy, r0, r1, [&](const uint8_t* blk, Panel8& P) {
+    __m128 ddm;
+    __m128i sc16;
+    k4_head_simd(blk, ddm, sc16, P.m16);
+    P.d = _mm_cvtss_f32(ddm);
+    P.dmin = _mm_cvtss_f32(_mm_movehdup_ps(ddm));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(P.s2), sc16);
+    for (int c = 0; c < 4; c++) {
+      const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c)));
+      P.w[c] = _mm512_ternarylogic_epi32(x, _mm512_slli_epi32(x, 12), nib, 0xA8);
+    }
+  });
 }
 
 // IQ2_XXS prompt windows: w = (2s+1) * grid * sign has signed bytes (|grid * sign| <= 43), so the activations
@@ -232,17 +224,6 @@ void rows_many_q4k8(const MatView& W, const Act* pass, int np, float* y, int64_t
 // interleaved (dword k = pair k of 2c, pair k of 2c+1) and the scale pair (2s+1 of each).
 template <bool kVnni>
 void rows_many_iq2xxs8(const MatView& W, const Act* pass, int np, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  constexpr int kBytes = 66;
-  const int64_t nb = W.cols / QK_K;
-  const int64_t cols = W.cols;
-  thread_local std::vector<Panel8> panel;  // [kPanelRows][nb]
-  thread_local std::vector<int8_t, Align64<int8_t>> xi_all, xi;  // every pass's rows, interleaved, + 128
-  if ((int64_t)panel.size() < kPanelRows * nb) panel.resize(kPanelRows * nb);
-  xi_all.resize((size_t)np * kMaxRowsPerPass * cols);
-  for (int p = 0; p < np; p++) {
-    interleave_act<true>(pass[p].q, pass[p].T, xi);
-    std::copy(xi.begin(), xi.begin() + (int64_t)pass[p].T * cols, xi_all.begin() + (int64_t)p * kMaxRowsPerPass * cols);
-  }
   alignas(64) int16_t il16[32];
   for (int k = 0; k < 16; k++) {
     il16[2 * k] = (int16_t)k;             // word k of sub-block 2c
@@ -251,50 +232,32 @@ void rows_many_iq2xxs8(const MatView& W, const Act* pass, int np, float* y, int6
   const __m512i il = _mm512_load_si512(il16);
   const __m512i ones = _mm512_set1_epi8(1);
   const bool vbmi = vbmi_kernels_on();
-  for (int64_t rb = r0; rb < r1; rb += kPanelRows) {
-    const int64_t re = rb + kPanelRows < r1 ? rb + kPanelRows : r1;
-    for (int64_t r = rb; r < re; r++) {
-      const uint8_t* row = W.data + r * W.row_bytes;
-      Panel8* pb = panel.data() + (r - rb) * nb;
-      for (int64_t b = 0; b < nb; b++) {
-        const uint8_t* blk = row + b * kBytes;
-        prefetch_ahead<kBytes>(blk);
-        Panel8& P = pb[b];
-        P.d = h2f(blk) * 0.125f;
-        P.dmin = 0.f;
-        if (vbmi) {
-          iq2xxs_bytes_vbmi(blk, P.w, P.s2);
-        } else {
-          __m256i sg[8];
-          int16_t sc[8];
-          for (int ib = 0; ib < 8; ib++) {
-            const uint8_t* q = blk + 2 + 8 * ib;
-            const uint32_t aux1 = u32_at(q + 4);
-            const __m256i g = _mm256_set_epi64x((long long)kIq2xxsGrid[q[3]], (long long)kIq2xxsGrid[q[2]],
-                                                (long long)kIq2xxsGrid[q[1]], (long long)kIq2xxsGrid[q[0]]);
-            sg[ib] = iq_signed(g, aux1);
-            sc[ib] = (int16_t)(2 * (aux1 >> 28) + 1);
-          }
-          for (int c = 0; c < 4; c++) {
-            P.w[c] = _mm512_permutex2var_epi16(_mm512_castsi256_si512(sg[2 * c]), il,
-                                               _mm512_castsi256_si512(sg[2 * c + 1]));
-            P.s2[c] = (int32_t)(uint16_t)sc[2 * c] | (int32_t)sc[2 * c + 1] << 16;
-          }
-        }
-        __m512i wsum = _mm512_setzero_si512();
-        for (int c = 0; c < 4; c++)
-          wsum = dot_pairs<kVnni>(wsum, _mm512_maddubs_epi16(ones, P.w[c]), _mm512_set1_epi32(P.s2[c]));
-        P.init = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(wsum, 7));
+  rows_many8<kVnni, true, 66>(W, pass, np, y, ldy, r0, r1, [&](const uint8_t* blk, Panel8& P) {
+    P.d = h2f(blk) * 0.125f;
+    P.dmin = 0.f;
+    if (vbmi) {
+      iq2xxs_bytes_vbmi(blk, P.w, P.s2);
+    } else {
+      __m256i sg[8];
+      int16_t sc[8];
+      for (int ib = 0; ib < 8; ib++) {
+        const uint8_t* q = blk + 2 + 8 * ib;
+        const uint32_t aux1 = u32_at(q + 4);
+        const __m256i g = _mm256_set_epi64x((long long)kIq2xxsGrid[q[3]], (long long)kIq2xxsGrid[q[2]],
+                                            (long long)kIq2xxsGrid[q[1]], (long long)kIq2xxsGrid[q[0]]);
+        sg[ib] = iq_signed(g, aux1);
+        sc[ib] = (int16_t)(2 * (aux1 >> 28) + 1);
+      }
+      for (int c = 0; c < 4; c++) {
+        P.w[c] = _mm512_permutex2var_epi16(_mm512_castsi256_si512(sg[2 * c]), il, _mm512_castsi256_si512(sg[2 * c + 1]));
+        P.s2[c] = (int32_t)(uint16_t)sc[2 * c] | (int32_t)sc[2 * c + 1] << 16;
       }
     }
-    for (int p = 0; p < np; p++)
-      with_rows(pass[p].T, [&](auto t) {
-        for (int64_t r = rb; r < re; r++)
-          panel_row8<kVnni, true, decltype(t)::value>(panel.data() + (r - rb) * nb, nb, pass[p],
-                                               xi_all.data() + (int64_t)p * kMaxRowsPerPass * cols,
-                                               y + (int64_t)p * kMaxRowsPerPass * ldy, ldy, r);
-      });
-  }
+    __m512i wsum = _mm512_setzero_si512();
+    for (int c = 0; c < 4; c++)
+      wsum = dot_pairs<kVnni>(wsum, _mm512_maddubs_epi16(ones, P.w[c]), _mm512_set1_epi32(P.s2[c]));
+    P.init = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(wsum, 7));
+  });
 }
 
 }  // namespace

@@ -292,8 +292,6 @@ inline __m512i dot16(__m512i acc, __m512i w, __m512i q) {
 template <class Dec, bool kVnni, int T>
 void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int64_t nb = W.cols / QK_K;
-  const __m512i idx01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m512i idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
   thread_local std::vector<int16_t> sums16;  // per calling thread, from the shared read-only rows
   if constexpr (HasMins16<Dec>::value) act_sums16(a.q, sums16);
   for (int64_t r = r0; r < r1; r++) {
@@ -327,12 +325,7 @@ void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0
         Lm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_loadu_ps(dx)),
                              _mm256_cvtepi32_ps(min_sums16(m16, sums16.data() + b * 128)), Lm);
       } else if constexpr (Dec::kHasMin) {
-        const __m512i mz = _mm512_castsi128_si512(mins);
-        const int16_t* bs = a.q.bsum + b * 64;
-        const __m512i M16 = _mm512_add_epi32(_mm512_madd_epi16(_mm512_loadu_si512(bs), _mm512_permutexvar_epi32(idx01, mz)),
-                                             _mm512_madd_epi16(_mm512_loadu_si512(bs + 32), _mm512_permutexvar_epi32(idx23, mz)));
-        const __m256i M8 = _mm256_add_epi32(_mm512_castsi512_si256(M16), _mm512_extracti64x4_epi64(M16, 1));
-        Lm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(M8), Lm);
+        Lm = mins_fma(mins, a.q.bsum + b * 64, dmin, dx, Lm);
       }
     }
     alignas(32) float lm[8];
@@ -367,8 +360,6 @@ constexpr int64_t kPanelRows = 8;
 
 template <class Dec, bool kVnni, int T>
 inline void panel_row(const PanelBlock* pb, int64_t nb, const Act& a, float* y, int64_t ldy, int64_t r) {
-  const __m512i idx01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m512i idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
   __m512 L[T];
   for (int t = 0; t < T; t++) L[t] = _mm512_setzero_ps();
   __m256 Lm = _mm256_setzero_ps();
@@ -386,14 +377,7 @@ inline void panel_row(const PanelBlock* pb, int64_t nb, const Act& a, float* y, 
       for (int j = 1; j < 8; j++) acc = dot16<kVnni>(acc, _mm512_load_si512(&B.w[j]), _mm512_loadu_si512(q + 32 * j));
       L[t] = _mm512_fmadd_ps(_mm512_broadcastss_ps(_mm_load_ss(dd + t)), _mm512_cvtepi32_ps(acc), L[t]);
     }
-    if constexpr (Dec::kHasMin) {
-      const __m512i mz = _mm512_castsi128_si512(B.mins);
-      const int16_t* bs = a.q.bsum + b * 64;
-      const __m512i M16 = _mm512_add_epi32(_mm512_madd_epi16(_mm512_loadu_si512(bs), _mm512_permutexvar_epi32(idx01, mz)),
-                                           _mm512_madd_epi16(_mm512_loadu_si512(bs + 32), _mm512_permutexvar_epi32(idx23, mz)));
-      const __m256i M8 = _mm256_add_epi32(_mm512_castsi512_si256(M16), _mm512_extracti64x4_epi64(M16, 1));
-      Lm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(B.dmin), _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(M8), Lm);
-    }
+    if constexpr (Dec::kHasMin) Lm = mins_fma(B.mins, a.q.bsum + b * 64, B.dmin, dx, Lm);
   }
   alignas(32) float lm[8];
   _mm256_store_ps(lm, Lm);
