@@ -71,7 +71,7 @@ bool vbmi_kernels_on() { return g_vbmi && g_vbmi_on && g_vnni_on; }
 RowsFn rows_fn(uint32_t type, Isa isa) {
   switch (isa) {
     case Isa::AVX512:
-      if (g_vbmi && g_vbmi_on && g_vnni_on)
+      if (vbmi_kernels_on())
         if (auto f = rows_fn_kq_avx512vbmi(type)) return f;
       if (auto f = rows_fn_kq8_avx512(type)) return f;
       if (auto f = rows_fn_kq_avx512(type)) return f;
@@ -93,7 +93,7 @@ RowsFn rows_fn(uint32_t type, Isa isa) {
 RowsManyFn rows_many_fn(uint32_t type, Isa isa) {
   if (isa != Isa::AVX512) return nullptr;
   if (RowsManyFn g = rows_many_fn_kq8_avx512(type)) return g;
-  if (g_vbmi && g_vbmi_on && g_vnni_on && rows_fn_kq_avx512vbmi(type)) return rows_many_fn_kq_avx512vbmi(type);  // as rows_fn
+  if (vbmi_kernels_on() && rows_fn_kq_avx512vbmi(type)) return rows_many_fn_kq_avx512vbmi(type);  // as rows_fn
   return rows_many_fn_kq_avx512(type);
 }
 

@@ -33,20 +33,20 @@ namespace {
 
 using namespace kq;
 
-// Rows [0, T) of the activation (int8 values stored as int16, quants.h) -> int8, interleaved per 64 values;
-// with kOffset, as the unsigned bytes q + 128 (for weights that carry signs, see rows_many_iq2xxs8).
+// Rows [0, T) of the activation (int8 values stored as int16, quants.h) -> int8, interleaved per 64 values, into
+// out [T][cols] (64-byte aligned); with kOffset, as the unsigned bytes q + 128 (for weights that carry signs, see
+// rows_many_iq2xxs8).
 template <bool kOffset = false>
-void interleave_act(const QAct& q, int T, std::vector<int8_t, Align64<int8_t>>& out) {
+void interleave_act(const QAct& q, int T, int8_t* out) {
   alignas(64) int16_t idx16[32];
   for (int k = 0; k < 16; k++) {
     idx16[2 * k] = (int16_t)k;             // word k of values 0-31: values 2k, 2k+1
     idx16[2 * k + 1] = (int16_t)(16 + k);  // word k of values 32-63
   }
   const __m512i idx = _mm512_load_si512(idx16);
-  out.resize((size_t)T * (size_t)q.cols);
   for (int t = 0; t < T; t++) {
     const int16_t* src = q.q + (int64_t)t * q.ldq;
-    int8_t* dst = out.data() + (int64_t)t * q.cols;
+    int8_t* dst = out + (int64_t)t * q.cols;
     for (int64_t c = 0; c < q.cols; c += 64) {
       const __m256i a = _mm512_cvtepi16_epi8(_mm512_loadu_si512(src + c));
       const __m256i b = _mm512_cvtepi16_epi8(_mm512_loadu_si512(src + c + 32));
@@ -63,14 +63,25 @@ inline __m512i dot_pairs(__m512i acc, __m512i p, __m512i s) {
   else return _mm512_add_epi32(acc, _mm512_madd_epi16(p, s));
 }
 
+// A Q4_K block's header (k4_head_simd) and its codes spread for vpmaddubsw: w[c], dword k = [lo(2k), lo(2k+1),
+// hi(2k), hi(2k+1)] of group c's 32 bytes (x | x << 12 keeps each nibble once under 0x0F0F0F0F).
+inline void q4k_bytes(const uint8_t* blk, __m128& ddm, __m128i& sc16, __m128i& m16, __m512i* w) {
+  k4_head_simd(blk, ddm, sc16, m16);
+  const __m512i nib = _mm512_set1_epi32(0x0F0F0F0F);
+  for (int c = 0; c < 4; c++) {
+    const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c)));
+    w[c] = _mm512_ternarylogic_epi32(x, _mm512_slli_epi32(x, 12), nib, 0xA8);  // (x | y) & nib
+  }
+}
+
 template <bool kVnni, int T>
 void rows_q4k8_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   constexpr int kBytes = 144;
   const int64_t nb = W.cols / QK_K;
   thread_local std::vector<int8_t, Align64<int8_t>> xi;  // per calling thread, from the shared read-only rows
-  interleave_act(a.q, T, xi);
   const int64_t cols = a.q.cols;
-  const __m512i nib = _mm512_set1_epi32(0x0F0F0F0F);
+  xi.resize((size_t)T * cols);
+  interleave_act(a.q, T, xi.data());
   for (int64_t r = r0; r < r1; r++) {
     const uint8_t* row = W.data + r * W.row_bytes;
     __m512 L[T];
@@ -81,14 +92,9 @@ void rows_q4k8_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t 
       prefetch_ahead<kBytes>(blk);
       __m128 ddm;
       __m128i sc16, m16;
-      k4_head_simd(blk, ddm, sc16, m16);
-      const float d = _mm_cvtss_f32(ddm), dmin = _mm_cvtss_f32(_mm_movehdup_ps(ddm));
       __m512i w[4];
-      for (int c = 0; c < 4; c++) {
-        // dword k = [lo(2k), lo(2k+1), hi(2k), hi(2k+1)]: x | x << 12 keeps each nibble once under 0x0F0F0F0F
-        const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c)));
-        w[c] = _mm512_ternarylogic_epi32(x, _mm512_slli_epi32(x, 12), nib, 0xA8);  // (x | y) & nib
-      }
+      q4k_bytes(blk, ddm, sc16, m16, w);
+      const float d = _mm_cvtss_f32(ddm), dmin = _mm_cvtss_f32(_mm_movehdup_ps(ddm));
       // dword c of sc16 is (s_2c, s_2c+1): broadcast to every lane
       const __m512i scz = _mm512_castsi128_si512(sc16);
       const __m512i s01 = _mm512_permutexvar_epi32(_mm512_set1_epi32(0), scz);
@@ -173,13 +179,11 @@ void rows_many8(const MatView& W, const Act* pass, int np, float* y, int64_t ldy
   const int64_t nb = W.cols / QK_K;
   const int64_t cols = W.cols;
   thread_local std::vector<Panel8> panel;  // [kPanelRows][nb]
-  thread_local std::vector<int8_t, Align64<int8_t>> xi_all, xi;  // every pass's rows, interleaved
+  thread_local std::vector<int8_t, Align64<int8_t>> xi_all;  // every pass's rows, interleaved: [np][8][cols]
   if ((int64_t)panel.size() < kPanelRows * nb) panel.resize(kPanelRows * nb);
   xi_all.resize((size_t)np * kMaxRowsPerPass * cols);
-  for (int p = 0; p < np; p++) {
-    interleave_act<kSigned>(pass[p].q, pass[p].T, xi);
-    std::copy(xi.begin(), xi.begin() + (int64_t)pass[p].T * cols, xi_all.begin() + (int64_t)p * kMaxRowsPerPass * cols);
-  }
+  for (int p = 0; p < np; p++)
+    interleave_act<kSigned>(pass[p].q, pass[p].T, xi_all.data() + (int64_t)p * kMaxRowsPerPass * cols);
   for (int64_t rb = r0; rb < r1; rb += kPanelRows) {
     const int64_t re = rb + kPanelRows < r1 ? rb + kPanelRows : r1;
     for (int64_t r = rb; r < re; r++) {
@@ -202,18 +206,13 @@ void rows_many8(const MatView& W, const Act* pass, int np, float* y, int64_t ldy
 
 template <bool kVnni>
 void rows_many_q4k8(const MatView& W, const Act* pass, int np, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const __m512i nib = _mm512_set1_epi32(0x0F0F0F0F);
   rows_many8<kVnni, false, 144>(W, pass, np, y, ldy, r0, r1, [&](const uint8_t* blk, Panel8& P) {
     __m128 ddm;
     __m128i sc16;
-    k4_head_simd(blk, ddm, sc16, P.m16);
+    q4k_bytes(blk, ddm, sc16, P.m16, P.w);
     P.d = _mm_cvtss_f32(ddm);
     P.dmin = _mm_cvtss_f32(_mm_movehdup_ps(ddm));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(P.s2), sc16);
-    for (int c = 0; c < 4; c++) {
-      const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c)));
-      P.w[c] = _mm512_ternarylogic_epi32(x, _mm512_slli_epi32(x, 12), nib, 0xA8);
-    }
   });
 }
 
