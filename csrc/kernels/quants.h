@@ -18,10 +18,10 @@
 //   amax = max|x|, iscale = 127/amax, q = round_half_even(iscale*x) in [-127, 127], dx = amax/127.
 // So a block's dot product is integer: P = sum w*q (|lane sums| < 2^24, exact in float), M = sum m*bsum.
 #pragma once
-#include <cstddef>
 #include <cstdint>
-#include <new>
 #include <vector>
+
+#include "util/common.h"  // Align64
 
 namespace strata {
 
@@ -121,21 +121,6 @@ struct QAct {
   const float* d = nullptr;
   const int16_t* bsum = nullptr;
   const int8_t* q8 = nullptr;
-};
-// Allocations on 64-byte boundaries: the kernels load each 32-value sub-block of q as one 64-byte vector, which
-// an allocation on malloc's 16-byte alignment splits over two cache lines every time.
-template <class T>
-struct Align64 {
-  using value_type = T;
-  Align64() = default;
-  template <class U>
-  Align64(const Align64<U>&) {}
-  T* allocate(size_t n) {
-    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64)));
-  }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
-  template <class U>
-  bool operator==(const Align64<U>&) const { return true; }
 };
 struct QActBuf {
   std::vector<int16_t, Align64<int16_t>> q, bsum;

@@ -1,7 +1,9 @@
 // Small shared helpers: error formatting, half/bfloat16 conversion, aligned buffers.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -62,20 +64,28 @@ inline uint32_t u32_at(const uint8_t* p) {
   return v;
 }
 
-// 64-byte aligned float buffer (AVX-512 friendly), zero-initialised.
+// An allocator on 64-byte boundaries, for buffers the kernels load in 64-byte vectors (on malloc's 16-byte
+// alignment every such load of a row would split over two cache lines).
+template <class T>
+struct Align64 {
+  using value_type = T;
+  Align64() = default;
+  template <class U>
+  Align64(const Align64<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <class U>
+  bool operator==(const Align64<U>&) const { return true; }
+};
+
+// 64-byte aligned float buffer (AVX-512 friendly) that only grows, zero-initialised when it does.
 struct FBuf {
-  std::vector<float> v;
-  float* p = nullptr;
-  size_t n = 0;
+  std::vector<float, Align64<float>> v;
   void resize(size_t count) {
-    if (count <= n) return;
-    v.assign(count + 16, 0.f);
-    uintptr_t a = reinterpret_cast<uintptr_t>(v.data());
-    p = reinterpret_cast<float*>((a + 63) & ~uintptr_t(63));
-    n = count;
+    if (count > v.size()) v.assign(count, 0.f);
   }
-  float* data() { return p; }
-  float& operator[](size_t i) { return p[i]; }
+  float* data() { return v.data(); }
+  float& operator[](size_t i) { return v[i]; }
 };
 
 }  // namespace strata
