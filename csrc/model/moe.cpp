@@ -241,8 +241,9 @@ void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float
     i = j;
   }
   // A prompt window's gather (every slot's row, T * k rows) and combine below are memory-bound loops over
-  // megabytes: split over the pool (each row is one copy / one fixed sequence of axpy, whoever runs it).
-  const bool wide = (int64_t)T * k * H >= (1 << 16);
+  // megabytes: split over the pool (each row is one copy / one fixed sequence of axpy, whoever runs it). Decode
+  // steps and verify windows keep them on the caller: two more regions a layer would cost more than they save.
+  const bool wide = T >= 64;
   auto rows = [&](int64_t n, auto&& fn) {
     if (wide) pool.parallel_for(n, [&](int64_t b, int64_t e, int) { for (int64_t r = b; r < e; r++) fn(r); });
     else for (int64_t r = 0; r < n; r++) fn(r);
