@@ -8,6 +8,15 @@ from strata_py import GenerationConfig
 from strata_py.generate import generate_ids
 
 
+def tiny_qwen35moe(d, seed: int, threads: int):
+    """A tiny qwen35moe model (the Split DeltaNet layout) built with transformers in d and converted by ours."""
+    from hf_tiny_next import make_tiny_qwen35moe
+    from strata_py.convert import convert
+    from strata_py.model import Model
+    make_tiny_qwen35moe(d / "hf", seed=seed)
+    return Model.load(convert(d / "hf", d / "q35.gguf", "q8_0"), threads=threads)
+
+
 def bits(a) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(a, dtype=np.float32)).view(np.uint32)
 

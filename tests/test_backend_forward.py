@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend_util import decode_equal, windows_equal
+from backend_util import decode_equal, tiny_qwen35moe, windows_equal
 from seeds import fresh_rng
 from strata_py import _core
 from strata_py.model import Model
@@ -23,11 +23,7 @@ def default_model():
 
 @pytest.fixture(scope="module")
 def q35(tmp_path_factory):
-    from hf_tiny_next import make_tiny_qwen35moe
-    from strata_py.convert import convert
-    d = tmp_path_factory.mktemp("q35b")
-    make_tiny_qwen35moe(d / "hf", seed=23)
-    return Model.load(convert(d / "hf", d / "q35.gguf", "q8_0"), threads=2)
+    return tiny_qwen35moe(tmp_path_factory.mktemp("q35b"), seed=23, threads=2)
 
 
 @pytest.mark.parametrize("which", ["tiny_model", "tiny_q8_model", "default_model", "q35"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backend_util import decode_equal, windows_equal
+from backend_util import decode_equal, tiny_qwen35moe, windows_equal
 from cuda_util import CUDA_TYPES, bits, needs_cuda, weights
 from seeds import fresh_rng
 from strata_py import _core
@@ -210,11 +210,7 @@ def default_model():
 
 @pytest.fixture(scope="module")
 def q35(tmp_path_factory):
-    from hf_tiny_next import make_tiny_qwen35moe
-    from strata_py.convert import convert
-    d = tmp_path_factory.mktemp("q35g")
-    make_tiny_qwen35moe(d / "hf", seed=24)
-    return Model.load(convert(d / "hf", d / "q35.gguf", "q8_0"), threads=4)
+    return tiny_qwen35moe(tmp_path_factory.mktemp("q35g"), seed=24, threads=4)
 
 
 @pytest.fixture(scope="module")
