@@ -346,11 +346,11 @@ RowsFn pick() {
 
 // Many passes (a prompt window of more than kMaxRowsPerPass rows): kPanelRows weight rows are decoded once
 // into a panel and multiplied from it into every pass, instead of being decoded again for each pass of 8
-// activation rows. Each output element receives exactly the operations of rows_kq_t in the same order (the
-// decoded registers are stored and reloaded unchanged), so the results are bit-identical; only the decoding
-// is shared. (The lane sums P are exact integers, so the panel path forms them its own way: one vpmaddwd
-// chain per row and block with no zeroed start, 12 % faster at 64-512 rows; at T <= 8 the two chains of
-// rows_kq_t measured faster.) (Decoders with per-16 mins, Q2_K, keep the per-pass path: their activation sums are per pass.)
+// activation rows. Each output element receives the float operations of rows_kq_t in the same order (the
+// decoded registers are stored and reloaded unchanged), so the results are bit-identical. Its exact integer
+// lane sums P are formed its own way: one vpmaddwd chain per row and block with no zeroed start (12 % faster
+// at 64-512 rows; at T <= 8 rows_kq_t's two chains measured faster). Decoders with per-16 mins (Q2_K) keep the
+// per-pass path: their activation sums are per pass.
 struct alignas(64) PanelBlock {
   __m512i w[8];
   __m128i mins;
