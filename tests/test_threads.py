@@ -132,6 +132,38 @@ def test_pool_told_a_way_is_faster_uses_it(serial_faster):
         assert parallel == 50 and serial == 0
 
 
+def test_wide_scope_runs_every_region_on_the_pool_unmeasured():
+    """Inside a ThreadPool::Wide scope (a prompt window) an adaptive pool told that serial is faster still runs
+    its regions on the pool (workers take chunks of 300 us spins) and neither decides nor measures them; the same
+    regions outside the scope run serially (until their own walls, 2.4 ms, move the kind's typical wall to
+    another size class, after ~28 regions)."""
+    by_workers, serial, parallel = _core._pool_told(2, 64, 1000.0, 1.0, told=40000, regions=30, wide=True,
+                                                    chunk_us=300.0)
+    assert by_workers > 0 and serial == 0 and parallel == 0
+    by_workers, serial, parallel = _core._pool_told(2, 64, 1000.0, 1.0, told=40000, regions=30, chunk_us=300.0)
+    assert serial >= 20
+
+
+def test_prompt_windows_bypass_the_adaptive_choice(tiny_gguf):
+    """Session.run opens the Wide scope for a prompt window (T > max_window) only: its regions leave the adaptive
+    pool's counts unchanged, a T = 1 step's and a verify window's regions are counted."""
+    from strata_py.model import Model
+    m = Model.load(tiny_gguf)
+    s = m.session(n_ctx=256, max_window=8)
+    counted = lambda: (lambda d: d["parallel_regions"] + d["serial_regions"])(m.pool_stats())
+    c0 = counted()
+    s.run(list(range(1, 41)))
+    s.commit(40)
+    assert counted() == c0
+    s.run([5])
+    s.commit(1)
+    c1 = counted()
+    assert c1 > c0
+    s.run([1, 2, 3, 4])
+    s.commit(2)
+    assert counted() > c1
+
+
 def _raw(rng, typ, rows, cols):
     qt = gguf.GGMLQuantizationType[typ]
     return np.ascontiguousarray(synth._weight(rng, (rows, cols), qt)).view(np.uint8).ravel()

@@ -381,16 +381,20 @@ void init_model(nb::module_& m) {
 
   m.def(
       "_pool_told",
-      [](int threads, int64_t n, double parallel_us, double serial_us, int told, int regions) {
+      [](int threads, int64_t n, double parallel_us, double serial_us, int told, int regions, bool wide,
+         double chunk_us) {
         // An adaptive pool told, through `told` regions' walls fed to its RegionModes, that one kind of
         // region costs parallel_us in parallel and serial_us serially; then `regions` real regions of that
         // kind (tests only): (chunks run by workers, regions run serially, in parallel, both counted after
-        // the telling).
+        // the telling). wide: the regions run inside a ThreadPool::Wide scope; chunk_us: each chunk spins this long.
         nb::gil_scoped_release rel;
         ThreadPool pool(threads, true);
         std::atomic<int64_t> by_workers{0};
         const ThreadPool::Fn fn = [&](int64_t b, int64_t e, int idx) {
           if (idx != 0) by_workers++;
+          const auto t0 = std::chrono::steady_clock::now();
+          while (std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() < chunk_us) {
+          }
         };
         const uint64_t kind = RegionModes::key(fn.target_type().hash_code(), n, 1, 0);
         for (int i = 0; i < told; i++) {
@@ -398,12 +402,15 @@ void init_model(nb::module_& m) {
           pool.modes().record(kind, s, s ? serial_us : parallel_us);
         }
         const RegionModes::Stats s0 = pool.stats();
-        for (int r = 0; r < regions; r++) pool.parallel_for(n, fn);
+        {
+          const ThreadPool::Wide scope(pool, wide);
+          for (int r = 0; r < regions; r++) pool.parallel_for(n, fn);
+        }
         const RegionModes::Stats s = pool.stats();
         return std::make_tuple(by_workers.load(), s.serial - s0.serial, s.parallel - s0.parallel);
       },
       nb::arg("threads"), nb::arg("n"), nb::arg("parallel_us"), nb::arg("serial_us"), nb::arg("told"),
-      nb::arg("regions"),
+      nb::arg("regions"), nb::arg("wide") = false, nb::arg("chunk_us") = 0.0,
       "An adaptive pool told which way a region kind is faster (tests only): (worker chunks, serial, parallel).");
 
   m.def("expert_cache_stress", &cache_stress, nb::arg("slots"), nb::arg("keys"), nb::arg("threads"), nb::arg("iters"),

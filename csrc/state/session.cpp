@@ -119,6 +119,7 @@ const float* Session::run(const int32_t* tokens, int T, bool last_only) {
   flush();  // the lazy fold of the last window's kept rows, before this run overwrites their saved inputs
   if (opt_.mtp && !mtp_backlog_tok_.empty() && mtp_backlog_tok_.back() < 0) mtp_backlog_tok_.back() = tokens[0];
   try {
+    const ThreadPool::Wide wide(model_->pool(), prompt);  // a prompt window's regions all run on the pool
     if (bs_) bs_->run(tokens, T, pos_, in_place, last_only, logits_.data(), hidden_.data());
     else forward(*model_, *this, tokens, T, pos_, in_place, partial, last_only, logits_.data(), hidden_.data());
     model_->check_files();  // a truncation during the forward read zeros (gguf/map_guard.h): discard it

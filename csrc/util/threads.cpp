@@ -122,9 +122,10 @@ void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t align, int64_t ta
     return;
   }
   std::lock_guard<std::mutex> call(call_mu_);
-  const uint64_t kind = adaptive_ ? RegionModes::key(fn.target_type().hash_code(), n, align, tag) : 0;
-  const Clock::time_point t0 = adaptive_ ? Clock::now() : Clock::time_point{};
-  if (adaptive_ && modes_.serial(kind)) {  // on the caller, in one call as a pool of one thread does
+  const bool adapt = adaptive_ && wide_ == 0;
+  const uint64_t kind = adapt ? RegionModes::key(fn.target_type().hash_code(), n, align, tag) : 0;
+  const Clock::time_point t0 = adapt ? Clock::now() : Clock::time_point{};
+  if (adapt && modes_.serial(kind)) {  // on the caller, in one call as a pool of one thread does
     fn(0, n, 0);  // an exception leaves the region unmeasured
     modes_.record(kind, true, us_since(t0));
     return;
@@ -153,7 +154,7 @@ void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t align, int64_t ta
     }
     caller_waiting_.store(false, std::memory_order_relaxed);
   }
-  if (adaptive_) modes_.record(kind, false, us_since(t0));
+  if (adapt) modes_.record(kind, false, us_since(t0));
   std::exception_ptr err;
   {
     std::lock_guard<std::mutex> lk(mu_);

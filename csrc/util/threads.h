@@ -15,8 +15,8 @@
 // that shares it is descheduled for whole time slices while it holds a chunk, and a parallel region can cost
 // more than the caller doing every chunk itself. The adaptive pool times every region and runs each kind of
 // region (call site, size, alignment, the caller's tag) the way that has been faster for that kind, in
-// parallel or on the caller alone, trying the other way now and then (util/region_modes.h). Results never
-// depend on it.
+// parallel or on the caller alone, trying the other way now and then (util/region_modes.h); a prompt window's
+// regions skip that choice and always run on the pool (Wide, below). Results never depend on it.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -61,6 +61,21 @@ class ThreadPool {
   // instead of sleeping once kSpinUs has passed, so the next region does not start with a wake-up (on the
   // 2-core VM a sleeping worker cost the next forward ~50-60 us). Only the waiting changes, never a result.
   void linger(double us);
+  // While a Wide scope lives, every region runs on the pool's threads (none on the caller alone) and the adaptive
+  // mode neither decides nor measures. Session::run opens one for a prompt window (T > max_window): its regions
+  // are long (a 256-row window's products take milliseconds), so a worker that lost its core delays only the
+  // chunk it holds, and on the busy 2-CPU VM 2 threads prefilled at least as fast as 1 in every measured run,
+  // while the adaptive choice (per size class, in short blocks, in a fresh process) ran them on the caller at the
+  // 1-thread speed (0.71-0.84x of the best count: docs/BENCHMARKS.md, issue 17). Only the waiting changes.
+  class Wide {
+   public:
+    Wide(ThreadPool& pool, bool on) : pool_(on ? &pool : nullptr) { if (pool_) pool_->wide_++; }
+    ~Wide() { if (pool_) pool_->wide_--; }
+    Wide(const Wide&) = delete;
+    Wide& operator=(const Wide&) = delete;
+   private:
+    ThreadPool* pool_;
+  };
   int64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }  // times a worker went to sleep
 
   bool adaptive() const { return adaptive_; }
@@ -77,6 +92,7 @@ class ThreadPool {
 
   int nthreads_;
   bool adaptive_;
+  int wide_ = 0;  // open Wide scopes (the caller's thread only)
   RegionModes modes_;  // the adaptive mode's averages (caller only, under call_mu_)
   std::vector<std::thread> threads_;
   // The claim word: generation (high 32 bits) | the region's chunk count (16 bits) | next unclaimed chunk (low
