@@ -17,6 +17,7 @@
 
 #include <vector>
 
+#include "kernels/cpu/act8_avx512.h"
 #include "kernels/cpu/kq_common.h"
 #include "kernels/iq_tables.h"
 #include "kernels/cpu/reduce16.h"
@@ -32,30 +33,6 @@ void iq2xxs_bytes_vbmi(const uint8_t* b, __m512i* w, int32_t* s2);
 namespace {
 
 using namespace kq;
-
-// Rows [0, T) of the activation (int8 values stored as int16, quants.h) -> int8, interleaved per 64 values, into
-// out [T][cols] (64-byte aligned); with kOffset, as the unsigned bytes q + 128 (for weights that carry signs, see
-// rows_many_iq2xxs8).
-template <bool kOffset = false>
-void interleave_act(const QAct& q, int T, int8_t* out) {
-  alignas(64) int16_t idx16[32];
-  for (int k = 0; k < 16; k++) {
-    idx16[2 * k] = (int16_t)k;             // word k of values 0-31: values 2k, 2k+1
-    idx16[2 * k + 1] = (int16_t)(16 + k);  // word k of values 32-63
-  }
-  const __m512i idx = _mm512_load_si512(idx16);
-  for (int t = 0; t < T; t++) {
-    const int16_t* src = q.q + (int64_t)t * q.ldq;
-    int8_t* dst = out + (int64_t)t * q.cols;
-    for (int64_t c = 0; c < q.cols; c += 64) {
-      const __m256i a = _mm512_cvtepi16_epi8(_mm512_loadu_si512(src + c));
-      const __m256i b = _mm512_cvtepi16_epi8(_mm512_loadu_si512(src + c + 32));
-      const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-      const __m512i v = _mm512_permutexvar_epi16(idx, ab);
-      _mm512_store_si512(dst + c, kOffset ? _mm512_xor_si512(v, _mm512_set1_epi8(-128)) : v);
-    }
-  }
-}
 
 template <bool kVnni>
 inline __m512i dot_pairs(__m512i acc, __m512i p, __m512i s) {
