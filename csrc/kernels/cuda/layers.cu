@@ -162,8 +162,10 @@ __global__ void k_shared_gate(const float* __restrict__ gate, const float* __res
     const int64_t n = H - i0 < 1024 ? H - i0 : 1024;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) prod[i] = __fmul_rn(gate[i0 + i], xt[i0 + i]);
     __syncthreads();
-    if (threadIdx.x == 0)
-      for (int64_t i = 0; i < n; i++) gl = __fadd_rn(gl, prod[i]);
+    if (threadIdx.x == 0) {
+#pragma unroll 16
+      for (int i = 0; i < (int)n; i++) gl = __fadd_rn(gl, prod[i]);
+    }
     __syncthreads();
   }
   if (threadIdx.x == 0) sg[blockIdx.x] = sigmoid_libm(gl);
