@@ -101,10 +101,15 @@ __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, si
 // together (16-bit loads, coalesced), the next chunk's loads are issued before this chunk's sums, and each lane
 // decodes its values from shared memory. So a row costs one memory round trip per chunk, not one per block;
 // every float operation and its order are those of the one-block-at-a-time loop.
-constexpr int kChunk = 8;  // 256-value blocks per chunk
+// 256-value blocks per chunk: 8 for the small block types (IQ2_XXS: 528 bytes a row), 4 for the large ones
+// (Q4_K..Q6_K: fewer registers for the chunk in flight, so more blocks per SM)
+template <int kBytes>
+struct ChunkOf {
+  static constexpr int value = kBytes <= 110 ? 8 : 4;
+};
 
 template <class D, int TT>
-__global__ void __launch_bounds__(256) k_int(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
+__global__ void __launch_bounds__(256, 3) k_int(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
                                              int64_t nb, const int8_t* __restrict__ q, const float* __restrict__ dx,
                                              int T, float* __restrict__ y, int64_t ldy, const int32_t* __restrict__ sel,
                                              size_t ebytes, int xdiv) {
@@ -115,12 +120,25 @@ __global__ void __launch_bounds__(256) k_int(const uint8_t* __restrict__ W, size
     dx += (int64_t)(slot / xdiv) * nb;
     y += (int64_t)slot * ldy;
   }
-  constexpr int CH = kChunk;
+  constexpr int CH = ChunkOf<D::kBytes>::value;
   constexpr int kHalves = CH * D::kBytes / 2;     // 16-bit words of a full chunk of one row
   constexpr int kLoads = (kHalves + 15) / 16;     // per lane
   __shared__ IqTables tab;  // IQ2_XXS / IQ3_XXS: the grids, loaded once per thread block
   __shared__ uint16_t stage[kRowsPerBlock][kHalves];
   const int k = threadIdx.x & 15, rl = threadIdx.x >> 4, rpb = blockDim.x >> 4;
+  const int64_t cols = nb * QK_K, groups = (rows + rpb - 1) / rpb;
+  uint16_t u[kLoads];
+  auto load = [&](int64_t g, int64_t b0) {  // chunk b0 of row group g's row rl into u
+    const int64_t r = g * rpb + rl;
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(W + (r < rows ? r : 0) * row_bytes) + b0 * (D::kBytes / 2);
+    const int64_t n = (nb - b0) * (D::kBytes / 2) < kHalves ? (nb - b0) * (D::kBytes / 2) : kHalves;
+#pragma unroll
+    for (int i = 0; i < kLoads; i++) {
+      const int e = k + 16 * i;
+      u[i] = e < n ? __ldg(src + e) : (uint16_t)0;
+    }
+  };
+  if (blockIdx.x < groups) load(blockIdx.x, 0);  // the first chunk in flight while the tables load
   if constexpr (D::kTables) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) {
       tab.iq2xxs[i] = g_iq2xxs_grid[i];
@@ -129,32 +147,20 @@ __global__ void __launch_bounds__(256) k_int(const uint8_t* __restrict__ W, size
     }
     __syncthreads();
   }
-  const int64_t cols = nb * QK_K, groups = (rows + rpb - 1) / rpb;
   for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {  // groups of rpb rows, grid-stride
     const int64_t r = g * rpb + rl;
     const bool live = r < rows;
-    const uint16_t* row16 = reinterpret_cast<const uint16_t*>(W + (live ? r : 0) * row_bytes);
     float L[TT], Lm[TT];
 #pragma unroll
     for (int t = 0; t < TT; t++) L[t] = Lm[t] = 0.f;
-    uint16_t u[kLoads];
-    auto load = [&](int64_t b0) {
-      const int64_t n = (nb - b0) * (D::kBytes / 2) < kHalves ? (nb - b0) * (D::kBytes / 2) : kHalves;
-      const uint16_t* src = row16 + b0 * (D::kBytes / 2);
-#pragma unroll
-      for (int i = 0; i < kLoads; i++) {
-        const int e = k + 16 * i;
-        u[i] = e < n ? __ldg(src + e) : (uint16_t)0;
-      }
-    };
-    load(0);
     for (int64_t b0 = 0; b0 < nb; b0 += CH) {
       __syncwarp();  // the previous chunk's reads of stage are done
 #pragma unroll
       for (int i = 0; i < kLoads; i++)
         if (k + 16 * i < kHalves) stage[rl][k + 16 * i] = u[i];
       __syncwarp();
-      if (b0 + CH < nb) load(b0 + CH);  // in flight while this chunk is summed
+      if (b0 + CH < nb) load(g, b0 + CH);  // in flight while this chunk is summed (or the next group's first)
+      else if (g + gridDim.x < groups) load(g + gridDim.x, 0);
       const int nc = nb - b0 < CH ? (int)(nb - b0) : CH;
       const uint8_t* sb = reinterpret_cast<const uint8_t*>(stage[rl]);
       int4 qa[TT == 1 ? CH : 1];
@@ -321,11 +327,11 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
 
 template <class D>
 void launch_int(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch,
-                cudaStream_t st) {
+                bool quantized, cudaStream_t st) {
   const int64_t nb = W.cols / QK_K;
   int8_t* q = static_cast<int8_t*>(scratch);
   float* dx = reinterpret_cast<float*>(q + (size_t)T * W.cols);  // cols % 256 == 0: 4-byte aligned
-  k_quantize<<<dim3((unsigned)nb, (unsigned)T), 256, 0, st>>>(x, ldx, nb, q, dx);
+  if (!quantized) k_quantize<<<dim3((unsigned)nb, (unsigned)T), 256, 0, st>>>(x, ldx, nb, q, dx);
   launch_int_q<D>(W, q, dx, T, y, ldy, st);
 }
 
@@ -375,7 +381,9 @@ size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols) {
   return (size_t)Tp * cols + (size_t)Tp * (cols / QK_K) * sizeof(float);
 }
 
-void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch, void* stream) {
+void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch, void* stream,
+            bool quantized) {
+  STRATA_CHECK(!quantized || T <= kMaxT, "cuda matmul: a quantized activation of ", T, " rows (at most ", kMaxT, ")");
   STRATA_CHECK(T >= 1 && W.rows >= 1 && W.cols >= 1, "cuda matmul: T = ", T, ", W is ", W.rows, " x ", W.cols);
   STRATA_CHECK(!int_act_type(W.type) || W.cols % QK_K == 0, "cuda matmul: ", type_name(W.type), " needs cols % 256 == 0, got ",
                W.cols);
@@ -388,7 +396,7 @@ void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int6
     float* yp = y + t0 * ldy;
     const bool ok = with_decoder(W.type, [&](auto dec, auto is_int) {
       using D = decltype(dec);
-      if constexpr (decltype(is_int)::value) launch_int<D>(W, xp, ldx, Tp, yp, ldy, scratch, st);
+      if constexpr (decltype(is_int)::value) launch_int<D>(W, xp, ldx, Tp, yp, ldy, scratch, quantized, st);
       else launch_float<D>(W, xp, ldx, Tp, yp, ldy, st);
     });
     if (!ok) fail<std::invalid_argument>("cuda matmul: no CUDA kernel for weight type ", type_name(W.type));
@@ -402,7 +410,7 @@ size_t matmul_sel_scratch_bytes(uint32_t type, int n_x, int64_t cols) {
 }
 
 void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int xdiv, const float* x, int64_t ldx,
-                float* y, int64_t ldy, void* scratch, void* stream) {
+                float* y, int64_t ldy, void* scratch, void* stream, bool quantized) {
   STRATA_CHECK(n >= 1 && xdiv >= 1 && W0.rows >= 1 && W0.cols >= 1, "cuda matmul_sel: n = ", n, ", xdiv = ", xdiv);
   STRATA_CHECK(!int_act_type(W0.type) || W0.cols % QK_K == 0, "cuda matmul_sel: ", type_name(W0.type),
                " needs cols % 256 == 0, got ", W0.cols);
@@ -415,7 +423,7 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
       const int64_t nb = W0.cols / QK_K;
       int8_t* q = static_cast<int8_t*>(scratch);
       float* dx = reinterpret_cast<float*>(q + (size_t)n_x * W0.cols);
-      k_quantize<<<dim3((unsigned)nb, (unsigned)n_x), 256, 0, st>>>(x, ldx, nb, q, dx);
+      if (!quantized) k_quantize<<<dim3((unsigned)nb, (unsigned)n_x), 256, 0, st>>>(x, ldx, nb, q, dx);
       const int threads = threads_for((W0.rows + kRowsPerBlock - 1) / kRowsPerBlock * n);
       const int64_t groups = (W0.rows + threads / 16 - 1) / (threads / 16);
       const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, kMaxIntBlocks / n));

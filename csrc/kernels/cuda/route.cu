@@ -52,31 +52,56 @@ __global__ void __launch_bounds__(kThreads) k_route(const float* __restrict__ lo
   const float sum = bcast;
   for (int64_t e = tid; e < E; e += kThreads) p[e] = __fdiv_rn(p[e], sum);
   __syncthreads();
-  // the top k, one per round: the first of the unselected experts in the order (p desc, id asc), a block-wide
-  // argmax (that order is total for non-NaN p, so the winner is the expert of rank j: the partial sort's)
-  for (int j = 0; j < k; j++) {
-    float bp = -INFINITY;
-    int32_t bi = INT32_MAX;
-    for (int64_t e = tid; e < E; e += kThreads) {
-      const float pe = p[e];
-      if (pe != pe || taken[e >> 5] >> (e & 31) & 1u) continue;
-      if (pe > bp || (pe == bp && (int32_t)e < bi)) bp = pe, bi = (int32_t)e;
+  // the top k, one per round: the first of the unselected experts in the order (p desc, id asc), an argmax over
+  // the experts (that order is total for non-NaN p, so the winner is the expert of rank j: the partial sort's).
+  // E <= 1024: warp 0 alone, each lane owning experts lane + 32 j (its selections as bits); more: the whole block.
+  if (E <= 1024) {
+    if (tid < 32) {
+      uint32_t mine = 0;  // bit j: expert tid + 32 j taken
+      for (int j = 0; j < k; j++) {
+        float bp = -INFINITY;
+        int32_t bi = INT32_MAX;
+        for (int64_t e = tid, jj = 0; e < E; e += 32, jj++) {
+          const float pe = p[e];
+          if (pe != pe || (mine >> jj & 1u)) continue;
+          if (pe > bp) bp = pe, bi = (int32_t)e;  // ids rise with e: the first of equals stays
+        }
+        for (int o = 16; o; o >>= 1) {
+          const float op = __shfl_xor_sync(0xffffffffu, bp, o);
+          const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+          if (op > bp || (op == bp && oi < bi)) bp = op, bi = oi;
+        }
+        if (bi == INT32_MAX) bi = 0;  // only NaN left: the CPU's order is undefined there
+        if ((bi & 31) == tid) mine |= 1u << (bi >> 5);
+        if (tid == 0) idx[j] = bi;
+      }
     }
-    for (int o = 16; o; o >>= 1) {
-      const float op = __shfl_xor_sync(0xffffffffu, bp, o);
-      const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (op > bp || (op == bp && oi < bi)) bp = op, bi = oi;
-    }
-    if ((tid & 31) == 0) red[tid >> 5] = bp, redi[tid >> 5] = bi;
     __syncthreads();
-    if (tid == 0) {
-      for (int w = 1; w < kThreads / 32; w++)
-        if (red[w] > bp || (red[w] == bp && redi[w] < bi)) bp = red[w], bi = redi[w];
-      if (bi == INT32_MAX) bi = 0;  // only NaN left: the CPU's order is undefined there
-      idx[j] = bi;
-      taken[bi >> 5] |= 1u << (bi & 31);
+  } else {
+    for (int j = 0; j < k; j++) {
+      float bp = -INFINITY;
+      int32_t bi = INT32_MAX;
+      for (int64_t e = tid; e < E; e += kThreads) {
+        const float pe = p[e];
+        if (pe != pe || taken[e >> 5] >> (e & 31) & 1u) continue;
+        if (pe > bp || (pe == bp && (int32_t)e < bi)) bp = pe, bi = (int32_t)e;
+      }
+      for (int o = 16; o; o >>= 1) {
+        const float op = __shfl_xor_sync(0xffffffffu, bp, o);
+        const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (op > bp || (op == bp && oi < bi)) bp = op, bi = oi;
+      }
+      if ((tid & 31) == 0) red[tid >> 5] = bp, redi[tid >> 5] = bi;
+      __syncthreads();
+      if (tid == 0) {
+        for (int w = 1; w < kThreads / 32; w++)
+          if (red[w] > bp || (red[w] == bp && redi[w] < bi)) bp = red[w], bi = redi[w];
+        if (bi == INT32_MAX) bi = 0;
+        idx[j] = bi;
+        taken[bi >> 5] |= 1u << (bi & 31);
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
   if (tid == 0) {
     float ws = 0.f;
