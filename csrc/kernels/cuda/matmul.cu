@@ -18,7 +18,7 @@ namespace {
 
 constexpr int kRowsPerBlock = 16;  // weight rows per thread block: 16 rows x 16 lanes = 256 threads
 constexpr int kMaxT = 16;          // activation rows per launch (longer windows: several launches)
-constexpr int64_t kMaxIntBlocks = 4096;
+constexpr int64_t kMaxIntBlocks = 132 * 3;  // int8-activation products: one wave at 3 blocks an SM, grid-stride
 constexpr int64_t kRowsForR4 = (int64_t)kRowsPerBlock * 4 * 132 * 8;  // 67584 (tests/test_cuda_matmul.py)
 
 void check(cudaError_t e, const char* what) {
@@ -49,6 +49,9 @@ __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, si
     W += (size_t)sel[slot] * ebytes;
     x += (int64_t)(slot / xdiv) * ldx;
     y += (int64_t)slot * ldy;
+  } else if (gridDim.y > 1) {  // small matrices, T > 1: activation row blockIdx.y alone (T = 1 per block)
+    x += (int64_t)blockIdx.y * ldx;
+    y += (int64_t)blockIdx.y * ldy;
   }
   const int lane = threadIdx.x & 15;
   const int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x >> 4) + (threadIdx.x >> 4)) * R;
@@ -101,15 +104,16 @@ __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, si
 // together (16-bit loads, coalesced), the next chunk's loads are issued before this chunk's sums, and each lane
 // decodes its values from shared memory. So a row costs one memory round trip per chunk, not one per block;
 // every float operation and its order are those of the one-block-at-a-time loop.
-// 256-value blocks per chunk: 8 for the small block types (IQ2_XXS: 528 bytes a row), 4 for the large ones
-// (Q4_K..Q6_K: fewer registers for the chunk in flight, so more blocks per SM)
-template <int kBytes>
+// T > 1: the chunk's activation rows (shared by the block's rows) are staged in shared memory too, by the whole
+// block in one pass. 256-value blocks per chunk: 8 for the small block types (IQ2_XXS: 528 bytes a row) up to
+// T = 4, else 4 (Q4_K..Q6_K: fewer registers for the chunk in flight; T = 8, 16: the activations' shared memory).
+template <int kBytes, int TT>
 struct ChunkOf {
-  static constexpr int value = kBytes <= 110 ? 8 : 4;
+  static constexpr int value = kBytes <= 110 && TT <= 4 ? 8 : 4;
 };
 
 template <class D, int TT>
-__global__ void __launch_bounds__(256, 3) k_int(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
+__global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
                                              int64_t nb, const int8_t* __restrict__ q, const float* __restrict__ dx,
                                              int T, float* __restrict__ y, int64_t ldy, const int32_t* __restrict__ sel,
                                              size_t ebytes, int xdiv) {
@@ -120,11 +124,13 @@ __global__ void __launch_bounds__(256, 3) k_int(const uint8_t* __restrict__ W, s
     dx += (int64_t)(slot / xdiv) * nb;
     y += (int64_t)slot * ldy;
   }
-  constexpr int CH = ChunkOf<D::kBytes>::value;
+  constexpr int CH = ChunkOf<D::kBytes, TT>::value;
   constexpr int kHalves = CH * D::kBytes / 2;     // 16-bit words of a full chunk of one row
   constexpr int kLoads = (kHalves + 15) / 16;     // per lane
   __shared__ IqTables tab;  // IQ2_XXS / IQ3_XXS: the grids, loaded once per thread block
   __shared__ uint16_t stage[kRowsPerBlock][kHalves];
+  __shared__ int4 qs[TT > 1 ? TT * CH * 16 : 1];  // T > 1: [t][block of the chunk][lane k] activation values
+  __shared__ float ds[TT > 1 ? TT * CH : 1];      // and their scales
   const int k = threadIdx.x & 15, rl = threadIdx.x >> 4, rpb = blockDim.x >> 4;
   const int64_t cols = nb * QK_K, groups = (rows + rpb - 1) / rpb;
   uint16_t u[kLoads];
@@ -154,14 +160,23 @@ __global__ void __launch_bounds__(256, 3) k_int(const uint8_t* __restrict__ W, s
 #pragma unroll
     for (int t = 0; t < TT; t++) L[t] = Lm[t] = 0.f;
     for (int64_t b0 = 0; b0 < nb; b0 += CH) {
+      const int nc = nb - b0 < CH ? (int)(nb - b0) : CH;
+      if constexpr (TT > 1) {  // every row of the block reads them: loaded once, by all its threads
+        __syncthreads();       // the previous chunk's reads of qs / ds are done
+        for (int i = threadIdx.x; i < T * nc * 16; i += blockDim.x) {
+          const int t = i / (nc * 16), bb = i / 16 % nc, kk = i % 16;
+          qs[(t * CH + bb) * 16 + kk] = __ldg(reinterpret_cast<const int4*>(q + t * cols + (b0 + bb) * QK_K + 16 * kk));
+        }
+        for (int i = threadIdx.x; i < T * nc; i += blockDim.x) ds[i / nc * CH + i % nc] = __ldg(dx + i / nc * nb + b0 + i % nc);
+      }
       __syncwarp();  // the previous chunk's reads of stage are done
 #pragma unroll
       for (int i = 0; i < kLoads; i++)
         if (k + 16 * i < kHalves) stage[rl][k + 16 * i] = u[i];
-      __syncwarp();
+      if constexpr (TT > 1) __syncthreads();
+      else __syncwarp();
       if (b0 + CH < nb) load(g, b0 + CH);  // in flight while this chunk is summed (or the next group's first)
       else if (g + gridDim.x < groups) load(g + gridDim.x, 0);
-      const int nc = nb - b0 < CH ? (int)(nb - b0) : CH;
       const uint8_t* sb = reinterpret_cast<const uint8_t*>(stage[rl]);
       int4 qa[TT == 1 ? CH : 1];
       float da[TT == 1 ? CH : 1];
@@ -176,7 +191,6 @@ __global__ void __launch_bounds__(256, 3) k_int(const uint8_t* __restrict__ W, s
 #pragma unroll
       for (int bb = 0; bb < CH; bb++) {
         if (bb >= nc) break;
-        const int64_t b = b0 + bb;
         const uint8_t* blk = sb + bb * D::kBytes;
         int w[16], mv[16];
         const float d = D::lane(blk, k, w, tab);
@@ -192,8 +206,8 @@ __global__ void __launch_bounds__(256, 3) k_int(const uint8_t* __restrict__ W, s
             q16 = qa[bb];
             dxb = da[bb];
           } else {
-            q16 = __ldg(reinterpret_cast<const int4*>(q + t * cols + b * QK_K + 16 * k));
-            dxb = __ldg(dx + t * nb + b);
+            q16 = qs[(t * CH + bb) * 16 + k];
+            dxb = ds[t * CH + bb];
           }
           const int8_t* qb = reinterpret_cast<const int8_t*>(&q16);
           int P = 0, M = 0;
@@ -293,6 +307,11 @@ void launch_float_r(const MatView& W, const float* x, int64_t ldx, int T, float*
   auto go = [&](auto kern) {
     kern<<<grid, threads, 0, st>>>(W.data, W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy, nullptr, 0, 1);
   };
+  if (threads == 64 && T > 1) {  // small matrices (the router): a block per (rows, activation row), each T = 1
+    k_float<D, 1, R><<<dim3(grid.x, (unsigned)T), threads, 0, st>>>(W.data, W.row_bytes, W.rows, W.cols, x, ldx, 1, y,
+                                                                    ldy, nullptr, 0, 1);
+    return;
+  }
   if (T == 1) go(k_float<D, 1, R>);
   else if (T == 2) go(k_float<D, 2, R>);
   else if (T <= 4) go(k_float<D, 4, R>);
@@ -314,7 +333,8 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
   const int64_t g16 = (W.rows + kRowsPerBlock - 1) / kRowsPerBlock;
   const int threads = threads_for(g16);
   const int64_t groups = (W.rows + threads / 16 - 1) / (threads / 16);  // at most 4096 blocks, each over several
-  const dim3 grid((unsigned)(groups < kMaxIntBlocks ? groups : kMaxIntBlocks));  // groups (the IQ tables: once each)
+  const int64_t cap = 132 * (T > 4 ? 2 : 3);  // one wave (T > 4: 2 blocks an SM, their registers)
+  const dim3 grid((unsigned)(groups < cap ? groups : cap));  // groups (the IQ tables: once each)
   auto go = [&](auto kern) {
     kern<<<grid, threads, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1);
   };
