@@ -58,6 +58,19 @@ def test_add_silu_mul_mul_sigmoid_equal_cpu():
         assert np.array_equal(bits(one), bits(got[r]))
 
 
+def test_add_rmsnorm_equals_cpu_and_rows():
+    """The residual add with the next norm in one kernel == add then rmsnorm on the CPU; a row alone == in T rows."""
+    rng = fresh_rng()
+    T, n = int(rng.integers(1, 17)), int(rng.choice([64, 2048, 3000, 9000]))  # 9000: over the staged row
+    x, y = (rng.standard_normal((T, n)) * 3).astype(np.float32), rng.standard_normal((T, n)).astype(np.float32)
+    w = rng.standard_normal(n).astype(np.float32)
+    out = both("add_rmsnorm", [x, y, w, nan(T, n)], n=[n, T], d=[1e-6])
+    t = int(rng.integers(0, T))
+    one = _op("cuda", "add_rmsnorm", [x[t], y[t], w, nan(1, n)], n=[n, 1], d=[1e-6])[0]
+    assert np.array_equal(bits(one[0]), bits(out[0].reshape(T, n)[t]))
+    assert np.array_equal(bits(one[3]), bits(out[3].reshape(T, n)[t]))
+
+
 @pytest.mark.parametrize("K", [2, 4])
 def test_conv_silu_equals_cpu_and_rows(K):
     rng = fresh_rng()

@@ -76,6 +76,12 @@ class Backend {
   // T rows of n: y[t] = (x[t] * rsqrt(mean(x[t]^2) + eps)) * w (ops.h rmsnorm, its 16-lane sum of squares).
   virtual void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y,
                        int64_t ldy) = 0;
+  // The residual add and the next norm: x = x + y over T rows of n (contiguous), then out = rmsnorm(x; w, eps)
+  // ([T][n]). Exactly add then rmsnorm (the default); one kernel on the GPU.
+  virtual void add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out) {
+    add(x, y, (int64_t)T * n);
+    rmsnorm(x, n, w, n, T, eps, out, n);
+  }
   // DeltaNet: one value head through a window's T rows, rows < n_src also updating S (deltanet_state.h dn_rows);
   // the fold replays kept rows through the same call.
   virtual void dn_rows(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv) = 0;

@@ -219,6 +219,10 @@ class CudaBackend final : public Backend {
     use();
     cuda::rmsnorm(x, ldx, w, n, T, eps, y, ldy, stream_);
   }
+  void add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out) override {
+    use();
+    if (!cuda::add_rmsnorm(x, y, w, n, T, eps, out, stream_)) Backend::add_rmsnorm(x, y, w, n, T, eps, out);
+  }
   void dn_rows(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv) override {
     use();
     cuda::dn_rows(S, S_work, rows, T, n_src, dk, dv, stream_);

@@ -164,6 +164,7 @@ std::tuple<std::vector<std::vector<float>>, std::vector<std::vector<int32_t>>> l
     return (float)d[i];
   };
   if (op == "add") be.add(F(0), F(1), N(0));
+  else if (op == "add_rmsnorm") be.add_rmsnorm(F(0), F(1), F(2), N(0), (int)N(1), D(0), F(3));
   else if (op == "conv_silu") be.conv_silu(F(0), F(1), (int)N(0), N(1), N(2), (int)N(3), F(2));
   else if (op == "dn_gates") be.dn_gates(F(0), N(0), F(1), F(2), F(3), (int)N(1), N(2), N(3), N(4), F(4), F(5));
   else if (op == "dn_heads") {

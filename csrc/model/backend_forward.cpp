@@ -499,20 +499,22 @@ struct BackendSession::Impl {
         et->dequant(W.token_embd.data + (size_t)tokens[t] * W.token_embd.row_bytes, emb.data() + (size_t)t * H, H);
       be->upload(x.p, emb.data(), emb.size() * 4);
     }
+    // each residual add is issued with the norm that follows it (add_rmsnorm: the same operations)
+    if (hp.n_layer > 0) be->rmsnorm(x.f(), H, bm->layers[0].attn_norm, H, T, hp.rms_eps, h.f(), H);
     for (int64_t il = 0; il < hp.n_layer; il++) {
       const BackendModel::Layer& L = bm->layers[il];
-      be->rmsnorm(x.f(), H, L.attn_norm, H, T, hp.rms_eps, h.f(), H);
       if (L.recurrent) {
         deltanet(L.dn, dn[slot[il]], h.f(), T, in_place, mix.f());
       } else {
         attention(L.attn, kv[slot[il]], h.f(), T, pos0, mix.f());
       }
-      be->add(x.f(), mix.f(), (int64_t)T * H);
-      be->rmsnorm(x.f(), H, L.post_norm, H, T, hp.rms_eps, h.f(), H);
+      be->add_rmsnorm(x.f(), mix.f(), L.post_norm, H, T, hp.rms_eps, h.f());
       moe(L.moe, h.f(), T, mix.f());
-      be->add(x.f(), mix.f(), (int64_t)T * H);
+      const bool last = il + 1 == hp.n_layer;
+      be->add_rmsnorm(x.f(), mix.f(), last ? bm->output_norm : bm->layers[il + 1].attn_norm, H, T, hp.rms_eps,
+                      last ? hid_out : h.f());
     }
-    be->rmsnorm(x.f(), H, bm->output_norm, H, T, hp.rms_eps, hid_out, H);
+    if (hp.n_layer == 0) be->rmsnorm(x.f(), H, bm->output_norm, H, T, hp.rms_eps, hid_out, H);
     if (first < T) be->matmul(bm->output, hid_out + (size_t)first * H, H, T - first, lg_out, hp.n_vocab);
   }
 

@@ -299,6 +299,39 @@ __global__ void __launch_bounds__(256) k_rmsnorm(const float* __restrict__ x, in
 // more SMs. What each lane computes does not depend on it.
 int threads_for(int64_t units) { return units < 2 * 132 ? 64 : 256; }
 
+// The residual add, then k_rmsnorm of the sum: x[i] = x[i] + y[i] (written back), the row staged as it is formed.
+__global__ void __launch_bounds__(256) k_add_rmsnorm(float* __restrict__ x, const float* __restrict__ yv,
+                                                     const float* __restrict__ w, int64_t n, float eps,
+                                                     float* __restrict__ out) {
+  __shared__ float xs[kNormStage];
+  __shared__ float rr;
+  const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+  float* xr = x + t * n;
+  const float* yr = yv + t * n;
+  for (int64_t i = tid; i < n; i += blockDim.x) {
+    const float v = __fadd_rn(xr[i], yr[i]);
+    xs[i] = v;
+    xr[i] = v;
+  }
+  __syncthreads();
+  if (tid < 32) {
+    float l = 0.f;
+    if (lane < 16) {
+#pragma unroll 8
+      for (int64_t i = lane; i < n; i += 16) l = __fadd_rn(l, __fmul_rn(xs[i], xs[i]));
+    }
+    const float s8 = __fadd_rn(l, __shfl_down_sync(0xffffffffu, l, 8));
+    const float s4 = __fadd_rn(s8, __shfl_down_sync(0xffffffffu, s8, 4));
+    const float s4_1 = __shfl_sync(0xffffffffu, s4, 1), s4_2 = __shfl_sync(0xffffffffu, s4, 2),
+                s4_3 = __shfl_sync(0xffffffffu, s4, 3), s4_0 = __shfl_sync(0xffffffffu, s4, 0);
+    const float ss = __fadd_rn(__fadd_rn(s4_0, s4_2), __fadd_rn(s4_1, s4_3));
+    if (tid == 0) rr = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)n), eps)));
+  }
+  __syncthreads();
+  const float r = rr;
+  for (int64_t i = tid; i < n; i += blockDim.x) out[t * n + i] = __fmul_rn(__fmul_rn(xs[i], r), w[i]);
+}
+
 template <class D, int R>
 void launch_float_r(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, cudaStream_t st) {
   const int threads = threads_for((W.rows + (int64_t)kRowsPerBlock * R - 1) / ((int64_t)kRowsPerBlock * R));
@@ -465,6 +498,13 @@ void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, floa
   STRATA_CHECK(T >= 1 && n >= 1, "cuda rmsnorm: T = ", T, ", n = ", n);
   k_rmsnorm<<<T, 256, 0, static_cast<cudaStream_t>(stream)>>>(x, ldx, w, n, eps, y, ldy);
   check(cudaGetLastError(), "launch of the rmsnorm kernel");
+}
+
+bool add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out, void* stream) {
+  if (n > kNormStage || T < 1) return false;
+  k_add_rmsnorm<<<T, 256, 0, static_cast<cudaStream_t>(stream)>>>(x, y, w, n, eps, out);
+  check(cudaGetLastError(), "launch of the add + rmsnorm kernel");
+  return true;
 }
 
 }  // namespace strata::cuda

@@ -30,6 +30,9 @@ void matmul_sel(const MatView& W0, size_t expert_bytes, const int32_t* sel, int 
 // T rows of n: ops.h rmsnorm.
 void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y, int64_t ldy,
              void* stream);
+// x = x + y, then out = rmsnorm(x) (T rows of n, contiguous) in one kernel; false (nothing issued) if n is over its
+// shared-memory row.
+bool add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out, void* stream);
 bool matmul_supported(uint32_t type);
 
 }  // namespace strata::cuda
