@@ -12,12 +12,14 @@
 // Host-side descriptions (the DnRow array, AttendArgs, SamplingParams) live in host memory; the pointers inside them
 // and every array argument (logits, tokens, sel / wt, out) are the backend's memory.
 //
-// Status (third milestone of issue 19): the CPU backend forwards every operation to the code the CPU model uses
+// Status (fourth milestone of issue 19): the CPU backend forwards every operation to the code the CPU model uses
 // (kernels, ops.h, rowops.h); the model's forward over this interface is model/backend_forward.cpp (the native CPU
 // forward, csrc/model/*.cpp, still calls the kernels directly and stays the default). The CUDA backend implements
 // every operation with the CPU backend's results: products, norms, the layer operations and attend bit for bit
 // (attend: attend_ref's order; the libm exp / log1p of the gates: ported, kernels/cuda/libm_inl.cuh), moe_route bit
-// for bit, sample_rows the same tokens (one stated bound, kernels/cuda/sample.cu).
+// for bit, sample_rows the same tokens (one stated bound, kernels/cuda/sample.cu). No operation uses a float order
+// of its own on the GPU: the GPU session's logits equal the CPU session's (scalar kernels) bit for bit, recorded
+// steps (CUDA graphs) included.
 #pragma once
 #include <cstddef>
 #include <cstdint>
