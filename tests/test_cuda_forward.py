@@ -58,6 +58,19 @@ def test_add_silu_mul_mul_sigmoid_equal_cpu():
         assert np.array_equal(bits(one), bits(got[r]))
 
 
+def test_add_rmsnorm_equals_cpu_and_rows():
+    """The residual add with the next norm in one kernel == add then rmsnorm on the CPU; a row alone == in T rows."""
+    rng = fresh_rng()
+    T, n = int(rng.integers(1, 17)), int(rng.choice([64, 2048, 3000, 9000]))  # 9000: over the staged row
+    x, y = (rng.standard_normal((T, n)) * 3).astype(np.float32), rng.standard_normal((T, n)).astype(np.float32)
+    w = rng.standard_normal(n).astype(np.float32)
+    out = both("add_rmsnorm", [x, y, w, nan(T, n)], n=[n, T], d=[1e-6])
+    t = int(rng.integers(0, T))
+    one = _op("cuda", "add_rmsnorm", [x[t], y[t], w, nan(1, n)], n=[n, 1], d=[1e-6])[0]
+    assert np.array_equal(bits(one[0]), bits(out[0].reshape(T, n)[t]))
+    assert np.array_equal(bits(one[3]), bits(out[3].reshape(T, n)[t]))
+
+
 @pytest.mark.parametrize("K", [2, 4])
 def test_conv_silu_equals_cpu_and_rows(K):
     rng = fresh_rng()
@@ -159,6 +172,73 @@ def test_moe_combine_equals_cpu_and_rows(shared):
     assert np.array_equal(bits(one), bits(out[t]))
 
 
+def test_moe_shared_gate_ahead_equals_cpu_combine():
+    """The shared gates issued ahead (moe_shared_gate, then moe_combine) give the CPU's combine bit for bit."""
+    rng = fresh_rng()
+    T, k, H = int(rng.integers(1, 17)), int(rng.integers(1, 11)), int(rng.choice([256, 2048, 3000]))
+    yg = rng.standard_normal((T, k, H)).astype(np.float32)
+    wt = rng.dirichlet(np.ones(k), T).astype(np.float32)
+    sh = rng.standard_normal((T, H)).astype(np.float32)
+    gate = (rng.standard_normal(H) * 0.2).astype(np.float32)
+    x = (rng.standard_normal((T, H)) * rng.choice([0.1, 1, 5])).astype(np.float32)
+    f = [yg, wt, sh, gate, x, nan(T, H)]
+    want = _op("cpu", "moe_combine", f, n=[T, k, H, 1])[0][5]
+    got = _op("cuda", "moe_combine_pre", f, n=[T, k, H, 1])[0][5]
+    assert np.array_equal(bits(want), bits(got))
+
+
+def test_position_ops_of_recorded_steps():
+    """norm_rope_at == norm_rope at the position read from memory; kv_store puts rows at *pos; attend_at with the
+    cell count read from memory (launches sized for more) == attend over exactly those cells."""
+    rng = fresh_rng()
+    T, nh, hd, n_rot, pos0 = int(rng.integers(1, 17)), 3, 64, 16, int(rng.integers(0, 300))
+    xs = rng.standard_normal((T, nh, 2 * hd)).astype(np.float32)
+    half = n_rot // 2
+    cs = rng.uniform(-1, 1, (pos0 + T, half)).astype(np.float32)
+    sn = rng.uniform(-1, 1, (pos0 + T, half)).astype(np.float32)
+    wq = rng.standard_normal(hd).astype(np.float32)
+    n = [nh * 2 * hd, 2 * hd, T, nh, hd, n_rot]
+    want = _op("cpu", "norm_rope", [xs, wq, cs, sn], n=n + [pos0], d=[1e-6])[0][0]
+    got = _op("cuda", "norm_rope_at", [xs, wq, cs, sn], i=[[pos0]], n=n + [0], d=[1e-6])[0][0]
+    assert np.array_equal(bits(want), bits(got))
+
+    width, cells = 48, pos0 + T + 5
+    k, v = rng.standard_normal((T, width)).astype(np.float32), rng.standard_normal((T, width)).astype(np.float32)
+    kc, vc = rng.standard_normal((cells, width)).astype(np.float32), rng.standard_normal((cells, width)).astype(np.float32)
+    out = _op("cuda", "kv_store", [k, v, kc, vc], i=[[pos0]], n=[T, width])[0]
+    wk, wv = kc.copy(), vc.copy()
+    wk[pos0:pos0 + T], wv[pos0:pos0 + T] = k, v
+    assert np.array_equal(bits(out[2]), bits(wk.ravel())) and np.array_equal(bits(out[3]), bits(wv.ravel()))
+
+    nq, hd2, n0 = 2, 128, pos0 + 1
+    q = rng.standard_normal((T * nq, hd2)).astype(np.float32)
+    kk = rng.standard_normal((n0 + T - 1, hd2)).astype(np.float32)
+    vv = rng.standard_normal((n0 + T - 1, hd2)).astype(np.float32)
+    want = _core.backend_attend("cuda", q, nq, kk, vv, n0, 1.0 / np.sqrt(hd2))
+    n_cap = (n0 + 255) // 256 * 256
+    got = _op("cuda", "attend_at", [q, kk, vv, nan(T * nq, hd2)], i=[[n0]], n=[nq, hd2, n_cap])[0][3]
+    assert np.array_equal(bits(np.asarray(want, np.float32).ravel()), bits(got))
+
+
+@pytest.mark.parametrize("typ", ["Q4_K", "IQ2_XXS", "Q8_0"])
+def test_products_reuse_a_quantization_only_of_unchanged_rows(typ):
+    """Two products of the same rows share one quantization; an operation in between that changes the rows makes
+    the second quantize again (CPU == GPU bit for bit either way)."""
+    rng = fresh_rng()
+    rows, cols, T = int(rng.integers(1, 70)), 512, int(rng.integers(1, 17))
+    w = weights(rng, typ, rows, cols)
+    words = np.concatenate([w, np.zeros((-w.size) % 4, np.uint8)]).view(np.int32)
+    qt = {t.name: int(t) for t in __import__("gguf").GGMLQuantizationType}[typ]
+    x = rng.standard_normal((T, cols)).astype(np.float32)
+    dx = rng.standard_normal((T, cols)).astype(np.float32)
+    for touch in (0, 1):
+        out = both("matmul_seq", [x, nan(T, rows), nan(T, rows), dx], i=[words], n=[qt, rows, cols, T, touch])
+        if touch:
+            assert not np.array_equal(bits(out[1]), bits(out[2]))
+        else:
+            assert np.array_equal(bits(out[1]), bits(out[2]))
+
+
 def test_dn_untile_retile_equal_cpu():
     rng = fresh_rng()
     T, nk, r, dk, dv = int(rng.integers(1, 9)), 2, 3, 16, 8
@@ -224,6 +304,34 @@ def test_gpu_session_windows(request, which):
     m = request.getfixturevalue(which)
     for _ in range(2):
         windows_equal(m, "cuda", fresh_rng(), n_windows=16, label=which)
+
+
+def test_gpu_recorded_steps_equal_cpu(tiny_q8_model, default_model):
+    """Decode steps and verify windows replayed from their recordings (CUDA graphs) give the CPU session's logits
+    bit for bit: T = 1 steps across a 256-cell bucket of the attention launches, repeated verify windows with full
+    keeps (the DeltaNet states swap: two recordings) and partial keeps."""
+    from backend_util import assert_same
+    for m in (tiny_q8_model, default_model):
+        rng = fresh_rng()
+        before = _core.recorded_step_replays()
+        ref = m.session(n_ctx=320, max_window=8, backend="cpu")
+        got = m.session(n_ctx=320, max_window=8, backend="cuda")
+        toks = rng.integers(0, m.n_vocab, 240).tolist()
+        assert_same(ref.run(toks), got.run(toks), "prompt")
+        ref.commit(240)
+        got.commit(240)
+        for step in range(24):  # positions 240..263: the bucket changes at 256
+            t = rng.integers(0, m.n_vocab, 1).tolist()
+            assert_same(ref.run(t), got.run(t), f"step {step}")
+            ref.commit(1)
+            got.commit(1)
+        for w in range(10):
+            t = rng.integers(0, m.n_vocab, 4).tolist()
+            assert_same(ref.run(t), got.run(t), f"window {w}")
+            keep = 4 if w % 3 else int(rng.integers(1, 4))
+            ref.commit(keep)
+            got.commit(keep)
+        assert _core.recorded_step_replays() - before >= 16  # the recorded path ran (most steps)
 
 
 def test_gpu_session_long_prompt(tiny_q8_model):

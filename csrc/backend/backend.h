@@ -12,22 +12,26 @@
 // Host-side descriptions (the DnRow array, AttendArgs, SamplingParams) live in host memory; the pointers inside them
 // and every array argument (logits, tokens, sel / wt, out) are the backend's memory.
 //
-// Status (third milestone of issue 19): the CPU backend forwards every operation to the code the CPU model uses
+// Status (fourth milestone of issue 19): the CPU backend forwards every operation to the code the CPU model uses
 // (kernels, ops.h, rowops.h); the model's forward over this interface is model/backend_forward.cpp (the native CPU
 // forward, csrc/model/*.cpp, still calls the kernels directly and stays the default). The CUDA backend implements
 // every operation with the CPU backend's results: products, norms, the layer operations and attend bit for bit
 // (attend: attend_ref's order; the libm exp / log1p of the gates: ported, kernels/cuda/libm_inl.cuh), moe_route bit
-// for bit, sample_rows the same tokens (one stated bound, kernels/cuda/sample.cu).
+// for bit, sample_rows the same tokens (one stated bound, kernels/cuda/sample.cu). No operation uses a float order
+// of its own on the GPU: the GPU session's logits equal the CPU session's (scalar kernels) bit for bit, recorded
+// steps (CUDA graphs) included.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "kernels/attend.h"
 #include "kernels/matmul.h"
 #include "sampling/sampler.h"
 #include "state/deltanet_state.h"
+#include "util/common.h"
 
 namespace strata {
 
@@ -74,6 +78,12 @@ class Backend {
   // T rows of n: y[t] = (x[t] * rsqrt(mean(x[t]^2) + eps)) * w (ops.h rmsnorm, its 16-lane sum of squares).
   virtual void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y,
                        int64_t ldy) = 0;
+  // The residual add and the next norm: x = x + y over T rows of n (contiguous), then out = rmsnorm(x; w, eps)
+  // ([T][n]). Exactly add then rmsnorm (the default); one kernel on the GPU.
+  virtual void add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out) {
+    add(x, y, (int64_t)T * n);
+    rmsnorm(x, n, w, n, T, eps, out, n);
+  }
   // DeltaNet: one value head through a window's T rows, rows < n_src also updating S (deltanet_state.h dn_rows);
   // the fold replays kept rows through the same call.
   virtual void dn_rows(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv) = 0;
@@ -126,6 +136,38 @@ class Backend {
   // shared expert (sh != nullptr) + sigmoid(gl) * sh[t], gl = the running sum of gate_shexp[i] * x[t][i].
   virtual void moe_combine(const float* yg, const float* wt, int T, int k, int64_t H, const float* sh,
                            const float* gate_shexp, const float* x, float* out) = 0;
+
+  // Recorded steps (CUDA graphs): a backend where can_record() is true keeps the operations issued between
+  // record_begin() and record_end() (issued, not run) as one step that replay(id) runs again with the same
+  // arguments, in a few host calls instead of one launch per operation. Whatever changes between replays must live
+  // in backend memory (the position ops below read it there). replay returns false when the recording went stale
+  // (the backend moved its own scratch since): record again. Nothing may wait on the backend inside a recording
+  // (no upload, download, sync or growing buffer); record_abort() drops a recording that failed half-way.
+  virtual bool can_record() const { return false; }
+  virtual void record_begin() { fail<std::logic_error>("backend ", name(), " does not record steps"); }
+  virtual int record_end() { fail<std::logic_error>("backend ", name(), " does not record steps"); }
+  virtual void record_abort() {}
+  virtual bool replay(int id) { fail<std::logic_error>("backend ", name(), " does not record steps"); }
+  virtual void forget(int id) {}
+  // The position-dependent operations of a recorded step, with the position in backend memory: norm_rope at
+  // position *pos; attend with row 0 seeing *n cells (a.n: the most it will be: launch shape and scratch); rows t of
+  // k and v ([T][width]) into the cache rows *pos + t. Same values as norm_rope / attend at those positions.
+  virtual void norm_rope_at(float* x, int64_t ldt, int64_t ldh, int T, int nh, const float* w, int64_t hd, float eps,
+                            const float* cs, const float* sn, int64_t n_rot, const int32_t* pos) {
+    fail<std::logic_error>("backend ", name(), " has no norm_rope_at");
+  }
+  virtual void attend_at(const AttendArgs& a, const int32_t* n) {
+    fail<std::logic_error>("backend ", name(), " has no attend_at");
+  }
+  virtual void kv_store(const float* k, const float* v, int T, int64_t width, float* kc, float* vc,
+                        const int32_t* pos) {
+    fail<std::logic_error>("backend ", name(), " has no kv_store");
+  }
+
+  // MoE's shared-expert gates of T rows of x, issued ahead of moe_combine (on the shared expert's lane, off the
+  // routed experts' path); moe_combine with the same gate_shexp, x and T then uses them. The same values either way;
+  // the default leaves them to moe_combine.
+  virtual void moe_shared_gate(const float* gate_shexp, const float* x, int T, int64_t H) {}
 
   // The window finish (sampler.h sample_rows): logits[T][n_vocab] -> out[T].
   virtual void sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p,

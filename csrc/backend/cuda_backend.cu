@@ -1,4 +1,4 @@
-// The CUDA backend: one device, one stream, weights and activations in device memory (cudaMalloc). Every operation
+// The CUDA backend: one device, one stream (and lanes), recorded steps as CUDA graphs; weights and activations in device memory (cudaMalloc). Every operation
 // of the interface runs on the card (kernels/cuda/), with the CPU backend's results (ops_cuda.h, matmul_cuda.h).
 // Every CUDA call's status is checked, every launch's too.
 #include <cuda_runtime.h>
@@ -12,6 +12,7 @@
 #include "backend/cuda_bench.h"
 #include "kernels/cuda/matmul_cuda.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/quants.h"
 #include "util/common.h"
 
 namespace strata {
@@ -49,6 +50,8 @@ class CudaBackend final : public Backend {
       if (lane_done_[i]) cudaEventDestroy(lane_done_[i]);
     }
     if (forked_ev_) cudaEventDestroy(forked_ev_);
+    for (auto& g : graphs_)
+      if (g.exec) cudaGraphExecDestroy(g.exec);
     cudaStreamDestroy(main_);
   }
   // Lanes: streams that wait for an event recorded on the main stream at fork, and the main stream waits for each
@@ -74,6 +77,7 @@ class CudaBackend final : public Backend {
     cur_ = i + 1;
   }
   void join() override {
+    forget_q();
     for (int i = 0; i < n_forked_; i++) {
       check(cudaEventRecord(lane_done_[i], lanes_[i]), "cudaEventRecord");
       check(cudaStreamWaitEvent(main_, lane_done_[i], 0), "cudaStreamWaitEvent");
@@ -84,7 +88,87 @@ class CudaBackend final : public Backend {
   }
   std::string name() const override { return name_; }
   cudaStream_t stream() const { return stream_; }
-  void use() { check(cudaSetDevice(device_), "cudaSetDevice"); }
+  // Every operation but the products starts here: it may write any memory, so no quantized activation is reused
+  // past it.
+  void use() {
+    forget_q();
+    use_keep();
+  }
+  void use_keep() {
+    if (!capturing_) check(cudaSetDevice(device_), "cudaSetDevice");
+  }
+  void forget_q() {
+    for (auto& q : qc_) q = {};
+  }
+
+  // Recorded steps: stream capture of the main stream (the lanes join it through their fork / join events), one
+  // instantiated graph per recording. epoch_ counts the moves of this backend's own scratch: a graph recorded
+  // before a move would read freed memory, so replay refuses it.
+  bool can_record() const override { return true; }
+  void record_begin() override {
+    STRATA_CHECK(!capturing_ && stream_ == main_ && n_forked_ == 0, "cuda backend: record_begin inside a recording or fork");
+    use();
+    check(cudaStreamBeginCapture(main_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    capturing_ = true;
+    capture_epoch_ = epoch_;
+  }
+  int record_end() override {
+    STRATA_CHECK(capturing_, "cuda backend: record_end without record_begin");
+    forget_q();
+    capturing_ = false;
+    cudaGraph_t g = nullptr;
+    check(cudaStreamEndCapture(main_, &g), "cudaStreamEndCapture");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    check(e, "cudaGraphInstantiate");
+    STRATA_CHECK(capture_epoch_ == epoch_, "cuda backend: the scratch moved during a recording");
+    for (size_t i = 0; i < graphs_.size(); i++)
+      if (!graphs_[i].exec) {
+        graphs_[i] = {exec, capture_epoch_};
+        return (int)i;
+      }
+    graphs_.push_back({exec, capture_epoch_});
+    return (int)graphs_.size() - 1;
+  }
+  void record_abort() override {
+    forget_q();
+    if (!capturing_) return;
+    capturing_ = false;
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(main_, &g);  // invalidated captures return an error: nothing to keep either way
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();
+    n_forked_ = 0;
+    stream_ = main_;
+    cur_ = 0;
+  }
+  bool replay(int id) override {
+    STRATA_CHECK(id >= 0 && (size_t)id < graphs_.size() && graphs_[id].exec, "cuda backend: no recording ", id);
+    if (graphs_[id].epoch != epoch_) return false;
+    use();
+    check(cudaGraphLaunch(graphs_[id].exec, main_), "cudaGraphLaunch");
+    return true;
+  }
+  void forget(int id) override {
+    if (id < 0 || (size_t)id >= graphs_.size() || !graphs_[id].exec) return;
+    cudaGraphExecDestroy(graphs_[id].exec);
+    graphs_[id].exec = nullptr;
+  }
+  void norm_rope_at(float* x, int64_t ldt, int64_t ldh, int T, int nh, const float* w, int64_t hd, float eps,
+                    const float* cs, const float* sn, int64_t n_rot, const int32_t* pos) override {
+    use();
+    cuda::norm_rope_at(x, ldt, ldh, T, nh, w, hd, eps, cs, sn, n_rot, pos, stream_);
+  }
+  void attend_at(const AttendArgs& a, const int32_t* n) override {
+    use();
+    cuda::attend(a, static_cast<float*>(scratch((size_t)attend_scratch(a) * sizeof(float))), stream_, n);
+  }
+  void kv_store(const float* k, const float* v, int T, int64_t width, float* kc, float* vc,
+                const int32_t* pos) override {
+    use();
+    cuda::kv_store(k, v, T, width, kc, vc, pos, stream_);
+  }
 
   void* alloc(size_t bytes) override {
     if (bytes == 0) return nullptr;
@@ -101,29 +185,43 @@ class CudaBackend final : public Backend {
     if (p) cudaFree(p);
   }
   void upload(void* dst, const void* src, size_t bytes) override {
+    STRATA_CHECK(!capturing_, "cuda backend: upload inside a recording");
     use();
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
     sync();
   }
   void download(void* dst, const void* src, size_t bytes) override {
+    STRATA_CHECK(!capturing_, "cuda backend: download inside a recording");
     use();
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
     sync();
   }
   void sync() override {
+    STRATA_CHECK(!capturing_, "cuda backend: sync inside a recording");
     check(cudaStreamSynchronize(stream_), "stream synchronize");
     if (stream_ == main_)  // lanes not joined yet finish too
       for (int i = 0; i < n_forked_; i++) check(cudaStreamSynchronize(lanes_[i]), "stream synchronize");
   }
 
+  // Products of int8-activation types reuse the lane's last quantization when it was of the same rows (x, ldx,
+  // rows, cols) and nothing but products ran on the backend since (gate and up of the same rows: one quantization).
   void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy) override {
-    use();
-    cuda::matmul(W, x, ldx, T, y, ldy, scratch(cuda::matmul_scratch_bytes(W.type, T, W.cols)), stream_);
+    use_keep();
+    void* sc = scratch(cuda::matmul_scratch_bytes(W.type, T, W.cols));
+    const bool intq = int_act_type(W.type);
+    const bool hit = intq && T <= 16 && q_hit(x, ldx, T, W.cols);
+    cuda::matmul(W, x, ldx, T, y, ldy, sc, stream_, hit);
+    if (intq) qc_[cur_] = T <= 16 ? QCache{x, ldx, T, W.cols} : QCache{};
+    written(y, (int64_t)(T - 1) * ldy + W.rows);
   }
   void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y,
                int64_t ldy) override {
     use();
     cuda::rmsnorm(x, ldx, w, n, T, eps, y, ldy, stream_);
+  }
+  void add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out) override {
+    use();
+    if (!cuda::add_rmsnorm(x, y, w, n, T, eps, out, stream_)) Backend::add_rmsnorm(x, y, w, n, T, eps, out);
   }
   void dn_rows(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv) override {
     use();
@@ -139,9 +237,14 @@ class CudaBackend final : public Backend {
   }
   void matmul_sel(const MatView& W0, size_t expert_bytes, const int32_t* sel, int n, int xdiv, const float* x,
                   int64_t ldx, float* y, int64_t ldy) override {
-    use();
-    const size_t need = cuda::matmul_sel_scratch_bytes(W0.type, (n + xdiv - 1) / xdiv, W0.cols);
-    cuda::matmul_sel(W0, expert_bytes, sel, n, xdiv, x, ldx, y, ldy, scratch(need), stream_);
+    use_keep();
+    const int n_x = (n + xdiv - 1) / xdiv;
+    void* sc = scratch(cuda::matmul_sel_scratch_bytes(W0.type, n_x, W0.cols));
+    const bool intq = int_act_type(W0.type);
+    const bool hit = intq && q_hit(x, ldx, n_x, W0.cols);
+    cuda::matmul_sel(W0, expert_bytes, sel, n, xdiv, x, ldx, y, ldy, sc, stream_, hit);
+    if (intq) qc_[cur_] = QCache{x, ldx, n_x, W0.cols};
+    written(y, (int64_t)(n - 1) * ldy + W0.rows);
   }
   void copy(void* dst, const void* src, size_t bytes) override {
     use();
@@ -196,14 +299,27 @@ class CudaBackend final : public Backend {
                    const float* x, float* out) override {
     use();
     STRATA_CHECK(stream_ == main_, "cuda backend: moe_combine inside a fork");
-    if (sh && (size_t)T * sizeof(float) > aux_bytes_) {  // the shared-expert gates of the rows
-      sync();
-      if (aux_) cudaFree(aux_);
-      aux_ = nullptr;
-      aux_ = alloc((size_t)T * sizeof(float));
-      aux_bytes_ = (size_t)T * sizeof(float);
-    }
-    cuda::moe_combine(yg, wt, T, k, H, sh, gate_shexp, x, out, static_cast<float*>(aux_), stream_);
+    const bool ready = sh && gate_ready_.gate == gate_shexp && gate_ready_.x == x && gate_ready_.T == T;
+    gate_ready_ = {};
+    if (sh && !ready) grow_aux(T);
+    cuda::moe_combine(yg, wt, T, k, H, sh, gate_shexp, x, out, static_cast<float*>(aux_), stream_, ready);
+  }
+  void moe_shared_gate(const float* gate_shexp, const float* x, int T, int64_t H) override {
+    use();
+    grow_aux(T);
+    cuda::shared_gate(gate_shexp, x, T, H, static_cast<float*>(aux_), stream_);
+    gate_ready_ = {gate_shexp, x, T};
+  }
+  // aux_: the shared-expert gates of the rows (grown between operations, everything finished first)
+  void grow_aux(int T) {
+    if ((size_t)T * sizeof(float) <= aux_bytes_) return;
+    STRATA_CHECK(!capturing_, "cuda backend: moe_combine's gates grow inside a recording");
+    epoch_++;
+    check(cudaDeviceSynchronize(), "device synchronize");
+    if (aux_) cudaFree(aux_);
+    aux_ = nullptr;
+    aux_ = alloc((size_t)T * sizeof(float));
+    aux_bytes_ = (size_t)T * sizeof(float);
   }
   // The CPU's checks first (the same errors), then the kernels; waits for the row status so that a row without a
   // finite logit raises pick_token's error, naming its position.
@@ -235,6 +351,10 @@ class CudaBackend final : public Backend {
   void* scratch(size_t bytes) {
     Scratch& sc = scratch_[cur_];
     if (bytes > sc.bytes) {
+      STRATA_CHECK(!capturing_, "cuda backend: scratch of ", bytes, " bytes needed inside a recording (run the step "
+                   "once unrecorded first)");
+      epoch_++;
+      forget_q();
       check(cudaStreamSynchronize(stream_), "stream synchronize");
       if (sc.p) cudaFree(sc.p);
       sc.p = nullptr;
@@ -242,6 +362,20 @@ class CudaBackend final : public Backend {
       sc.bytes = bytes;
     }
     return sc.p;
+  }
+  // The lane's last quantized activation rows (in its scratch): x, ldx, rows, cols.
+  struct QCache {
+    const float* x = nullptr;
+    int64_t ldx = 0, rows = 0, cols = 0;
+  };
+  bool q_hit(const float* x, int64_t ldx, int64_t rows, int64_t cols) const {
+    const QCache& q = qc_[cur_];
+    return q.x && q.x == x && q.ldx == ldx && q.rows == rows && q.cols == cols;
+  }
+  // A product wrote n floats at y: a cached quantization of rows that overlap them is stale.
+  void written(const float* y, int64_t n) {
+    for (auto& q : qc_)
+      if (q.x && y < q.x + (q.rows - 1) * q.ldx + q.cols && q.x < y + n) q = {};
   }
   static constexpr int kLanes = 4;
   struct Scratch {
@@ -255,8 +389,21 @@ class CudaBackend final : public Backend {
   cudaEvent_t lane_done_[kLanes] = {}, forked_ev_ = nullptr;
   int n_forked_ = 0, cur_ = 0;
   Scratch scratch_[kLanes + 1];
+  QCache qc_[kLanes + 1];
   void* aux_ = nullptr;
   size_t aux_bytes_ = 0;
+  struct GateReady {  // moe_shared_gate's rows, waiting in aux_ for moe_combine
+    const float* gate = nullptr;
+    const float* x = nullptr;
+    int T = 0;
+  } gate_ready_;
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t epoch = 0;
+  };
+  std::vector<Graph> graphs_;
+  bool capturing_ = false;
+  uint64_t epoch_ = 0, capture_epoch_ = 0;
 };
 
 CudaBackend& as_cuda(Backend& b) {
@@ -330,6 +477,7 @@ CudaTiming cuda_time_matmul(Backend& be, uint32_t type, int64_t rows, int64_t co
   const size_t rb = row_bytes(type, cols);
   return time_passes(c, nmat, reps, [&](int i) {
     const MatView W{w + (size_t)i * rb * rows, type, rows, cols, rb};
+    c.forget_q();  // each timed product quantizes its activation, as a lone product does
     c.matmul(W, x, cols, T, y, rows);
   });
 }

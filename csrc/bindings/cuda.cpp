@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "model/backend_forward.h"
 #include "backend/cuda_bench.h"
 #include "kernels/types.h"
 #include "sampling/sampler.h"
@@ -163,6 +164,7 @@ std::tuple<std::vector<std::vector<float>>, std::vector<std::vector<int32_t>>> l
     return (float)d[i];
   };
   if (op == "add") be.add(F(0), F(1), N(0));
+  else if (op == "add_rmsnorm") be.add_rmsnorm(F(0), F(1), F(2), N(0), (int)N(1), D(0), F(3));
   else if (op == "conv_silu") be.conv_silu(F(0), F(1), (int)N(0), N(1), N(2), (int)N(3), F(2));
   else if (op == "dn_gates") be.dn_gates(F(0), N(0), F(1), F(2), F(3), (int)N(1), N(2), N(3), N(4), F(4), F(5));
   else if (op == "dn_heads") {
@@ -178,6 +180,26 @@ std::tuple<std::vector<std::vector<float>>, std::vector<std::vector<int32_t>>> l
     be.norm_rope(F(0), N(0), N(1), (int)N(2), (int)N(3), F(1), N(4), D(0), F(2), F(3), N(5), N(6));
   else if (op == "moe_combine")
     be.moe_combine(F(0), F(1), (int)N(0), (int)N(1), N(2), N(3) ? F(2) : nullptr, F(3), F(4), F(5));
+  else if (op == "moe_combine_pre") {  // the shared gates issued ahead (moe_shared_gate), then the combine
+    be.moe_shared_gate(F(3), F(4), (int)N(0), N(2));
+    be.moe_combine(F(0), F(1), (int)N(0), (int)N(1), N(2), F(2), F(3), F(4), F(5));
+  } else if (op == "norm_rope_at")  // norm_rope's arguments, the position from iv[0]
+    be.norm_rope_at(F(0), N(0), N(1), (int)N(2), (int)N(3), F(1), N(4), D(0), F(2), F(3), N(5), I(0));
+  else if (op == "kv_store")  // f: k, v, kc, vc; iv: pos; n: T, width
+    be.kv_store(F(0), F(1), (int)N(0), N(1), F(2), F(3), I(0));
+  else if (op == "attend_at") {  // f: q [T*nh][hd], k, v [cells][hd], o; iv: n; n: nh, hd, n_cap
+    const int64_t nh = N(0), hd = N(1), T = (int64_t)f[0].size() / (nh * hd);
+    const AttendArgs a{F(0), nh * hd, hd, (int)T, (int)nh, F(1), F(2), hd, N(2), hd, 1.f / std::sqrt((float)hd),
+                       F(3), nh * hd, hd};
+    be.attend_at(a, I(0));
+  } else if (op == "matmul_seq") {
+    // f: x, y1, y2, dx; iv: the weight bytes as int32 words; n: type, rows, cols, T, touch. Two products of x, and
+    // between them x += dx when touch (the second must see it: no reuse of the first's quantization)
+    const MatView W{reinterpret_cast<const uint8_t*>(I(0)), (uint32_t)N(0), N(1), N(2), row_bytes((uint32_t)N(0), N(2))};
+    be.matmul(W, F(0), N(2), (int)N(3), F(1), N(1));
+    if (N(4)) be.add(F(0), F(3), N(2) * N(3));
+    be.matmul(W, F(0), N(2), (int)N(3), F(2), N(1));
+  }
   else if (op == "dn_untile")
     be.dn_untile(F(0), F(1), N(0), N(1), F(2), F(3), F(4), F(5), F(6), I(0), (int)N(2), N(3), N(4), N(5));
   else if (op == "dn_retile") be.dn_retile(F(0), F(1), I(0), (int)N(0), N(1), N(2));
@@ -210,6 +232,7 @@ void init_cuda(nb::module_& m) {
   m.def("cuda_available", &cuda_available, "Whether this build has CUDA and a usable device (never raises).");
   m.def("cuda_info", &cuda_info, "The CUDA runtime, driver and devices, or why none is usable.");
   m.def("backend_name", [](const std::string& b) { return backend(b).name(); }, nb::arg("backend"));
+  m.def("recorded_step_replays", &recorded_step_replays);
   m.def(
       "backend_matmul",
       [](const std::string& b, U8 w, const std::string& type, int64_t rows, int64_t cols, F2 x) {

@@ -7,11 +7,13 @@
 #include "model/backend_forward.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <tuple>
 
 #include "kernels/types.h"
 #include "model/ops.h"
@@ -22,6 +24,9 @@ namespace strata {
 namespace {
 
 constexpr int kChunk = 64;  // rows per forward pass of a prompt window (in place: the same values in any pieces)
+constexpr int kMaxRecordedT = 16;   // decode steps and verify windows up to this T are recorded steps (CUDA graphs)
+constexpr int64_t kCellBucket = 256;  // a recorded step's attention launches cover cells in buckets of this many
+constexpr size_t kMaxRecordings = 64;  // per session; past it every recording is dropped and made again
 
 // A buffer of backend memory; grow-only when used as scratch.
 struct Buf {
@@ -196,6 +201,9 @@ std::shared_ptr<BackendModel> backend_model(const std::shared_ptr<const Model>& 
 
 }  // namespace
 
+std::atomic<int64_t> g_replays{0};
+int64_t recorded_step_replays() { return g_replays.load(); }
+
 bool is_backend_name(const std::string& name) { return name == "cpu" || name == "cuda" || name == "cpu-backend"; }
 
 struct BackendSession::Impl {
@@ -218,8 +226,29 @@ struct BackendSession::Impl {
   // activations (grow-only)
   Buf x, h, mix, hid, logits;
   Buf raw, rawf, z, ba, fz, fb, fa, hist, convo, eg, beta, o, y;
-  Buf qg, att;
+  Buf qg, att, kvb;
   Buf rl, sel, wt, act, up, yg, sa, su, sh;
+  // Backends that record steps (CUDA): the step's input in one upload, [kHead int32: pos0, pos0 + 1, 0...][T][H]
+  // embeddings; the ops that depend on the position read it there, so a recorded step replays at any position.
+  static constexpr size_t kHead = 16;
+  Buf inb;
+  bool dev = false;        // the backend records steps: the position-from-memory forms of the attention ops
+  int64_t n_cap = 0;       // attention launches cover row 0 seeing up to n_cap cells (dev)
+  struct GraphKey {
+    int T, first;
+    bool in_place;
+    int64_t n_cap;
+    bool operator<(const GraphKey& o) const {
+      return std::tie(T, first, in_place, n_cap) < std::tie(o.T, o.first, o.in_place, o.n_cap);
+    }
+  };
+  struct Recording {
+    std::vector<const void*> sig;  // every buffer the step touches: a recording is only valid for these addresses
+    int id = -1;                   // backend recording, -1: none yet (seen once unrecorded)
+    bool broken = false;           // recording failed: this step always runs unrecorded
+  };
+  std::map<GraphKey, std::vector<Recording>> recordings;
+  size_t n_recordings = 0;
   int last_T = 0;
   bool last_in_place = true;
   std::vector<float> emb;
@@ -227,6 +256,7 @@ struct BackendSession::Impl {
   Impl(std::shared_ptr<const Model> model, const SessionOptions& opt, const std::string& name)
       : bm(backend_model(model, name)), be(bm->be.get()), m(model.get()), max_window(opt.max_window), n_ctx(opt.n_ctx) {
     std::lock_guard<std::mutex> lk(bm->mu);
+    dev = be->can_record();
     const HParams& hp = m->hp();
     slot.resize((size_t)hp.n_layer);
     const int64_t width = hp.n_head_kv * hp.head_dim;
@@ -263,6 +293,11 @@ struct BackendSession::Impl {
       be->upload(rope_sn.p, sn.data(), sn.size() * 4);
     }
     be->sync();
+  }
+
+  ~Impl() {
+    std::lock_guard<std::mutex> lk(bm->mu);
+    drop_recordings();  // the backend (shared by the model's sessions) holds them
   }
 
   void reset() {
@@ -349,6 +384,7 @@ struct BackendSession::Impl {
     STRATA_CHECK(pos0 + T <= n_ctx, "attention: positions ", pos0, "..", pos0 + T - 1, " exceed the context ", n_ctx);
     qg.grow(*be, (size_t)T * nh * hd * 2 * 4);
     att.grow(*be, (size_t)T * nh * hd * 4);
+    if (dev) return attention_at(w, st, xin, T, out);
     float* kc = st.k.f() + pos0 * width;
     float* vc = st.v.f() + pos0 * width;
     be->fork(3);
@@ -367,6 +403,40 @@ struct BackendSession::Impl {
       const AttendArgs args{qg.f() + g * group * hd * 2, nh * hd * 2, 2 * hd, T, (int)group, st.k.f() + g * hd,
                             st.v.f() + g * hd, width, pos0 + 1, hd, scale, att.f() + g * group * hd, nh * hd, hd};
       be->attend(args);
+    }
+    be->mul_sigmoid_rows(att.f(), hd, qg.f() + hd, 2 * hd, hd, T * (int)nh);
+    be->matmul(w.wo, att.f(), nh * hd, T, out, H);
+  }
+
+  // attention() with the position read from inb's head (backends that record steps): k and v through kvb into the
+  // cache, the launches sized for n_cap cells.
+  void attention_at(const BackendModel::Attn& w, KvState& st, const float* xin, int T, float* out) {
+    const HParams& hp = m->hp();
+    const int64_t H = hp.n_embd, hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv, group = nh / nkv;
+    const int64_t width = nkv * hd;
+    const int32_t* pos = inb.i();
+    qg.grow(*be, (size_t)T * nh * hd * 2 * 4);
+    att.grow(*be, (size_t)T * nh * hd * 4);
+    kvb.grow(*be, (size_t)2 * T * width * 4);
+    float* kr = kvb.f();
+    float* vr = kvb.f() + (size_t)T * width;
+    be->fork(3);
+    be->lane(0);
+    be->matmul(w.wq, xin, H, T, qg.f(), nh * hd * 2);
+    be->norm_rope_at(qg.f(), nh * hd * 2, 2 * hd, T, (int)nh, w.q_norm, hd, hp.rms_eps, rope_cs.f(), rope_sn.f(),
+                     hp.n_rot, pos);
+    be->lane(1);
+    be->matmul(w.wk, xin, H, T, kr, width);
+    be->norm_rope_at(kr, width, hd, T, (int)nkv, w.k_norm, hd, hp.rms_eps, rope_cs.f(), rope_sn.f(), hp.n_rot, pos);
+    be->lane(2);
+    be->matmul(w.wv, xin, H, T, vr, width);
+    be->join();
+    be->kv_store(kr, vr, T, width, st.k.f(), st.v.f(), pos);
+    const float scale = 1.f / std::sqrt((float)hd);
+    for (int64_t g = 0; g < nkv; g++) {
+      const AttendArgs args{qg.f() + g * group * hd * 2, nh * hd * 2, 2 * hd, T, (int)group, st.k.f() + g * hd,
+                            st.v.f() + g * hd, width, n_cap, hd, scale, att.f() + g * group * hd, nh * hd, hd};
+      be->attend_at(args, pos + 1);
     }
     be->mul_sigmoid_rows(att.f(), hd, qg.f() + hd, 2 * hd, hd, T * (int)nh);
     be->matmul(w.wo, att.f(), nh * hd, T, out, H);
@@ -401,6 +471,7 @@ struct BackendSession::Impl {
     const float* shp = nullptr;
     if (w.has_shexp) {
       be->lane(1);
+      be->moe_shared_gate(w.gate_inp_shexp, xin, T, H);
       be->matmul(w.gate_sh, xin, H, T, sa.f(), Fs);
       be->matmul(w.up_sh, xin, H, T, su.f(), Fs);
       be->silu_mul(sa.f(), su.f(), T * Fs);
@@ -419,25 +490,31 @@ struct BackendSession::Impl {
     x.grow(*be, (size_t)T * H * 4);
     h.grow(*be, (size_t)T * H * 4);
     mix.grow(*be, (size_t)T * H * 4);
-    emb.resize((size_t)T * H);
-    const TypeTraits* et = type_traits(W.token_embd.type);
-    for (int t = 0; t < T; t++)
-      et->dequant(W.token_embd.data + (size_t)tokens[t] * W.token_embd.row_bytes, emb.data() + (size_t)t * H, H);
-    be->upload(x.p, emb.data(), emb.size() * 4);
+    if (dev) {
+      be->copy(x.p, inb.f() + kHead, (size_t)T * H * 4);  // run() uploaded them
+    } else {
+      emb.resize((size_t)T * H);
+      const TypeTraits* et = type_traits(W.token_embd.type);
+      for (int t = 0; t < T; t++)
+        et->dequant(W.token_embd.data + (size_t)tokens[t] * W.token_embd.row_bytes, emb.data() + (size_t)t * H, H);
+      be->upload(x.p, emb.data(), emb.size() * 4);
+    }
+    // each residual add is issued with the norm that follows it (add_rmsnorm: the same operations)
+    if (hp.n_layer > 0) be->rmsnorm(x.f(), H, bm->layers[0].attn_norm, H, T, hp.rms_eps, h.f(), H);
     for (int64_t il = 0; il < hp.n_layer; il++) {
       const BackendModel::Layer& L = bm->layers[il];
-      be->rmsnorm(x.f(), H, L.attn_norm, H, T, hp.rms_eps, h.f(), H);
       if (L.recurrent) {
         deltanet(L.dn, dn[slot[il]], h.f(), T, in_place, mix.f());
       } else {
         attention(L.attn, kv[slot[il]], h.f(), T, pos0, mix.f());
       }
-      be->add(x.f(), mix.f(), (int64_t)T * H);
-      be->rmsnorm(x.f(), H, L.post_norm, H, T, hp.rms_eps, h.f(), H);
+      be->add_rmsnorm(x.f(), mix.f(), L.post_norm, H, T, hp.rms_eps, h.f());
       moe(L.moe, h.f(), T, mix.f());
-      be->add(x.f(), mix.f(), (int64_t)T * H);
+      const bool last = il + 1 == hp.n_layer;
+      be->add_rmsnorm(x.f(), mix.f(), last ? bm->output_norm : bm->layers[il + 1].attn_norm, H, T, hp.rms_eps,
+                      last ? hid_out : h.f());
     }
-    be->rmsnorm(x.f(), H, bm->output_norm, H, T, hp.rms_eps, hid_out, H);
+    if (hp.n_layer == 0) be->rmsnorm(x.f(), H, bm->output_norm, H, T, hp.rms_eps, hid_out, H);
     if (first < T) be->matmul(bm->output, hid_out + (size_t)first * H, H, T - first, lg_out, hp.n_vocab);
   }
 
@@ -454,13 +531,93 @@ struct BackendSession::Impl {
       const int n = std::min(step, T - t0);
       // logits of every row, or only of the window's last row
       const int first = last_only ? (t0 + n == T ? n - 1 : n) : 0;
-      forward(tokens + t0, n, pos0 + t0, in_place, first, hid.f(), logits.f());
+      if (dev) step_at(tokens + t0, n, pos0 + t0, in_place, first);
+      else forward(tokens + t0, n, pos0 + t0, in_place, first, hid.f(), logits.f());
       be->download(hidden_host + (size_t)t0 * H, hid.p, (size_t)n * H * 4);
       if (first < n)
         be->download(logits_host + (last_only ? 0 : (size_t)t0 * V), logits.p, (size_t)(n - first) * V * 4);
     }
     last_T = T;
     last_in_place = in_place;
+  }
+
+  // Every buffer of the session: the addresses a recorded step was made for.
+  std::vector<const void*> sig() const {
+    std::vector<const void*> v;
+    for (const Buf* b : {&x, &h, &mix, &hid, &logits, &raw, &rawf, &z, &ba, &fz, &fb, &fa, &hist, &convo, &eg, &beta,
+                         &o, &y, &qg, &att, &kvb, &rl, &sel, &wt, &act, &up, &yg, &sa, &su, &sh, &inb, &rope_cs, &rope_sn})
+      v.push_back(b->p);
+    for (const auto& d : dn)
+      for (const Buf* b : {&d.S, &d.S_work, &d.conv, &d.conv_rows, &d.eg_rows, &d.beta_rows, &d.raw_rows}) v.push_back(b->p);
+    for (const auto& k : kv) v.push_back(k.k.p), v.push_back(k.v.p);
+    return v;
+  }
+
+  // One forward pass on a backend that records steps: the embeddings and the position in one upload, then the
+  // step: the first time a (shape, buffers) is seen it runs unrecorded (and grows what it needs), the second time
+  // it is recorded, then replayed; the values are the unrecorded forward's (the same operations on the same
+  // addresses, the position read from memory).
+  void step_at(const int32_t* tokens, int T, int64_t pos0, bool in_place, int first) {
+    const HParams& hp = m->hp();
+    const Weights& W = m->weights();
+    const int64_t H = hp.n_embd;
+    STRATA_CHECK(kv.empty() || pos0 + T <= n_ctx, "attention: positions ", pos0, "..", pos0 + T - 1,
+                 " exceed the context ", n_ctx);  // a replayed step checks nothing itself
+    emb.assign(kHead + (size_t)T * H, 0.f);
+    int32_t head[2] = {(int32_t)pos0, (int32_t)(pos0 + 1)};
+    std::memcpy(emb.data(), head, sizeof(head));
+    const TypeTraits* et = type_traits(W.token_embd.type);
+    for (int t = 0; t < T; t++)
+      et->dequant(W.token_embd.data + (size_t)tokens[t] * W.token_embd.row_bytes, emb.data() + kHead + (size_t)t * H, H);
+    inb.grow(*be, emb.size() * 4);
+    be->upload(inb.p, emb.data(), emb.size() * 4);
+    if (T > kMaxRecordedT) {  // prompt pieces: once each
+      n_cap = pos0 + 1;
+      forward(tokens, T, pos0, in_place, first, hid.f(), logits.f());
+      return;
+    }
+    n_cap = (pos0 + 1 + kCellBucket - 1) / kCellBucket * kCellBucket;
+    const GraphKey key{T, first, in_place, n_cap};
+    const std::vector<const void*> s = sig();
+    auto& list = recordings[key];
+    Recording* r = nullptr;
+    for (auto& e : list)
+      if (e.sig == s) r = &e;
+    if (r && r->id >= 0) {
+      if (be->replay(r->id)) {
+        g_replays++;
+        return;
+      }
+      be->forget(r->id);  // stale (the backend's scratch moved): record again
+      r->id = -1;
+    }
+    if (!r || r->broken) {
+      if (!r) {
+        if (n_recordings >= kMaxRecordings) drop_recordings();
+        recordings[key].push_back({s});
+        n_recordings++;
+      }
+      forward(tokens, T, pos0, in_place, first, hid.f(), logits.f());
+      return;
+    }
+    try {
+      be->record_begin();
+      forward(tokens, T, pos0, in_place, first, hid.f(), logits.f());
+      r->id = be->record_end();
+    } catch (const std::exception&) {  // nothing ran: the step runs unrecorded (any real error raises there)
+      be->record_abort();
+      r->broken = true;
+      forward(tokens, T, pos0, in_place, first, hid.f(), logits.f());
+      return;
+    }
+    STRATA_CHECK(be->replay(r->id), "backend ", be->name(), ": a step went stale as it was recorded");
+    g_replays++;
+  }
+  void drop_recordings() {
+    for (auto& [k, list] : recordings)
+      for (auto& e : list) be->forget(e.id);
+    recordings.clear();
+    n_recordings = 0;
   }
 
   // deltanet_state.cpp fold_layers: replay the kept rows into S, or swap S_work in when all were kept; then the

@@ -32,6 +32,9 @@ struct BackendModel;
 
 // Whether `name` is a backend a session can run on ("cpu" is the native forward, not this file's).
 bool is_backend_name(const std::string& name);
+// How many recorded steps (CUDA graphs) the backend sessions of this process replayed: tests check that the
+// recorded path ran.
+int64_t recorded_step_replays();
 
 class BackendSession {
  public:

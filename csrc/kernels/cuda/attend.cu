@@ -29,10 +29,11 @@ __device__ __forceinline__ float max_nan_loses(float m, float x) { return x > m 
 
 // 1. scores: sc[c] = dot16(q, k[cell c]) * scale for the cells of row t; a 2-D grid (row x head, cell blocks) so
 // that long contexts spread over the whole card.
-__global__ void __launch_bounds__(kThreads) k_scores(AttendArgs a, float* __restrict__ scratch, int64_t stride) {
+__global__ void __launch_bounds__(kThreads) k_scores(AttendArgs a, float* __restrict__ scratch, int64_t stride,
+                                                     const int32_t* __restrict__ n_dev) {
   const int t = blockIdx.x / a.nh, h = blockIdx.x % a.nh, tid = threadIdx.x;
   const float* q = a.q + t * a.ldq_t + h * a.ldq_h;
-  const int64_t n = a.n + t;
+  const int64_t n = (n_dev ? (int64_t)*n_dev : a.n) + t;
   float* sc = scratch + (int64_t)blockIdx.x * stride;
   const int g = tid >> 4, lane = tid & 15;
   const int64_t c_base = (int64_t)blockIdx.y * kCellsPerScoreBlock;
@@ -44,6 +45,7 @@ __global__ void __launch_bounds__(kThreads) k_scores(AttendArgs a, float* __rest
     float l = 0.f;
     if (in) {
       const float* key = a.k + (a.cells ? (int64_t)a.cells[c] : c) * a.ldkv;
+#pragma unroll 16
       for (int64_t i = lane; i < a.hd; i += 16) l = __fadd_rn(l, __fmul_rn(__ldg(q + i), __ldg(key + i)));
     }
     l = __fadd_rn(l, __shfl_down_sync(0xffffffffu, l, 8, 16));
@@ -55,9 +57,10 @@ __global__ void __launch_bounds__(kThreads) k_scores(AttendArgs a, float* __rest
 }
 
 // 2-4. the maximum, exp_shift with the running sum, then o; a block per (row, head).
-__global__ void __launch_bounds__(kThreads) k_softmax_v(AttendArgs a, float* __restrict__ scratch, int64_t stride) {
+__global__ void __launch_bounds__(kThreads) k_softmax_v(AttendArgs a, float* __restrict__ scratch, int64_t stride,
+                                                        const int32_t* __restrict__ n_dev) {
   const int t = blockIdx.x / a.nh, h = blockIdx.x % a.nh, tid = threadIdx.x;
-  const int64_t n = a.n + t;
+  const int64_t n = (n_dev ? (int64_t)*n_dev : a.n) + t;
   float* sc = scratch + (int64_t)blockIdx.x * stride;
   __shared__ float red[kThreads / 32];
   __shared__ float stage[kStage];
@@ -129,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) k_softmax_v(AttendArgs a, float* __r
 
 }  // namespace
 
-void attend(const AttendArgs& a, float* scratch, void* stream) {
+void attend(const AttendArgs& a, float* scratch, void* stream, const int32_t* n_dev) {
   STRATA_CHECK(!a.cells || a.T == 1, "attend: a cell list needs T = 1, got T = ", a.T);
   STRATA_CHECK(a.T >= 1 && a.nh >= 1 && a.hd >= 1 && a.n >= 0, "attend: T = ", a.T, ", nh = ", a.nh, ", hd = ", a.hd,
                ", n = ", a.n);
@@ -138,9 +141,9 @@ void attend(const AttendArgs& a, float* scratch, void* stream) {
   const int64_t cell_blocks = (a.n + a.T - 1 + kCellsPerScoreBlock - 1) / kCellsPerScoreBlock;
   if (cell_blocks > 0) {
     STRATA_CHECK(cell_blocks < 65536, "cuda attend: ", a.n, " cells are more than one launch covers");
-    k_scores<<<dim3((unsigned)(a.T * a.nh), (unsigned)cell_blocks), kThreads, 0, st>>>(a, scratch, stride);
+    k_scores<<<dim3((unsigned)(a.T * a.nh), (unsigned)cell_blocks), kThreads, 0, st>>>(a, scratch, stride, n_dev);
   }
-  k_softmax_v<<<(unsigned)(a.T * a.nh), kThreads, 0, st>>>(a, scratch, stride);
+  k_softmax_v<<<(unsigned)(a.T * a.nh), kThreads, 0, st>>>(a, scratch, stride, n_dev);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) fail<std::runtime_error>("cuda: launch of the attention kernels: ", cudaGetErrorString(e));
 }

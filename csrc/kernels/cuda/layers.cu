@@ -134,7 +134,8 @@ __global__ void k_silu_mul(float* __restrict__ g, const float* __restrict__ u, i
 // attention.cpp: rmsnorm of one head in place, then rope_neox of its first n_rot dims. One warp per (t, head).
 __global__ void k_norm_rope(float* x, int64_t ldt, int64_t ldh, int nh, const float* __restrict__ w, int64_t hd,
                             float eps, const float* __restrict__ cs, const float* __restrict__ sn, int64_t n_rot,
-                            int64_t pos0) {
+                            int64_t pos0, const int32_t* __restrict__ pos) {
+  if (pos) pos0 = *pos;  // a recorded step: the position from device memory
   const int t = blockIdx.x / nh, h = blockIdx.x % nh;
   float* v = x + t * ldt + h * ldh;
   const float r = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(dot16_warp(v, v, hd), (float)hd), eps)));
@@ -151,6 +152,17 @@ __global__ void k_norm_rope(float* x, int64_t ldt, int64_t ldh, int nh, const fl
   }
 }
 
+// Rows of k and v into the cache at the position read from device memory (recorded steps).
+__global__ void k_kv_store(const float* __restrict__ k, const float* __restrict__ v, int64_t width,
+                           float* __restrict__ kc, float* __restrict__ vc, const int32_t* __restrict__ pos) {
+  const int t = blockIdx.y;
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= width) return;
+  const int64_t c = (int64_t)*pos + t;
+  kc[c * width + i] = k[(int64_t)t * width + i];
+  vc[c * width + i] = v[(int64_t)t * width + i];
+}
+
 // moe.cpp's shared-expert gate of row t = blockIdx.x: gl = the running sum of gate[i] * x[t][i] (one thread adds, in
 // order, the products the warp computed into shared memory), then sigmoid (libm exp).
 __global__ void k_shared_gate(const float* __restrict__ gate, const float* __restrict__ x, int64_t H,
@@ -162,8 +174,10 @@ __global__ void k_shared_gate(const float* __restrict__ gate, const float* __res
     const int64_t n = H - i0 < 1024 ? H - i0 : 1024;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) prod[i] = __fmul_rn(gate[i0 + i], xt[i0 + i]);
     __syncthreads();
-    if (threadIdx.x == 0)
-      for (int64_t i = 0; i < n; i++) gl = __fadd_rn(gl, prod[i]);
+    if (threadIdx.x == 0) {
+#pragma unroll 16
+      for (int i = 0; i < (int)n; i++) gl = __fadd_rn(gl, prod[i]);
+    }
     __syncthreads();
   }
   if (threadIdx.x == 0) sg[blockIdx.x] = sigmoid_libm(gl);
@@ -239,19 +253,40 @@ void norm_rope(float* x, int64_t ldt, int64_t ldh, int T, int nh, const float* w
                const float* sn, int64_t n_rot, int64_t pos0, void* stream) {
   STRATA_CHECK(T >= 1 && nh >= 1 && n_rot <= hd, "cuda norm_rope: T = ", T, ", nh = ", nh, ", n_rot = ", n_rot);
   k_norm_rope<<<(unsigned)(T * nh), 32, 0, static_cast<cudaStream_t>(stream)>>>(x, ldt, ldh, nh, w, hd, eps, cs, sn,
-                                                                               n_rot, pos0);
+                                                                               n_rot, pos0, nullptr);
   launched("norm_rope");
 }
 
+void norm_rope_at(float* x, int64_t ldt, int64_t ldh, int T, int nh, const float* w, int64_t hd, float eps,
+                  const float* cs, const float* sn, int64_t n_rot, const int32_t* pos, void* stream) {
+  STRATA_CHECK(T >= 1 && nh >= 1 && n_rot <= hd && pos, "cuda norm_rope_at: T = ", T, ", nh = ", nh, ", n_rot = ", n_rot);
+  k_norm_rope<<<(unsigned)(T * nh), 32, 0, static_cast<cudaStream_t>(stream)>>>(x, ldt, ldh, nh, w, hd, eps, cs, sn,
+                                                                               n_rot, 0, pos);
+  launched("norm_rope");
+}
+
+void kv_store(const float* k, const float* v, int T, int64_t width, float* kc, float* vc, const int32_t* pos,
+              void* stream) {
+  STRATA_CHECK(T >= 1 && width >= 1 && pos, "cuda kv_store: T = ", T, ", width = ", width);
+  k_kv_store<<<dim3(blocks(width, 256), (unsigned)T), 256, 0, static_cast<cudaStream_t>(stream)>>>(k, v, width, kc, vc,
+                                                                                                  pos);
+  launched("kv_store");
+}
+
 void moe_combine(const float* yg, const float* wt, int T, int k, int64_t H, const float* sh, const float* gate_shexp,
-                 const float* x, float* out, float* sg, void* stream) {
+                 const float* x, float* out, float* sg, void* stream, bool gate_ready) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (sh) {
+  if (sh && !gate_ready) {
     k_shared_gate<<<(unsigned)T, 256, 0, st>>>(gate_shexp, x, H, sg);
     launched("shared_gate");
   }
   k_moe_combine<<<dim3(blocks(H, 256), (unsigned)T), 256, 0, st>>>(yg, wt, k, H, sh, sg, out);
   launched("moe_combine");
+}
+
+void shared_gate(const float* gate_shexp, const float* x, int T, int64_t H, float* sg, void* stream) {
+  k_shared_gate<<<(unsigned)T, 256, 0, static_cast<cudaStream_t>(stream)>>>(gate_shexp, x, H, sg);
+  launched("shared_gate");
 }
 
 }  // namespace strata::cuda

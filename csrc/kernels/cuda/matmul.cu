@@ -18,7 +18,7 @@ namespace {
 
 constexpr int kRowsPerBlock = 16;  // weight rows per thread block: 16 rows x 16 lanes = 256 threads
 constexpr int kMaxT = 16;          // activation rows per launch (longer windows: several launches)
-constexpr int64_t kMaxIntBlocks = 4096;
+constexpr int64_t kMaxIntBlocks = 132 * 3;  // int8-activation products: one wave at 3 blocks an SM, grid-stride
 constexpr int64_t kRowsForR4 = (int64_t)kRowsPerBlock * 4 * 132 * 8;  // 67584 (tests/test_cuda_matmul.py)
 
 void check(cudaError_t e, const char* what) {
@@ -35,7 +35,8 @@ __device__ __forceinline__ float reduce16(float l) {
 
 // Float activations: lane j accumulates columns c = j (mod 16) in increasing c, zero-padded to a multiple of 16.
 // Each thread holds lane j of R weight rows (R = 4 on large matrices: one load of x serves 4 rows; R = 1 keeps
-// small matrices spread over more threads). The launch shape never changes what a lane computes.
+// small matrices spread over more threads). A thread block holds blockDim.x / 16 row groups (64 threads on small
+// matrices: more blocks over the SMs). The launch shape never changes what a lane computes.
 // Expert selection (matmul_sel): with sel, grid row blockIdx.y is slot s, its weight the matrix at W + sel[s] *
 // ebytes, its activation row s / xdiv, its output row s (T = 1 per slot).
 template <class D, int TT, int R>
@@ -48,9 +49,12 @@ __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, si
     W += (size_t)sel[slot] * ebytes;
     x += (int64_t)(slot / xdiv) * ldx;
     y += (int64_t)slot * ldy;
+  } else if (gridDim.y > 1) {  // small matrices, T > 1: activation row blockIdx.y alone (T = 1 per block)
+    x += (int64_t)blockIdx.y * ldx;
+    y += (int64_t)blockIdx.y * ldy;
   }
   const int lane = threadIdx.x & 15;
-  const int64_t r0 = ((int64_t)blockIdx.x * kRowsPerBlock + (threadIdx.x >> 4)) * R;
+  const int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x >> 4) + (threadIdx.x >> 4)) * R;
   const uint8_t* row[R];
 #pragma unroll
   for (int i = 0; i < R; i++) row[i] = W + (r0 + i < rows ? r0 + i : 0) * row_bytes;  // all threads shuffle
@@ -60,20 +64,28 @@ __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, si
 #pragma unroll
     for (int t = 0; t < TT; t++) acc[i][t] = 0.f;
   const int64_t padded = (cols + 15) / 16 * 16;
-  // unrolled: several columns' loads in flight ahead of the lane's FMA chain (its order is unchanged); small
-  // matrices (the F32 router: 32 thread blocks) were waiting on one load at a time
-#pragma unroll 4
-  for (int64_t c = lane; c < padded; c += 16) {
-    const bool in = c < cols;
-    float w[R];
+  // kU columns of the lane's weights loaded into registers before the chain consumes them (the chain's order is
+  // unchanged): one memory round trip per kU columns instead of one per column
+  constexpr int kU = R == 1 ? 16 : 4;
+  for (int64_t c0 = lane; c0 < padded; c0 += 16 * kU) {
+    float w[kU][R];
 #pragma unroll
-    for (int i = 0; i < R; i++) w[i] = in ? D::value(row[i], c) : 0.f;
+    for (int u = 0; u < kU; u++) {
+      const int64_t c = c0 + 16 * u;
+#pragma unroll
+      for (int i = 0; i < R; i++) w[u][i] = c < cols ? D::value(row[i], c) : 0.f;
+    }
 #pragma unroll
     for (int t = 0; t < TT; t++)
       if (t < T) {
-        const float xv = in ? __ldg(x + t * ldx + c) : 0.f;
+        float xv[kU];
 #pragma unroll
-        for (int i = 0; i < R; i++) acc[i][t] = fmaf(w[i], xv, acc[i][t]);
+        for (int u = 0; u < kU; u++) xv[u] = c0 + 16 * u < cols ? __ldg(x + t * ldx + c0 + 16 * u) : 0.f;
+#pragma unroll
+        for (int u = 0; u < kU; u++)
+          if (c0 + 16 * u < padded)
+#pragma unroll
+            for (int i = 0; i < R; i++) acc[i][t] = fmaf(w[u][i], xv[u], acc[i][t]);
       }
   }
 #pragma unroll
@@ -88,8 +100,20 @@ __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, si
 
 // Int8 activations: per block b, lane k's exact integer sum P over its 16 values, then L = fma(d * dx, P, L);
 // with mins Lm = fma(dmin * dx, M, Lm), M = sum_v m(v) q[v] over the whole block (an integer: any order).
+// The weight bytes go through shared memory kChunk blocks at a time: the 16 lanes of a row load the chunk's bytes
+// together (16-bit loads, coalesced), the next chunk's loads are issued before this chunk's sums, and each lane
+// decodes its values from shared memory. So a row costs one memory round trip per chunk, not one per block;
+// every float operation and its order are those of the one-block-at-a-time loop.
+// T > 1: the chunk's activation rows (shared by the block's rows) are staged in shared memory too, by the whole
+// block in one pass. 256-value blocks per chunk: 8 for the small block types (IQ2_XXS: 528 bytes a row) up to
+// T = 4, else 4 (Q4_K..Q6_K: fewer registers for the chunk in flight; T = 8, 16: the activations' shared memory).
+template <int kBytes, int TT>
+struct ChunkOf {
+  static constexpr int value = kBytes <= 110 && TT <= 4 ? 8 : 4;
+};
+
 template <class D, int TT>
-__global__ void __launch_bounds__(256) k_int(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
+__global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
                                              int64_t nb, const int8_t* __restrict__ q, const float* __restrict__ dx,
                                              int T, float* __restrict__ y, int64_t ldy, const int32_t* __restrict__ sel,
                                              size_t ebytes, int xdiv) {
@@ -100,7 +124,27 @@ __global__ void __launch_bounds__(256) k_int(const uint8_t* __restrict__ W, size
     dx += (int64_t)(slot / xdiv) * nb;
     y += (int64_t)slot * ldy;
   }
+  constexpr int CH = ChunkOf<D::kBytes, TT>::value;
+  constexpr int kHalves = CH * D::kBytes / 2;     // 16-bit words of a full chunk of one row
+  constexpr int kLoads = (kHalves + 15) / 16;     // per lane
   __shared__ IqTables tab;  // IQ2_XXS / IQ3_XXS: the grids, loaded once per thread block
+  __shared__ uint16_t stage[kRowsPerBlock][kHalves];
+  __shared__ int4 qs[TT > 1 ? TT * CH * 16 : 1];  // T > 1: [t][block of the chunk][lane k] activation values
+  __shared__ float ds[TT > 1 ? TT * CH : 1];      // and their scales
+  const int k = threadIdx.x & 15, rl = threadIdx.x >> 4, rpb = blockDim.x >> 4;
+  const int64_t cols = nb * QK_K, groups = (rows + rpb - 1) / rpb;
+  uint16_t u[kLoads];
+  auto load = [&](int64_t g, int64_t b0) {  // chunk b0 of row group g's row rl into u
+    const int64_t r = g * rpb + rl;
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(W + (r < rows ? r : 0) * row_bytes) + b0 * (D::kBytes / 2);
+    const int64_t n = (nb - b0) * (D::kBytes / 2) < kHalves ? (nb - b0) * (D::kBytes / 2) : kHalves;
+#pragma unroll
+    for (int i = 0; i < kLoads; i++) {
+      const int e = k + 16 * i;
+      u[i] = e < n ? __ldg(src + e) : (uint16_t)0;
+    }
+  };
+  if (blockIdx.x < groups) load(blockIdx.x, 0);  // the first chunk in flight while the tables load
   if constexpr (D::kTables) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) {
       tab.iq2xxs[i] = g_iq2xxs_grid[i];
@@ -109,44 +153,80 @@ __global__ void __launch_bounds__(256) k_int(const uint8_t* __restrict__ W, size
     }
     __syncthreads();
   }
-  const int k = threadIdx.x & 15;
-  const int64_t cols = nb * QK_K, groups = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {  // groups of 16 rows, grid-stride
-    const int64_t r = g * kRowsPerBlock + (threadIdx.x >> 4);
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {  // groups of rpb rows, grid-stride
+    const int64_t r = g * rpb + rl;
     const bool live = r < rows;
-    const uint8_t* row = W + (live ? r : 0) * row_bytes;
     float L[TT], Lm[TT];
 #pragma unroll
     for (int t = 0; t < TT; t++) L[t] = Lm[t] = 0.f;
-    for (int64_t b = 0; b < nb; b++) {
-      const uint8_t* blk = row + b * D::kBytes;
-      int w[16], mv[16];
-      const float d = D::lane(blk, k, w, tab);
-      float dmin = 0.f;
-      if constexpr (D::kMins) dmin = D::mins(blk, k, mv);
+    for (int64_t b0 = 0; b0 < nb; b0 += CH) {
+      const int nc = nb - b0 < CH ? (int)(nb - b0) : CH;
+      if constexpr (TT > 1) {  // every row of the block reads them: loaded once, by all its threads
+        __syncthreads();       // the previous chunk's reads of qs / ds are done
+        for (int i = threadIdx.x; i < T * nc * 16; i += blockDim.x) {
+          const int t = i / (nc * 16), bb = i / 16 % nc, kk = i % 16;
+          qs[(t * CH + bb) * 16 + kk] = __ldg(reinterpret_cast<const int4*>(q + t * cols + (b0 + bb) * QK_K + 16 * kk));
+        }
+        for (int i = threadIdx.x; i < T * nc; i += blockDim.x) ds[i / nc * CH + i % nc] = __ldg(dx + i / nc * nb + b0 + i % nc);
+      }
+      __syncwarp();  // the previous chunk's reads of stage are done
 #pragma unroll
-      for (int t = 0; t < TT; t++) {
-        if (t >= T) break;
-        // the lane's 16 activation values, stored contiguously by k_quantize: one 16-byte load
-        const int4 q16 = __ldg(reinterpret_cast<const int4*>(q + t * cols + b * QK_K + 16 * k));
-        const int8_t* qb = reinterpret_cast<const int8_t*>(&q16);
-        int P = 0, M = 0;
+      for (int i = 0; i < kLoads; i++)
+        if (k + 16 * i < kHalves) stage[rl][k + 16 * i] = u[i];
+      if constexpr (TT > 1) __syncthreads();
+      else __syncwarp();
+      if (b0 + CH < nb) load(g, b0 + CH);  // in flight while this chunk is summed (or the next group's first)
+      else if (g + gridDim.x < groups) load(g + gridDim.x, 0);
+      const uint8_t* sb = reinterpret_cast<const uint8_t*>(stage[rl]);
+      int4 qa[TT == 1 ? CH : 1];
+      float da[TT == 1 ? CH : 1];
+      if constexpr (TT == 1) {  // the chunk's activations, loaded together
 #pragma unroll
-        for (int s = 0; s < 8; s++)
+        for (int bb = 0; bb < CH; bb++) {
+          const int64_t b = b0 + (bb < nc ? bb : 0);
+          qa[bb] = __ldg(reinterpret_cast<const int4*>(q + b * QK_K + 16 * k));
+          da[bb] = __ldg(dx + b);
+        }
+      }
 #pragma unroll
-          for (int i = 0; i < 2; i++) {
-            const int qv = qb[2 * s + i];
-            P += w[2 * s + i] * qv;
-            if constexpr (D::kMins) M += mv[2 * s + i] * qv;
+      for (int bb = 0; bb < CH; bb++) {
+        if (bb >= nc) break;
+        const uint8_t* blk = sb + bb * D::kBytes;
+        int w[16], mv[16];
+        const float d = D::lane(blk, k, w, tab);
+        float dmin = 0.f;
+        if constexpr (D::kMins) dmin = D::mins(blk, k, mv);
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+          if (t >= T) break;
+          // the lane's 16 activation values, stored contiguously by k_quantize: one 16-byte load
+          int4 q16;
+          float dxb;
+          if constexpr (TT == 1) {
+            q16 = qa[bb];
+            dxb = da[bb];
+          } else {
+            q16 = qs[(t * CH + bb) * 16 + k];
+            dxb = ds[t * CH + bb];
           }
-        const float dxb = __ldg(dx + t * nb + b);
-        L[t] = fmaf(__fmul_rn(d, dxb), (float)P, L[t]);
-        if constexpr (D::kMins) {
-          M += __shfl_xor_sync(0xffffffffu, M, 8, 16);
-          M += __shfl_xor_sync(0xffffffffu, M, 4, 16);
-          M += __shfl_xor_sync(0xffffffffu, M, 2, 16);
-          M += __shfl_xor_sync(0xffffffffu, M, 1, 16);
-          Lm[t] = fmaf(__fmul_rn(dmin, dxb), (float)M, Lm[t]);
+          const int8_t* qb = reinterpret_cast<const int8_t*>(&q16);
+          int P = 0, M = 0;
+#pragma unroll
+          for (int s = 0; s < 8; s++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+              const int qv = qb[2 * s + i];
+              P += w[2 * s + i] * qv;
+              if constexpr (D::kMins) M += mv[2 * s + i] * qv;
+            }
+          L[t] = fmaf(__fmul_rn(d, dxb), (float)P, L[t]);
+          if constexpr (D::kMins) {
+            M += __shfl_xor_sync(0xffffffffu, M, 8, 16);
+            M += __shfl_xor_sync(0xffffffffu, M, 4, 16);
+            M += __shfl_xor_sync(0xffffffffu, M, 2, 16);
+            M += __shfl_xor_sync(0xffffffffu, M, 1, 16);
+            Lm[t] = fmaf(__fmul_rn(dmin, dxb), (float)M, Lm[t]);
+          }
         }
       }
     }
@@ -182,30 +262,89 @@ __global__ void __launch_bounds__(256) k_quantize(const float* __restrict__ x, i
 }
 
 // ops.h rmsnorm: dot16's 16 lanes (l[j] += x*x over i = j mod 16, increasing i, no FMA) and its tree, then
-// r = 1 / sqrt(ss / n + eps), y = (x * r) * w. One warp per row; lanes 0..15 hold the 16 sums.
-__global__ void k_rmsnorm(const float* __restrict__ x, int64_t ldx, const float* __restrict__ w, int64_t n,
-                          float eps, float* __restrict__ y, int64_t ldy) {
-  const int t = blockIdx.x, lane = threadIdx.x;
+// r = 1 / sqrt(ss / n + eps), y = (x * r) * w. One block of 256 per row: the row is staged in shared memory in one
+// coalesced pass (n <= kNormStage; longer rows read it from memory), lanes 0..15 of warp 0 hold the 16 sums.
+constexpr int kNormStage = 8192;
+__global__ void __launch_bounds__(256) k_rmsnorm(const float* __restrict__ x, int64_t ldx, const float* __restrict__ w,
+                                                 int64_t n, float eps, float* __restrict__ y, int64_t ldy) {
+  __shared__ float xs[kNormStage];
+  __shared__ float rr;
+  const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
   const float* xr = x + t * ldx;
-  float l = 0.f;
-  if (lane < 16)
-    for (int64_t i = lane; i < n; i += 16) l = __fadd_rn(l, __fmul_rn(xr[i], xr[i]));
-  const float s8 = __fadd_rn(l, __shfl_down_sync(0xffffffffu, l, 8));
-  const float s4 = __fadd_rn(s8, __shfl_down_sync(0xffffffffu, s8, 4));
-  const float s4_1 = __shfl_sync(0xffffffffu, s4, 1), s4_2 = __shfl_sync(0xffffffffu, s4, 2),
-              s4_3 = __shfl_sync(0xffffffffu, s4, 3), s4_0 = __shfl_sync(0xffffffffu, s4, 0);
-  const float ss = __fadd_rn(__fadd_rn(s4_0, s4_2), __fadd_rn(s4_1, s4_3));
-  const float r = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)n), eps)));
-  for (int64_t i = lane; i < n; i += 32) y[t * ldy + i] = __fmul_rn(__fmul_rn(xr[i], r), w[i]);
+  const bool staged = n <= kNormStage;
+  if (staged)
+    for (int64_t i = tid; i < n; i += blockDim.x) xs[i] = xr[i];
+  __syncthreads();
+  const float* src = staged ? xs : xr;
+  if (tid < 32) {
+    float l = 0.f;
+    if (lane < 16) {
+#pragma unroll 8
+      for (int64_t i = lane; i < n; i += 16) l = __fadd_rn(l, __fmul_rn(src[i], src[i]));
+    }
+    const float s8 = __fadd_rn(l, __shfl_down_sync(0xffffffffu, l, 8));
+    const float s4 = __fadd_rn(s8, __shfl_down_sync(0xffffffffu, s8, 4));
+    const float s4_1 = __shfl_sync(0xffffffffu, s4, 1), s4_2 = __shfl_sync(0xffffffffu, s4, 2),
+                s4_3 = __shfl_sync(0xffffffffu, s4, 3), s4_0 = __shfl_sync(0xffffffffu, s4, 0);
+    const float ss = __fadd_rn(__fadd_rn(s4_0, s4_2), __fadd_rn(s4_1, s4_3));
+    if (tid == 0) rr = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)n), eps)));
+  }
+  __syncthreads();
+  const float r = rr;
+  for (int64_t i = tid; i < n; i += blockDim.x) y[t * ldy + i] = __fmul_rn(__fmul_rn(src[i], r), w[i]);
+}
+
+// Threads per block for a product of `units` 16-row groups (x slots): 64 (4 row groups) when 256-thread blocks
+// would not give every SM two blocks, so that small matrices (routers, experts, the DeltaNet gates) spread over
+// more SMs. What each lane computes does not depend on it.
+int threads_for(int64_t units) { return units < 2 * 132 ? 64 : 256; }
+
+// The residual add, then k_rmsnorm of the sum: x[i] = x[i] + y[i] (written back), the row staged as it is formed.
+__global__ void __launch_bounds__(256) k_add_rmsnorm(float* __restrict__ x, const float* __restrict__ yv,
+                                                     const float* __restrict__ w, int64_t n, float eps,
+                                                     float* __restrict__ out) {
+  __shared__ float xs[kNormStage];
+  __shared__ float rr;
+  const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+  float* xr = x + t * n;
+  const float* yr = yv + t * n;
+  for (int64_t i = tid; i < n; i += blockDim.x) {
+    const float v = __fadd_rn(xr[i], yr[i]);
+    xs[i] = v;
+    xr[i] = v;
+  }
+  __syncthreads();
+  if (tid < 32) {
+    float l = 0.f;
+    if (lane < 16) {
+#pragma unroll 8
+      for (int64_t i = lane; i < n; i += 16) l = __fadd_rn(l, __fmul_rn(xs[i], xs[i]));
+    }
+    const float s8 = __fadd_rn(l, __shfl_down_sync(0xffffffffu, l, 8));
+    const float s4 = __fadd_rn(s8, __shfl_down_sync(0xffffffffu, s8, 4));
+    const float s4_1 = __shfl_sync(0xffffffffu, s4, 1), s4_2 = __shfl_sync(0xffffffffu, s4, 2),
+                s4_3 = __shfl_sync(0xffffffffu, s4, 3), s4_0 = __shfl_sync(0xffffffffu, s4, 0);
+    const float ss = __fadd_rn(__fadd_rn(s4_0, s4_2), __fadd_rn(s4_1, s4_3));
+    if (tid == 0) rr = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)n), eps)));
+  }
+  __syncthreads();
+  const float r = rr;
+  for (int64_t i = tid; i < n; i += blockDim.x) out[t * n + i] = __fmul_rn(__fmul_rn(xs[i], r), w[i]);
 }
 
 template <class D, int R>
 void launch_float_r(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, cudaStream_t st) {
-  const int64_t per_block = (int64_t)kRowsPerBlock * R;
+  const int threads = threads_for((W.rows + (int64_t)kRowsPerBlock * R - 1) / ((int64_t)kRowsPerBlock * R));
+  const int64_t per_block = (int64_t)(threads / 16) * R;
   const dim3 grid((unsigned)((W.rows + per_block - 1) / per_block));
   auto go = [&](auto kern) {
-    kern<<<grid, 256, 0, st>>>(W.data, W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy, nullptr, 0, 1);
+    kern<<<grid, threads, 0, st>>>(W.data, W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy, nullptr, 0, 1);
   };
+  if (threads == 64 && T > 1) {  // small matrices (the router): a block per (rows, activation row), each T = 1
+    k_float<D, 1, R><<<dim3(grid.x, (unsigned)T), threads, 0, st>>>(W.data, W.row_bytes, W.rows, W.cols, x, ldx, 1, y,
+                                                                    ldy, nullptr, 0, 1);
+    return;
+  }
   if (T == 1) go(k_float<D, 1, R>);
   else if (T == 2) go(k_float<D, 2, R>);
   else if (T <= 4) go(k_float<D, 4, R>);
@@ -220,23 +359,33 @@ void launch_float(const MatView& W, const float* x, int64_t ldx, int T, float* y
   else launch_float_r<D, 1>(W, x, ldx, T, y, ldy, st);
 }
 
+// The product over rows already quantized (q, dx: k_quantize's layout, T rows of W.cols).
 template <class D>
-void launch_int(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch,
-                cudaStream_t st) {
+void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, float* y, int64_t ldy, cudaStream_t st) {
   const int64_t nb = W.cols / QK_K;
-  int8_t* q = static_cast<int8_t*>(scratch);
-  float* dx = reinterpret_cast<float*>(q + (size_t)T * W.cols);  // cols % 256 == 0: 4-byte aligned
-  k_quantize<<<dim3((unsigned)nb, (unsigned)T), 256, 0, st>>>(x, ldx, nb, q, dx);
-  const int64_t groups = (W.rows + kRowsPerBlock - 1) / kRowsPerBlock;  // at most 4096 blocks, each over several
-  const dim3 grid((unsigned)(groups < kMaxIntBlocks ? groups : kMaxIntBlocks));  // groups (the IQ tables: once each)
+  const int64_t g16 = (W.rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int threads = threads_for(g16);
+  const int64_t groups = (W.rows + threads / 16 - 1) / (threads / 16);  // at most 4096 blocks, each over several
+  const int64_t cap = 132 * (T > 4 ? 2 : 3);  // one wave (T > 4: 2 blocks an SM, their registers)
+  const dim3 grid((unsigned)(groups < cap ? groups : cap));  // groups (the IQ tables: once each)
   auto go = [&](auto kern) {
-    kern<<<grid, 256, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1);
+    kern<<<grid, threads, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1);
   };
   if (T == 1) go(k_int<D, 1>);
   else if (T == 2) go(k_int<D, 2>);
   else if (T <= 4) go(k_int<D, 4>);
   else if (T <= 8) go(k_int<D, 8>);
   else go(k_int<D, 16>);
+}
+
+template <class D>
+void launch_int(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch,
+                bool quantized, cudaStream_t st) {
+  const int64_t nb = W.cols / QK_K;
+  int8_t* q = static_cast<int8_t*>(scratch);
+  float* dx = reinterpret_cast<float*>(q + (size_t)T * W.cols);  // cols % 256 == 0: 4-byte aligned
+  if (!quantized) k_quantize<<<dim3((unsigned)nb, (unsigned)T), 256, 0, st>>>(x, ldx, nb, q, dx);
+  launch_int_q<D>(W, q, dx, T, y, ldy, st);
 }
 
 // Calls f(D{}, is_int) for the decoder of `type`; false if the type has no CUDA kernel.
@@ -285,11 +434,14 @@ size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols) {
   return (size_t)Tp * cols + (size_t)Tp * (cols / QK_K) * sizeof(float);
 }
 
-void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch, void* stream) {
+void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch, void* stream,
+            bool quantized) {
+  STRATA_CHECK(!quantized || T <= kMaxT, "cuda matmul: a quantized activation of ", T, " rows (at most ", kMaxT, ")");
   STRATA_CHECK(T >= 1 && W.rows >= 1 && W.cols >= 1, "cuda matmul: T = ", T, ", W is ", W.rows, " x ", W.cols);
   STRATA_CHECK(!int_act_type(W.type) || W.cols % QK_K == 0, "cuda matmul: ", type_name(W.type), " needs cols % 256 == 0, got ",
                W.cols);
   STRATA_CHECK(ldx >= W.cols && ldy >= W.rows, "cuda matmul: ldx = ", ldx, " < cols or ldy = ", ldy, " < rows");
+  STRATA_CHECK(((uintptr_t)W.data & 1) == 0, "cuda matmul: weights at an odd address");
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   for (int t0 = 0; t0 < T; t0 += kMaxT) {  // passes of at most 16 rows: each row's value is the same in any pass
     const int Tp = T - t0 < kMaxT ? T - t0 : kMaxT;
@@ -297,7 +449,7 @@ void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int6
     float* yp = y + t0 * ldy;
     const bool ok = with_decoder(W.type, [&](auto dec, auto is_int) {
       using D = decltype(dec);
-      if constexpr (decltype(is_int)::value) launch_int<D>(W, xp, ldx, Tp, yp, ldy, scratch, st);
+      if constexpr (decltype(is_int)::value) launch_int<D>(W, xp, ldx, Tp, yp, ldy, scratch, quantized, st);
       else launch_float<D>(W, xp, ldx, Tp, yp, ldy, st);
     });
     if (!ok) fail<std::invalid_argument>("cuda matmul: no CUDA kernel for weight type ", type_name(W.type));
@@ -311,7 +463,7 @@ size_t matmul_sel_scratch_bytes(uint32_t type, int n_x, int64_t cols) {
 }
 
 void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int xdiv, const float* x, int64_t ldx,
-                float* y, int64_t ldy, void* scratch, void* stream) {
+                float* y, int64_t ldy, void* scratch, void* stream, bool quantized) {
   STRATA_CHECK(n >= 1 && xdiv >= 1 && W0.rows >= 1 && W0.cols >= 1, "cuda matmul_sel: n = ", n, ", xdiv = ", xdiv);
   STRATA_CHECK(!int_act_type(W0.type) || W0.cols % QK_K == 0, "cuda matmul_sel: ", type_name(W0.type),
                " needs cols % 256 == 0, got ", W0.cols);
@@ -324,14 +476,16 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
       const int64_t nb = W0.cols / QK_K;
       int8_t* q = static_cast<int8_t*>(scratch);
       float* dx = reinterpret_cast<float*>(q + (size_t)n_x * W0.cols);
-      k_quantize<<<dim3((unsigned)nb, (unsigned)n_x), 256, 0, st>>>(x, ldx, nb, q, dx);
-      const int64_t groups = (W0.rows + kRowsPerBlock - 1) / kRowsPerBlock;
+      if (!quantized) k_quantize<<<dim3((unsigned)nb, (unsigned)n_x), 256, 0, st>>>(x, ldx, nb, q, dx);
+      const int threads = threads_for((W0.rows + kRowsPerBlock - 1) / kRowsPerBlock * n);
+      const int64_t groups = (W0.rows + threads / 16 - 1) / (threads / 16);
       const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, kMaxIntBlocks / n));
-      k_int<D, 1><<<dim3((unsigned)gx, (unsigned)n), 256, 0, st>>>(W0.data, W0.row_bytes, W0.rows, nb, q, dx, 1, y, ldy,
+      k_int<D, 1><<<dim3((unsigned)gx, (unsigned)n), threads, 0, st>>>(W0.data, W0.row_bytes, W0.rows, nb, q, dx, 1, y, ldy,
                                                                   sel, ebytes, xdiv);
     } else {
-      const dim3 grid((unsigned)((W0.rows + kRowsPerBlock - 1) / kRowsPerBlock), (unsigned)n);
-      k_float<D, 1, 1><<<grid, 256, 0, st>>>(W0.data, W0.row_bytes, W0.rows, W0.cols, x, ldx, 1, y, ldy, sel, ebytes,
+      const int threads = threads_for((W0.rows + kRowsPerBlock - 1) / kRowsPerBlock * n);
+      const dim3 grid((unsigned)((W0.rows + threads / 16 - 1) / (threads / 16)), (unsigned)n);
+      k_float<D, 1, 1><<<grid, threads, 0, st>>>(W0.data, W0.row_bytes, W0.rows, W0.cols, x, ldx, 1, y, ldy, sel, ebytes,
                                              xdiv);
     }
   });
@@ -342,8 +496,15 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
 void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y, int64_t ldy,
              void* stream) {
   STRATA_CHECK(T >= 1 && n >= 1, "cuda rmsnorm: T = ", T, ", n = ", n);
-  k_rmsnorm<<<T, 32, 0, static_cast<cudaStream_t>(stream)>>>(x, ldx, w, n, eps, y, ldy);
+  k_rmsnorm<<<T, 256, 0, static_cast<cudaStream_t>(stream)>>>(x, ldx, w, n, eps, y, ldy);
   check(cudaGetLastError(), "launch of the rmsnorm kernel");
+}
+
+bool add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out, void* stream) {
+  if (n > kNormStage || T < 1) return false;
+  k_add_rmsnorm<<<T, 256, 0, static_cast<cudaStream_t>(stream)>>>(x, y, w, n, eps, out);
+  check(cudaGetLastError(), "launch of the add + rmsnorm kernel");
+  return true;
 }
 
 }  // namespace strata::cuda

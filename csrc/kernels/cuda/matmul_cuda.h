@@ -18,16 +18,21 @@ void init_tables();  // the decoders' lookup tables onto the current device (onc
 // Bytes of scratch (device) that matmul() needs for T rows of `cols` columns of weight type `type`.
 size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols);
 // Issued on `stream` (a cudaStream_t); returns at once. Throws std::invalid_argument for an unsupported type.
+// quantized: scratch already holds x's T rows quantized for W.cols columns (an earlier int8-activation product of
+// the same rows, T <= 16): the quantization is not issued again.
 void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch,
-            void* stream);
+            void* stream, bool quantized = false);
 // Expert products over a device selection (backend.h matmul_sel): slot s < n: y[s] = W_{sel[s]} . x[s / xdiv].
 // Scratch: matmul_sel_scratch_bytes(type, ceil(n / xdiv), cols).
 size_t matmul_sel_scratch_bytes(uint32_t type, int n_x, int64_t cols);
 void matmul_sel(const MatView& W0, size_t expert_bytes, const int32_t* sel, int n, int xdiv, const float* x,
-                int64_t ldx, float* y, int64_t ldy, void* scratch, void* stream);
+                int64_t ldx, float* y, int64_t ldy, void* scratch, void* stream, bool quantized = false);
 // T rows of n: ops.h rmsnorm.
 void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y, int64_t ldy,
              void* stream);
+// x = x + y, then out = rmsnorm(x) (T rows of n, contiguous) in one kernel; false (nothing issued) if n is over its
+// shared-memory row.
+bool add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out, void* stream);
 bool matmul_supported(uint32_t type);
 
 }  // namespace strata::cuda

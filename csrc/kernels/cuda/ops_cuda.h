@@ -24,7 +24,9 @@ void dn_rows(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64
 
 // attend.h attend_ref: dot16 scores, max, exp_shift (rowops' exp_inl), a running sum in cell order, o accumulated
 // over cells in order. `a` on the host, its pointers device memory; scratch: attend_scratch(a) floats (device).
-void attend(const AttendArgs& a, float* scratch, void* stream);
+// n_dev (device, optional): the cells row 0 sees, read on the card (a.n is then the most it can be: the launch
+// shape and the scratch stride), so that a recorded step replays at any position.
+void attend(const AttendArgs& a, float* scratch, void* stream, const int32_t* n_dev = nullptr);
 
 // The CPU backend's moe_route (moe.cpp's routing): softmax with exp_inl and a running sum, top-k by (p desc, id
 // asc), weights renormalised over the k with a running sum.
@@ -53,7 +55,16 @@ void mul_sigmoid_rows(float* o, int64_t ldo, const float* g, int64_t ldg, int64_
 void silu_mul(float* g, const float* u, int64_t n, void* stream);
 void norm_rope(float* x, int64_t ldt, int64_t ldh, int T, int nh, const float* w, int64_t hd, float eps, const float* cs,
                const float* sn, int64_t n_rot, int64_t pos0, void* stream);
+// norm_rope with the position pos0 read from device memory (*pos), for recorded steps.
+void norm_rope_at(float* x, int64_t ldt, int64_t ldh, int T, int nh, const float* w, int64_t hd, float eps,
+                  const float* cs, const float* sn, int64_t n_rot, const int32_t* pos, void* stream);
+// Rows t < T of k and v ([T][width] each) into the KV cache rows *pos + t (pos: device memory).
+void kv_store(const float* k, const float* v, int T, int64_t width, float* kc, float* vc, const int32_t* pos,
+              void* stream);
 void moe_combine(const float* yg, const float* wt, int T, int k, int64_t H, const float* sh, const float* gate_shexp,
-                 const float* x, float* out, float* sg, void* stream);
+                 const float* x, float* out, float* sg, void* stream,
+                 bool gate_ready = false);
+// moe_combine's shared-expert gates of T rows into sg[T] (device), ahead of it (then gate_ready = true there).
+void shared_gate(const float* gate_shexp, const float* x, int T, int64_t H, float* sg, void* stream);
 
 }  // namespace strata::cuda

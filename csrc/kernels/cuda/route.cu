@@ -1,10 +1,12 @@
 // MoE routing on the card (ops_cuda.h moe_route): the CPU backend's route_row per row, one thread block a row.
 // p = exp_inl(l - max) (the maximum is order-free for non-NaN logits), one running float sum in expert order,
-// p / sum; the top k by (p desc, id asc) from each expert's rank (how many experts come before it in that order:
-// exact, no sort order to depend on); weights p / ws with ws a running sum over the k in rank order.
+// p / sum; the top k by (p desc, id asc), found as k block-wide argmaxes in that order (a total order for non-NaN
+// p: exact, no sort order to depend on); weights p / ws with ws a running sum over the k in rank order.
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 
 #include "kernels/cuda/exp_inl.cuh"
@@ -19,9 +21,11 @@ constexpr int kThreads = 512;
 
 __global__ void __launch_bounds__(kThreads) k_route(const float* __restrict__ logits, int64_t E, int k,
                                                     int32_t* __restrict__ sel, float* __restrict__ wt) {
-  extern __shared__ float p[];  // [E] floats, then [k] ints
+  extern __shared__ float p[];  // [E] floats, then [k] ints, then the selection bits
   int32_t* idx = reinterpret_cast<int32_t*>(p + E);
   __shared__ float red[kThreads / 32];
+  __shared__ int32_t redi[kThreads / 32];
+  uint32_t* taken = reinterpret_cast<uint32_t*>(idx + k);  // [ceil(E / 32)] selection bits
   __shared__ float bcast;
   const int t = blockIdx.x, tid = threadIdx.x;
   const float* l = logits + t * E;
@@ -36,10 +40,11 @@ __global__ void __launch_bounds__(kThreads) k_route(const float* __restrict__ lo
   mx = red[0];
   for (int w = 1; w < kThreads / 32; w++) mx = mx < red[w] ? red[w] : mx;
   for (int64_t e = tid; e < E; e += kThreads) p[e] = exp_inl_dev(__fsub_rn(l[e], mx));
+  for (int64_t i = tid; i < (E + 31) / 32; i += kThreads) taken[i] = 0u;
   __syncthreads();
   if (tid == 0) {
     float sum = 0.f;
-#pragma unroll 8
+#pragma unroll 16
     for (int64_t e = 0; e < E; e++) sum = __fadd_rn(sum, p[e]);
     bcast = sum;
   }
@@ -47,14 +52,57 @@ __global__ void __launch_bounds__(kThreads) k_route(const float* __restrict__ lo
   const float sum = bcast;
   for (int64_t e = tid; e < E; e += kThreads) p[e] = __fdiv_rn(p[e], sum);
   __syncthreads();
-  for (int64_t e = tid; e < E; e += kThreads) {
-    const float pe = p[e];
-    int64_t rank = 0;
-#pragma unroll 8
-    for (int64_t f = 0; f < E; f++) rank += p[f] > pe || (p[f] == pe && f < e);
-    if (rank < k) idx[rank] = (int32_t)e;
+  // the top k, one per round: the first of the unselected experts in the order (p desc, id asc), an argmax over
+  // the experts (that order is total for non-NaN p, so the winner is the expert of rank j: the partial sort's).
+  // E <= 1024: warp 0 alone, each lane owning experts lane + 32 j (its selections as bits); more: the whole block.
+  if (E <= 1024) {
+    if (tid < 32) {
+      uint32_t mine = 0;  // bit j: expert tid + 32 j taken
+      for (int j = 0; j < k; j++) {
+        float bp = -INFINITY;
+        int32_t bi = INT32_MAX;
+        for (int64_t e = tid, jj = 0; e < E; e += 32, jj++) {
+          const float pe = p[e];
+          if (pe != pe || (mine >> jj & 1u)) continue;
+          if (pe > bp) bp = pe, bi = (int32_t)e;  // ids rise with e: the first of equals stays
+        }
+        for (int o = 16; o; o >>= 1) {
+          const float op = __shfl_xor_sync(0xffffffffu, bp, o);
+          const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+          if (op > bp || (op == bp && oi < bi)) bp = op, bi = oi;
+        }
+        if (bi == INT32_MAX) bi = 0;  // only NaN left: the CPU's order is undefined there
+        if ((bi & 31) == tid) mine |= 1u << (bi >> 5);
+        if (tid == 0) idx[j] = bi;
+      }
+    }
+    __syncthreads();
+  } else {
+    for (int j = 0; j < k; j++) {
+      float bp = -INFINITY;
+      int32_t bi = INT32_MAX;
+      for (int64_t e = tid; e < E; e += kThreads) {
+        const float pe = p[e];
+        if (pe != pe || taken[e >> 5] >> (e & 31) & 1u) continue;
+        if (pe > bp || (pe == bp && (int32_t)e < bi)) bp = pe, bi = (int32_t)e;
+      }
+      for (int o = 16; o; o >>= 1) {
+        const float op = __shfl_xor_sync(0xffffffffu, bp, o);
+        const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (op > bp || (op == bp && oi < bi)) bp = op, bi = oi;
+      }
+      if ((tid & 31) == 0) red[tid >> 5] = bp, redi[tid >> 5] = bi;
+      __syncthreads();
+      if (tid == 0) {
+        for (int w = 1; w < kThreads / 32; w++)
+          if (red[w] > bp || (red[w] == bp && redi[w] < bi)) bp = red[w], bi = redi[w];
+        if (bi == INT32_MAX) bi = 0;
+        idx[j] = bi;
+        taken[bi >> 5] |= 1u << (bi & 31);
+      }
+      __syncthreads();
+    }
   }
-  __syncthreads();
   if (tid == 0) {
     float ws = 0.f;
     for (int j = 0; j < k; j++) ws = __fadd_rn(ws, p[idx[j]]);
@@ -72,7 +120,7 @@ __global__ void __launch_bounds__(kThreads) k_route(const float* __restrict__ lo
 void moe_route(const float* logits, int T, int64_t E, int k, int32_t* sel, float* wt, void* stream) {
   STRATA_CHECK(k >= 1 && k <= E, "moe_route: k = ", k, " for ", E, " experts");
   STRATA_CHECK(T >= 1, "moe_route: T = ", T);
-  const size_t smem = (size_t)E * 4 + (size_t)k * 4;
+  const size_t smem = (size_t)E * 4 + (size_t)k * 4 + (size_t)(E + 31) / 32 * 4;
   STRATA_CHECK(smem <= 48 * 1024, "cuda moe_route: ", E, " experts do not fit the kernel's shared memory");
   k_route<<<(unsigned)T, kThreads, smem, static_cast<cudaStream_t>(stream)>>>(logits, E, k, sel, wt);
   const cudaError_t e = cudaGetLastError();
