@@ -149,18 +149,6 @@ struct Dec8IQ4XS {
   }
 };
 
-// The mins term of every row at once: M = sum over sub-block pairs of the 6-bit mins times the activation sub-block
-// sums (bs: quants.h's bsum of this block), Lm += dmin dx M.
-inline __m256 mins8(const Blk8& k, const int16_t* bs, const float* dx, __m256 Lm) {
-  __m256i M = _mm256_setzero_si256();
-  for (int p = 0; p < 4; p++) {
-    const int32_t pair = (int32_t)((uint32_t)k.m[2 * p] | (uint32_t)k.m[2 * p + 1] << 16);
-    M = _mm256_add_epi32(M, _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * p)),
-                                              _mm256_set1_epi32(pair)));
-  }
-  return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(k.dmin), _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(M), Lm);
-}
-
 // Rows [0, T) of the int8 activations (QAct::q8) interleaved per 64 values into out [T][cols]: dword k (k = 0..15)
 // of group c = values 2k, 2k+1 of sub-block 2c, then the same of 2c + 1 (act8_avx512.h's order).
 inline void interleave_q8(const QAct& q, int T, int8_t* out) {
@@ -227,7 +215,7 @@ void rows_kq8_il_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_
         Llo[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(A), Llo[t]);
         Lhi[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(B), Lhi[t]);
       }
-      if constexpr (Dec::kHasMin) Lm = mins8(k, a.q.bsum + b * 64, dx, Lm);
+      if constexpr (Dec::kHasMin) Lm = mins_pairs(k.m, a.q.bsum + b * 64, k.dmin, dx, Lm);
     }
     alignas(32) float lm[8];
     _mm256_store_ps(lm, Lm);
@@ -275,7 +263,7 @@ void rows_kq8_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r
         Llo[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(A, B, 0x20)), Llo[t]);
         Lhi[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(A, B, 0x31)), Lhi[t]);
       }
-      if constexpr (Dec::kHasMin) Lm = mins8(k, a.q.bsum + b * 64, dx, Lm);
+      if constexpr (Dec::kHasMin) Lm = mins_pairs(k.m, a.q.bsum + b * 64, k.dmin, dx, Lm);
     }
     alignas(32) float lm[8];
     _mm256_store_ps(lm, Lm);

@@ -272,6 +272,17 @@ struct DecIQ1M {
   }
 };
 
+// One row's exact lane sums over a decoded block: alo = lanes 0-7 (w[2j]: values 0-15 of sub-block j), ahi = lanes
+// 8-15. Always inlined: w stays in registers in rows_kq_t, and is reloaded from the panel in panel_row.
+__attribute__((always_inline)) inline void block_sums(const __m256i* w, const int16_t* q, __m256i& alo, __m256i& ahi) {
+  alo = _mm256_setzero_si256();
+  ahi = _mm256_setzero_si256();
+  for (int j = 0; j < 8; j++) {
+    alo = _mm256_add_epi32(alo, _mm256_madd_epi16(w[2 * j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * j))));
+    ahi = _mm256_add_epi32(ahi, _mm256_madd_epi16(w[2 * j + 1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * j + 16))));
+  }
+}
+
 // T is a compile-time constant (the accumulators stay in registers); per output element nothing changes.
 template <class Dec, int T>
 void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
@@ -293,11 +304,8 @@ void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0
       const float* dx = a.q.d + b * 8;
       for (int t = 0; t < T; t++) {
         const int16_t* q = qb + t * a.q.ldq;
-        __m256i alo = _mm256_setzero_si256(), ahi = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j++) {
-          alo = _mm256_add_epi32(alo, _mm256_madd_epi16(w[2 * j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * j))));
-          ahi = _mm256_add_epi32(ahi, _mm256_madd_epi16(w[2 * j + 1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * j + 16))));
-        }
+        __m256i alo, ahi;
+        block_sums(w, q, alo, ahi);
         const __m256 dd = _mm256_set1_ps(d * dx[t]);
         Llo[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(alo), Llo[t]);
         Lhi[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(ahi), Lhi[t]);
@@ -309,14 +317,7 @@ void rows_kq_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0
         Lm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_loadu_ps(dx)),
                              _mm256_cvtepi32_ps(min_sums16(m16, sums16.data() + b * 128)), Lm);
       } else if constexpr (Dec::kHasMin) {
-        const int16_t* bs = a.q.bsum + b * 64;
-        __m256i M = _mm256_setzero_si256();
-        for (int p = 0; p < 4; p++) {
-          const int32_t pair = (int32_t)((uint32_t)m[2 * p] | (uint32_t)m[2 * p + 1] << 16);
-          M = _mm256_add_epi32(M, _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * p)),
-                                                    _mm256_set1_epi32(pair)));
-        }
-        Lm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(M), Lm);
+        Lm = mins_pairs(m, a.q.bsum + b * 64, dmin, dx, Lm);
       }
     }
     alignas(32) float lm[8];
@@ -353,26 +354,14 @@ void panel_row(const PanelBlock* pb, int64_t nb, const Act& a, float* y, int64_t
     const float* dx = a.q.d + b * 8;
     for (int t = 0; t < T; t++) {
       const int16_t* q = qb + t * a.q.ldq;
-      __m256i alo = _mm256_setzero_si256(), ahi = _mm256_setzero_si256();
-      for (int j = 0; j < 8; j++) {
-        alo = _mm256_add_epi32(alo, _mm256_madd_epi16(_mm256_load_si256(&B.w[2 * j]),
-                                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * j))));
-        ahi = _mm256_add_epi32(ahi, _mm256_madd_epi16(_mm256_load_si256(&B.w[2 * j + 1]),
-                                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * j + 16))));
-      }
+      __m256i alo, ahi;
+      block_sums(B.w, q, alo, ahi);
       const __m256 dd = _mm256_set1_ps(B.d * dx[t]);
       Llo[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(alo), Llo[t]);
       Lhi[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(ahi), Lhi[t]);
     }
     if constexpr (Dec::kHasMin) {
-      const int16_t* bs = a.q.bsum + b * 64;
-      __m256i M = _mm256_setzero_si256();
-      for (int p = 0; p < 4; p++) {
-        const int32_t pair = (int32_t)((uint32_t)B.m[2 * p] | (uint32_t)B.m[2 * p + 1] << 16);
-        M = _mm256_add_epi32(M, _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * p)),
-                                                  _mm256_set1_epi32(pair)));
-      }
-      Lm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(B.dmin), _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(M), Lm);
+      Lm = mins_pairs(B.m, a.q.bsum + b * 64, B.dmin, dx, Lm);
     }
   }
   alignas(32) float lm[8];
