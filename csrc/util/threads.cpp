@@ -122,7 +122,7 @@ void ThreadPool::parallel_for(int64_t n, const Fn& fn, int64_t align, int64_t ta
     return;
   }
   std::lock_guard<std::mutex> call(call_mu_);
-  const bool adapt = adaptive_ && wide_ == 0;
+  const bool adapt = adaptive_ && wide_.load(std::memory_order_relaxed) == 0;
   const uint64_t kind = adapt ? RegionModes::key(fn.target_type().hash_code(), n, align, tag) : 0;
   const Clock::time_point t0 = adapt ? Clock::now() : Clock::time_point{};
   if (adapt && modes_.serial(kind)) {  // on the caller, in one call as a pool of one thread does

@@ -92,7 +92,7 @@ class ThreadPool {
 
   int nthreads_;
   bool adaptive_;
-  int wide_ = 0;  // open Wide scopes (the caller's thread only)
+  std::atomic<int> wide_{0};  // open Wide scopes (atomic: sessions on other threads share the pool)
   RegionModes modes_;  // the adaptive mode's averages (caller only, under call_mu_)
   std::vector<std::thread> threads_;
   // The claim word: generation (high 32 bits) | the region's chunk count (16 bits) | next unclaimed chunk (low
