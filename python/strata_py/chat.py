@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import queue
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from .cli_options import add_generation_args, add_model_args, generation_config, load_model
@@ -65,8 +67,19 @@ class Chat:
             self.messages.pop()
             raise
         pieces, started, done, failed = [], None, None, None
-        while done is None and failed is None:
-            try:  # Ctrl-C anywhere in here cancels the request; its Done still arrives, within one window
+        # Ctrl-C while the reply streams cancels the request; its Done still arrives, within one window. The signal
+        # only sets a flag here: a KeyboardInterrupt raised inside events.get() could land between the queue's
+        # lock being taken and its `with` block starting, leaving the lock held, and the timeline's thread then
+        # blocks forever in events.put() (seen once in ~10 runs of test_chat_pty under load: no output after ^C).
+        hit = [False]
+        main = threading.current_thread() is threading.main_thread()
+        prev = signal.signal(signal.SIGINT, lambda *_: hit.__setitem__(0, True)) if main else None
+        try:
+            cancelled = False
+            while done is None and failed is None:
+                if hit[0] and not cancelled:
+                    req.cancel()
+                    cancelled = True
                 try:
                     ev = events.get(timeout=0.05)
                 except queue.Empty:
@@ -80,8 +93,9 @@ class Chat:
                     done = ev
                 elif isinstance(ev, Failed):
                     failed = ev.error
-            except KeyboardInterrupt:
-                req.cancel()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, prev)
         if failed is not None:
             self.messages.pop()
             raise failed
