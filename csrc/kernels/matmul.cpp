@@ -98,7 +98,17 @@ RowsManyFn rows_many_fn(uint32_t type, Isa isa) {
   return rows_many_fn_kq_avx512(type);
 }
 
-Act prepare_act(uint32_t type, const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf) {
+// The AVX-512 byte kernels read the rows interleaved (QAct::il): Q4_K's (rows_q4k8, its panels); IQ2_XXS's panels
+// (as q + 128) and its VBMI row kernel (rows_iq2xxs_vbmi). Each checks that it got the layout it reads.
+enum class Interleave { None, Plain, Offset };
+static Interleave interleave_for(uint32_t type, bool many) {
+  if (g_active != Isa::AVX512) return Interleave::None;
+  if (type == GGML_Q4_K) return Interleave::Plain;
+  if (type == GGML_IQ2_XXS) return many ? Interleave::Offset : vbmi_kernels_on() ? Interleave::Plain : Interleave::None;
+  return Interleave::None;
+}
+
+Act prepare_act(uint32_t type, const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf, bool many) {
   STRATA_CHECK(T >= 1 && T <= kMaxRowsPerPass, "prepare_act: T = ", T, " outside 1..", kMaxRowsPerPass);
   Act a;
   a.x = x;
@@ -112,6 +122,8 @@ Act prepare_act(uint32_t type, const float* x, int64_t ldx, int T, int64_t cols,
                                            : quantize_act_ref;
     q(x, ldx, T, cols, buf, a.q);
     if (g_active == Isa::AVX2) buf.fill_q8(a.q);  // the vpmaddubsw kernels (cpu/kquants8_avx2.cpp)
+    const Interleave il = interleave_for(type, many);
+    if (il != Interleave::None) interleave_act_avx512(buf, a.q, il == Interleave::Offset);
   }
   return a;
 }
@@ -144,7 +156,7 @@ void ActRows::prepare(uint32_t type, const float* x, int64_t ldx, int T_, int64_
   pass.resize(np);
   for (int p = 0; p < np; p++) {
     const int t0 = p * kMaxRowsPerPass, tn = T - t0 < kMaxRowsPerPass ? T - t0 : kMaxRowsPerPass;
-    pass[p] = prepare_act(type, x + t0 * ldx, ldx, tn, cols, bufs[p]);
+    pass[p] = prepare_act(type, x + t0 * ldx, ldx, tn, cols, bufs[p], np > 1);
   }
 }
 

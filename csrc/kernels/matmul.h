@@ -61,7 +61,9 @@ struct Act {
   QAct q;  // q.q == nullptr unless prepared for an int8-activation type
 };
 // Prepare rows for weight type `type` (quantizes when the type needs it, into buf). T in 1..kMaxRowsPerPass.
-Act prepare_act(uint32_t type, const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf);
+// many: the pass is one of several of one product (matmul_rows then takes the rows_many_fn panel kernel, which
+// for some types reads the rows in another layout than the one-pass kernel).
+Act prepare_act(uint32_t type, const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf, bool many = false);
 
 // Rows [r0, r1) of the product, on the calling thread. T in 1..kMaxRowsPerPass.
 void matmul_range(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, int64_t r0,

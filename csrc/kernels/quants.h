@@ -121,11 +121,15 @@ struct QAct {
   const float* d = nullptr;
   const int16_t* bsum = nullptr;
   const int8_t* q8 = nullptr;
+  // The AVX-512 byte kernels' rows (cpu/act8_avx512.h): int8, interleaved per 64 values, [T][cols]; with
+  // il_offset stored as q + 128. Made once per prepared pass (prepare_act), not in every parallel chunk.
+  const int8_t* il = nullptr;
+  bool il_offset = false;
 };
 struct QActBuf {
   std::vector<int16_t, Align64<int16_t>> q, bsum;
   std::vector<float, Align64<float>> d;
-  std::vector<int8_t, Align64<int8_t>> q8;
+  std::vector<int8_t, Align64<int8_t>> q8, il;
   QAct view(int T, int64_t cols);  // sizes the buffers, returns a view to fill
   void fill_q8(QAct& a);           // q8 from q (every |q| <= 127), and a.q8 pointing at it
 };
@@ -134,5 +138,7 @@ using QuantizeFn = void (*)(const float* x, int64_t ldx, int T, int64_t cols, QA
 void quantize_act_ref(const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf, QAct& out);
 void quantize_act_avx2(const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf, QAct& out);
 void quantize_act_avx512(const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf, QAct& out);
+// a.il from a.q for the AVX-512 byte kernels (cpu/kquants8_avx512.cpp; offset: as q + 128).
+void interleave_act_avx512(QActBuf& buf, QAct& a, bool offset);
 
 }  // namespace strata

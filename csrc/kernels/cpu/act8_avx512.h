@@ -1,5 +1,6 @@
-// The int8 activation rows of the AVX-512 byte kernels (kquants8_avx512.cpp, kquants_avx512vbmi.cpp): quants.h
-// stores each value as int16; these kernels multiply bytes (vpmaddubsw) and read them interleaved per 64 values
+// The int8 activation rows of the AVX-512 byte kernels (kquants8_avx512.cpp, kquants_avx512vbmi.cpp), made once
+// per prepared pass into QAct::il by interleave_act_avx512 (kquants8_avx512.cpp): quants.h stores each value as
+// int16; these kernels multiply bytes (vpmaddubsw) and read them interleaved per 64 values
 // so that a vpmaddubsw + vpdpwssd pair lands every product in its canonical lane (matmul.h: lane k sums the
 // values v with (v mod 32) / 2 == k). Internal linkage: each translation unit has its own ISA flags.
 #pragma once

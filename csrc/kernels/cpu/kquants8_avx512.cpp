@@ -34,6 +34,14 @@ namespace {
 
 using namespace kq;
 
+// The rows as the byte kernels read them (QAct::il, made by prepare_act); a layout other than the one asked for
+// is a dispatch defect (matmul.cpp interleave_for), never read as if it were right.
+inline const int8_t* interleaved(const QAct& q, bool offset) {
+  STRATA_CHECK(q.il && q.il_offset == offset, "AVX-512 byte kernel: activation rows not interleaved",
+               offset ? " as q + 128" : "", " (matmul.cpp interleave_for)");
+  return q.il;
+}
+
 template <bool kVnni>
 inline __m512i dot_pairs(__m512i acc, __m512i p, __m512i s) {
   if constexpr (kVnni) return _mm512_dpwssd_epi32(acc, p, s);
@@ -55,10 +63,8 @@ template <bool kVnni, int T>
 void rows_q4k8_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   constexpr int kBytes = 144;
   const int64_t nb = W.cols / QK_K;
-  thread_local std::vector<int8_t, Align64<int8_t>> xi;  // per calling thread, from the shared read-only rows
   const int64_t cols = a.q.cols;
-  xi.resize((size_t)T * cols);
-  interleave_act(a.q, T, xi.data());
+  const int8_t* xi = interleaved(a.q, false);
   for (int64_t r = r0; r < r1; r++) {
     const uint8_t* row = W.data + r * W.row_bytes;
     __m512 L[T];
@@ -81,7 +87,7 @@ void rows_q4k8_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t 
       const float* dx = a.q.d + b * 8;
       const int16_t* bs = a.q.bsum + b * 64;  // [pair of sub-blocks][row][2] (quants.h)
       for (int t = 0; t < T; t++) {
-        const int8_t* q = xi.data() + t * cols + b * QK_K;
+        const int8_t* q = xi + t * cols + b * QK_K;
         __m512i acc = _mm512_madd_epi16(_mm512_maddubs_epi16(w[0], _mm512_load_si512(q)), s01);
         acc = dot_pairs<kVnni>(acc, _mm512_maddubs_epi16(w[1], _mm512_load_si512(q + 64)), s23);
         acc = dot_pairs<kVnni>(acc, _mm512_maddubs_epi16(w[2], _mm512_load_si512(q + 128)), s45);
@@ -154,13 +160,9 @@ template <bool kVnni, bool kSigned, int kBytes, class Decode>
 void rows_many8(const MatView& W, const Act* pass, int np, float* y, int64_t ldy, int64_t r0, int64_t r1,
                 Decode&& decode) {
   const int64_t nb = W.cols / QK_K;
-  const int64_t cols = W.cols;
   thread_local std::vector<Panel8> panel;  // [kPanelRows][nb]
-  thread_local std::vector<int8_t, Align64<int8_t>> xi_all;  // every pass's rows, interleaved: [np][8][cols]
   if ((int64_t)panel.size() < kPanelRows * nb) panel.resize(kPanelRows * nb);
-  xi_all.resize((size_t)np * kMaxRowsPerPass * cols);
-  for (int p = 0; p < np; p++)
-    interleave_act<kSigned>(pass[p].q, pass[p].T, xi_all.data() + (int64_t)p * kMaxRowsPerPass * cols);
+  for (int p = 0; p < np; p++) interleaved(pass[p].q, kSigned);  // each pass's rows, as prepared
   for (int64_t rb = r0; rb < r1; rb += kPanelRows) {
     const int64_t re = rb + kPanelRows < r1 ? rb + kPanelRows : r1;
     for (int64_t r = rb; r < re; r++) {
@@ -175,7 +177,7 @@ void rows_many8(const MatView& W, const Act* pass, int np, float* y, int64_t ldy
       with_rows(pass[p].T, [&](auto t) {
         for (int64_t r = rb; r < re; r++)
           panel_row8<kVnni, kSigned, decltype(t)::value>(panel.data() + (r - rb) * nb, nb, pass[p],
-                                                         xi_all.data() + (int64_t)p * kMaxRowsPerPass * cols,
+                                                         pass[p].q.il,
                                                          y + (int64_t)p * kMaxRowsPerPass * ldy, ldy, r);
       });
   }
@@ -237,6 +239,15 @@ void rows_many_iq2xxs8(const MatView& W, const Act* pass, int np, float* y, int6
 }
 
 }  // namespace
+
+void interleave_act_avx512(QActBuf& buf, QAct& a, bool offset) {
+  const size_t n = (size_t)a.T * a.cols;
+  if (buf.il.size() < n) buf.il.resize(n);
+  if (offset) interleave_act<true>(a, a.T, buf.il.data());
+  else interleave_act<false>(a, a.T, buf.il.data());
+  a.il = buf.il.data();
+  a.il_offset = offset;
+}
 
 RowsFn rows_fn_kq8_avx512(uint32_t type) {
   if (type != GGML_Q4_K) return nullptr;

@@ -7,7 +7,6 @@
 
 #include <array>
 
-#include "kernels/cpu/act8_avx512.h"
 #include "kernels/cpu/kquants_avx512_impl.h"
 
 namespace strata {
@@ -161,7 +160,7 @@ struct DecIQ3XXSVbmi {
 // IQ2_XXS in T <= 8 rows (decode steps, verify windows): the unsigned grid bytes g times the
 // activation bytes with each weight's sign moved onto its activation (vpmaddubsw: g <= 43, |x| <= 127, a pair
 // <= 10922, never saturates), then vpdpwssd with the scale pair (2s+1 of sub-blocks 2p, 2p+1). The activations
-// are interleaved once per call (act8_avx512.h: dword k = values 2k, 2k+1 of sub-block 2p, then of 2p+1), and the
+// are interleaved once per prepared pass (QAct::il, act8_avx512.h: dword k = values 2k, 2k+1 of sub-block 2p, then of 2p+1), and the
 // grid bytes and sign masks are formed directly in that order, so lane k ends with the canonical P[k] of matmul.h
 // (an exact integer) and L = fma(d dx, P, L) is rows_kq_t's operation: bit-identical to DecIQ2XXS's kernel (tested
 // against the scalar twin). Per 64 weights and row: 6 operations for the weights (4 for the grid bytes, 2 for the
@@ -192,9 +191,8 @@ template <int T>
 void rows_iq2xxs_bytes_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   constexpr int kBytes = 66;
   const int64_t nb = W.cols / QK_K, cols = a.q.cols;
-  thread_local std::vector<int8_t, Align64<int8_t>> xi;  // per calling thread, from the shared read-only rows
-  xi.resize((size_t)T * cols);
-  interleave_act(a.q, T, xi.data());
+  STRATA_CHECK(a.q.il && !a.q.il_offset, "IQ2_XXS VBMI kernel: activation rows not interleaved (matmul.cpp interleave_for)");
+  const int8_t* xi = a.q.il;
   const Iq2ByteCtl& C = kIq2ByteCtl;
   const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(0x08, 0x19, 0x2b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
   const __m512i shift = _mm512_load_si512(C.shift), bit = _mm512_load_si512(C.bit);
@@ -220,7 +218,7 @@ void rows_iq2xxs_bytes_t(const MatView& W, const Act& a, float* y, int64_t ldy, 
       }
       const float* dx = a.q.d + b * 8;
       for (int t = 0; t < T; t++) {
-        const int8_t* q = xi.data() + t * cols + b * QK_K;
+        const int8_t* q = xi + t * cols + b * QK_K;
         __m512i acc = zero;
         for (int p = 0; p < 4; p++) {
           const __m512i x = _mm512_load_si512(q + 64 * p);
