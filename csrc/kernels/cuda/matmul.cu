@@ -18,7 +18,7 @@ namespace {
 
 constexpr int kRowsPerBlock = 16;  // weight rows per thread block: 16 rows x 16 lanes = 256 threads
 constexpr int kMaxT = 16;          // activation rows per launch (longer windows: several launches)
-constexpr int64_t kMaxIntBlocks = 132 * 3;  // int8-activation products: one wave at 3 blocks an SM, grid-stride
+constexpr int64_t kMaxIntBlocks = 4096;  // int8-activation products at T = 1: a block per row group up to this (grid-stride past it)
 constexpr int64_t kRowsForR4 = (int64_t)kRowsPerBlock * 4 * 132 * 8;  // 67584 (tests/test_cuda_matmul.py)
 
 void check(cudaError_t e, const char* what) {
@@ -366,7 +366,9 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
   const int64_t g16 = (W.rows + kRowsPerBlock - 1) / kRowsPerBlock;
   const int threads = threads_for(g16);
   const int64_t groups = (W.rows + threads / 16 - 1) / (threads / 16);  // at most 4096 blocks, each over several
-  const int64_t cap = 132 * (T > 4 ? 2 : 3);  // one wave (T > 4: 2 blocks an SM, their registers)
+  // T = 1: a block per row group (spread over the waves: capping it at one wave of fat blocks slowed the 80B step,
+  // docs/BENCHMARKS.md fifth milestone); T > 1: one wave (T > 4: 2 blocks an SM, their registers), grid-stride
+  const int64_t cap = T == 1 ? kMaxIntBlocks : 132 * (T > 4 ? 2 : 3);
   const dim3 grid((unsigned)(groups < cap ? groups : cap));  // groups (the IQ tables: once each)
   auto go = [&](auto kern) {
     kern<<<grid, threads, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1);
