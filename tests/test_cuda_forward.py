@@ -273,6 +273,32 @@ def test_matmul_sel_equals_cpu_and_one_row_products(typ):
         assert np.array_equal(bits(want[0]), bits(y[s])), f"slot {s}"
 
 
+@pytest.mark.parametrize("typ", ["IQ2_XXS", "Q4_K", "Q8_0"])
+def test_matmul_sel_swiglu_equals_cpu_and_its_parts(typ):
+    """The experts' gate, up and SwiGLU over one selection (one kernel on the GPU for IQ2_XXS, the three operations
+    for the other types) equal the CPU backend's, and the GPU's own matmul_sel + matmul_sel + silu_mul."""
+    rng = fresh_rng()
+    E, rows, k = 6, int(rng.integers(1, 40)), 4
+    cols = 256 * int(rng.integers(1, 4))
+    T = int(rng.integers(1, 6))
+    S = T * k
+    gw = np.concatenate([weights(rng, typ, rows, cols) for _ in range(E)])
+    uw = np.concatenate([weights(rng, typ, rows, cols) for _ in range(E)])
+    eb = gw.size // E
+    words = [np.concatenate([w, np.zeros((-w.size) % 4, np.uint8)]).view(np.int32) for w in (gw, uw)]
+    sel = rng.integers(0, E, S).astype(np.int32)
+    x = (rng.standard_normal((T, cols)) * 2).astype(np.float32)
+    qt = {t.name: int(t) for t in __import__("gguf").GGMLQuantizationType}[typ]
+    g, u = both("matmul_sel_swiglu", [x, nan(S, rows), nan(S, rows)], i=[sel, *words],
+                n=[qt, rows, cols, S, k, cols, eb])[1:]
+    assert np.isfinite(g).all() and np.isfinite(u).all()
+    pg = _op("cuda", "matmul_sel", [x, nan(S, rows)], i=[sel, words[0]], n=[qt, rows, cols, S, k, cols, rows, eb])[0][1]
+    pu = _op("cuda", "matmul_sel", [x, nan(S, rows)], i=[sel, words[1]], n=[qt, rows, cols, S, k, cols, rows, eb])[0][1]
+    assert np.array_equal(bits(pu), bits(u))
+    want = _op("cuda", "silu_mul", [pg, pu], n=[S * rows])[0][0]
+    assert np.array_equal(bits(want), bits(g))
+
+
 # ---------------------------------------------------------------- the GPU session
 @pytest.fixture(scope="module", autouse=True)
 def cpu_scalar():
@@ -299,7 +325,15 @@ def q4k_model(tmp_path_factory):
     return Model.load(synth.write("tiny", tmp_path_factory.mktemp("q4k") / "tiny-q4_k.gguf", "q4_k", seed=5), threads=4)
 
 
-@pytest.mark.parametrize("which", ["tiny_model", "tiny_q8_model", "default_model", "q35", "q4k_model"])
+@pytest.fixture(scope="module")
+def iq2_model(tmp_path_factory):
+    """Every matrix IQ2_XXS (the 80B file's type): the warp-per-row product and the fused expert gate / up."""
+    from strata_py import synth
+    return Model.load(synth.write("tiny", tmp_path_factory.mktemp("iq2") / "tiny-iq2_xxs.gguf", "iq2_xxs", seed=6),
+                      threads=4)
+
+
+@pytest.mark.parametrize("which", ["tiny_model", "tiny_q8_model", "default_model", "q35", "q4k_model", "iq2_model"])
 def test_gpu_session_windows(request, which):
     m = request.getfixturevalue(which)
     for _ in range(2):

@@ -246,6 +246,20 @@ class CudaBackend final : public Backend {
     if (intq) qc_[cur_] = QCache{x, ldx, n_x, W0.cols};
     written(y, (int64_t)(n - 1) * ldy + W0.rows);
   }
+  void matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, size_t up_bytes, const int32_t* sel,
+                         int n, int xdiv, const float* x, int64_t ldx, float* g, float* u) override {
+    use_keep();
+    const int n_x = (n + xdiv - 1) / xdiv;
+    void* sc = scratch(cuda::matmul_sel_scratch_bytes(Wg.type, n_x, Wg.cols));
+    const bool hit = int_act_type(Wg.type) && q_hit(x, ldx, n_x, Wg.cols);
+    if (!cuda::matmul_sel_swiglu(Wg, gate_bytes, Wu, up_bytes, sel, n, xdiv, x, ldx, g, u, sc, stream_, hit)) {
+      Backend::matmul_sel_swiglu(Wg, gate_bytes, Wu, up_bytes, sel, n, xdiv, x, ldx, g, u);
+      return;
+    }
+    qc_[cur_] = QCache{x, ldx, n_x, Wg.cols};
+    written(g, (int64_t)n * Wg.rows);
+    written(u, (int64_t)n * Wu.rows);
+  }
   void copy(void* dst, const void* src, size_t bytes) override {
     use();
     if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "device copy");
