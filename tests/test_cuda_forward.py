@@ -299,6 +299,31 @@ def test_matmul_sel_swiglu_equals_cpu_and_its_parts(typ):
     assert np.array_equal(bits(want), bits(g))
 
 
+@pytest.mark.parametrize("typ", ["IQ2_XXS", "Q4_K"])
+def test_moe_experts_union_equals_cpu_and_slots(typ):
+    """A window's routed experts (gate / up / SwiGLU, then down over the same selection: on the GPU for IQ2_XXS an
+    expert read once for every slot that chose it, groups of up to 4 slots) equal the CPU backend's bit for bit,
+    and each token row's slots equal that row alone (T = 1). Few experts, so that rows share them (up to 7 slots
+    of one expert: a split group)."""
+    rng = fresh_rng()
+    E, k, F, H = int(rng.integers(2, 6)), 2, 256, 512
+    T = int(rng.integers(2, 8))
+    S = T * k
+    mats = [np.concatenate([weights(rng, typ, r, c) for _ in range(E)]) for r, c in ((F, H), (F, H), (H, F))]
+    words = [np.concatenate([w, np.zeros((-w.size) % 4, np.uint8)]).view(np.int32) for w in mats]
+    sel = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32).ravel()
+    x = (rng.standard_normal((T, H)) * 2).astype(np.float32)
+    qt = {t.name: int(t) for t in __import__("gguf").GGMLQuantizationType}[typ]
+    n = [qt, F, H, S, k, mats[0].size // E, mats[2].size // E]
+    got = both("moe_experts", [x, nan(S, F), nan(S, F), nan(S, H)], i=[sel, *words], n=n)
+    assert all(np.isfinite(a).all() for a in got[1:])
+    for t in range(T):
+        one = _op("cuda", "moe_experts", [x[t], nan(k, F), nan(k, F), nan(k, H)], i=[sel[t * k:(t + 1) * k], *words],
+                  n=[qt, F, H, k, k, *n[5:]])[0]
+        for j in (1, 2, 3):
+            assert np.array_equal(bits(one[j]), bits(got[j].reshape(S, -1)[t * k:(t + 1) * k].ravel())), (t, j)
+
+
 # ---------------------------------------------------------------- the GPU session
 @pytest.fixture(scope="module", autouse=True)
 def cpu_scalar():
