@@ -301,10 +301,9 @@ def test_matmul_sel_swiglu_equals_cpu_and_its_parts(typ):
 
 @pytest.mark.parametrize("typ", ["IQ2_XXS", "Q4_K"])
 def test_moe_experts_union_equals_cpu_and_slots(typ):
-    """A window's routed experts (gate / up / SwiGLU, then down over the same selection: on the GPU for IQ2_XXS an
-    expert read once for every slot that chose it, groups of up to 4 slots) equal the CPU backend's bit for bit,
-    and each token row's slots equal that row alone (T = 1). Few experts, so that rows share them (up to 7 slots
-    of one expert: a split group)."""
+    """A window's routed experts (gate / up / SwiGLU in one kernel for IQ2_XXS, then down over the same selection)
+    equal the CPU backend's bit for bit, and each token row's slots equal that row alone (T = 1). Few experts, so
+    that rows share them (up to 7 slots of one expert)."""
     rng = fresh_rng()
     E, k, F, H = int(rng.integers(2, 6)), 2, 256, 512
     T = int(rng.integers(2, 8))

@@ -233,7 +233,6 @@ class CudaBackend final : public Backend {
   }
   void moe_route(const float* logits, int T, int64_t E, int k, int32_t* sel, float* wt) override {
     use();
-    union_sel_ = nullptr;
     cuda::moe_route(logits, T, E, k, sel, wt, stream_);
   }
   void matmul_sel(const MatView& W0, size_t expert_bytes, const int32_t* sel, int n, int xdiv, const float* x,
@@ -243,8 +242,7 @@ class CudaBackend final : public Backend {
     void* sc = scratch(cuda::matmul_sel_scratch_bytes(W0.type, n, xdiv, W0.cols));
     const bool intq = int_act_type(W0.type);
     const bool hit = intq && q_hit(x, ldx, n_x, W0.cols);
-    const int32_t* grp = sel == union_sel_ && n == union_n_ ? static_cast<const int32_t*>(union_buf_.p) : nullptr;
-    cuda::matmul_sel(W0, expert_bytes, sel, n, xdiv, x, ldx, y, ldy, sc, stream_, hit, grp);
+    cuda::matmul_sel(W0, expert_bytes, sel, n, xdiv, x, ldx, y, ldy, sc, stream_, hit);
     if (intq) qc_[cur_] = QCache{x, ldx, n_x, W0.cols};
     written(y, (int64_t)(n - 1) * ldy + W0.rows);
   }
@@ -254,19 +252,7 @@ class CudaBackend final : public Backend {
     const int n_x = (n + xdiv - 1) / xdiv;
     void* sc = scratch(cuda::matmul_sel_scratch_bytes(Wg.type, n, xdiv, Wg.cols));
     const bool hit = int_act_type(Wg.type) && q_hit(x, ldx, n_x, Wg.cols);
-    // a window (more than one activation row) of IQ2_XXS experts: the union, for this product and the down one
-    union_sel_ = nullptr;
-    int32_t* grp = nullptr;
-    if (n_x > 1 && n <= 1024 && Wg.type == GGML_IQ2_XXS) {
-      grp = static_cast<int32_t*>(grow(union_buf_, cuda::expert_union_ints(n) * sizeof(int32_t)));
-      if (cuda::expert_union(sel, n, grp, stream_)) {
-        union_sel_ = sel;
-        union_n_ = n;
-      } else {
-        grp = nullptr;
-      }
-    }
-    if (!cuda::matmul_sel_swiglu(Wg, gate_bytes, Wu, up_bytes, sel, n, xdiv, x, ldx, g, u, sc, stream_, hit, grp)) {
+    if (!cuda::matmul_sel_swiglu(Wg, gate_bytes, Wu, up_bytes, sel, n, xdiv, x, ldx, g, u, sc, stream_, hit)) {
       Backend::matmul_sel_swiglu(Wg, gate_bytes, Wu, up_bytes, sel, n, xdiv, x, ldx, g, u);
       return;
     }
@@ -417,11 +403,6 @@ class CudaBackend final : public Backend {
   cudaEvent_t lane_done_[kLanes] = {}, forked_ev_ = nullptr;
   int n_forked_ = 0, cur_ = 0;
   Scratch scratch_[kLanes + 1];
-  // The expert union of the last matmul_sel_swiglu's selection (IQ2_XXS windows), reused by the down product that
-  // follows over the same sel: union_sel_ / union_n_ name it, cleared by moe_route and by a swiglu without one.
-  Scratch union_buf_;
-  const int32_t* union_sel_ = nullptr;
-  int union_n_ = 0;
   QCache qc_[kLanes + 1];
   void* aux_ = nullptr;
   size_t aux_bytes_ = 0;

@@ -242,8 +242,6 @@ __global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __r
 }
 
 constexpr int kIq2U = 4;   // k_iq2xxs_warp: blocks of a row per step at T = 1 (2 for more rows: registers)
-constexpr int kGrpT = 4;   // expert union: activation rows per group (a group of more slots is split)
-constexpr int kGrpStride = 2 + kGrpT;  // a group: expert, count, its slots in increasing order
 
 // One IQ2_XXS block's share of thread (s, l): the grid index, the sign / scale word, the scale d's bits.
 struct Iq2Part {
@@ -291,7 +289,7 @@ __device__ __forceinline__ float reduce16_iq2(float L) {
   return __fadd_rn(L, __shfl_xor_sync(0xffffffffu, L, 8));
 }
 
-// IQ2_XXS products, a warp per weight row (k_int's 16 lanes per row re-decode each grid entry for 2 of its 8
+// IQ2_XXS products of 2..4 activation rows, a warp per weight row (T = 1: k_iq2xxs_warp1 below; k_int's 16 lanes per row re-decode each grid entry for 2 of its 8
 // values and were instruction-bound: ~115 warp instructions per 66-byte block). Thread t = 4 s + l of the warp
 // decodes the 8 values of grid entry l of sub-block s once, with the IQ signs applied bytewise and 4 dp4a's giving
 // the 4 value pairs (2 k, 2 k + 1) of matmul.h's lanes k = 4 l + m, m = 0..3. Lane k's integer sum over the
@@ -302,8 +300,6 @@ __device__ __forceinline__ float reduce16_iq2(float L) {
 // Activations: k_quantize's lane-major layout, value 32 s + 2 k + i at 16 k + 2 s + i: pair m of thread (s, l)
 // is the 16-bit word at 64 l + 16 m + 2 s. Blocks are taken kU at a time, their weight loads issued together.
 // Activation rows (up to TT, each with its own output row), by the block's y index:
-//   grp (the expert union of a window): group blockIdx.y = {expert, c, c slots}: slot j's activation row
-//     slot / xdiv, output row slot (a group with c = 0 does nothing);
 //   sel: slot blockIdx.y alone (as k_int's);  neither: rows 0..T-1 of q and y.
 // 256 threads = 8 warps; each warp takes rpw consecutive weight rows.
 // kPair (matmul_sel_swiglu): the warp also takes row r of W2 (the up matrix, same shape) over the same activation
@@ -313,24 +309,12 @@ __global__ void __launch_bounds__(256) k_iq2xxs_warp(const uint8_t* __restrict__
                                                      size_t row_bytes, int64_t rows, int64_t nb,
                                                      const int8_t* __restrict__ q, const float* __restrict__ dx,
                                                      float* __restrict__ y, float* __restrict__ y2, int64_t ldy,
-                                                     const int32_t* __restrict__ sel, const int32_t* __restrict__ grp,
+                                                     const int32_t* __restrict__ sel, const int32_t* __restrict__,
                                                      size_t ebytes, size_t ebytes2, int xdiv, int T, int rpw) {
   int c = T, xr[TT], yr[TT];
 #pragma unroll
   for (int j = 0; j < TT; j++) xr[j] = yr[j] = j;
-  if (grp) {
-    const int32_t* G = grp + (int64_t)blockIdx.y * kGrpStride;
-    c = G[1];
-    if (c == 0) return;  // the whole block: before any barrier
-    W += (size_t)G[0] * ebytes;
-    if constexpr (kPair) W2 += (size_t)G[0] * ebytes2;
-#pragma unroll
-    for (int j = 0; j < TT; j++) {
-      const int slot = G[2 + (j < c ? j : 0)];
-      xr[j] = slot / xdiv;
-      yr[j] = slot;
-    }
-  } else if (sel) {
+  if (sel) {
     const int slot = blockIdx.y;
     c = 1;
     W += (size_t)sel[slot] * ebytes;
@@ -437,59 +421,140 @@ __global__ void __launch_bounds__(256) k_iq2xxs_warp(const uint8_t* __restrict__
   }
 }
 
-// The expert union of n slots (one block of n threads, n <= 1024): the distinct experts of sel in order of first
-// appearance, each with its slots in increasing order, split into groups of at most kGrpT; groups past the last
-// get c = 0. Integer bookkeeping only: what each slot computes does not change.
-__global__ void k_union(const int32_t* __restrict__ sel, int n, int32_t* __restrict__ grp) {
-  const int s = threadIdx.x;
-  if (s >= n) return;
-  const int e = sel[s];
-  grp[(int64_t)s * kGrpStride + 1] = 0;
-  __syncthreads_count(1);  // every c = 0 written before the leaders write theirs (threads >= n returned: n threads)
-  bool leader = true;
-  for (int i = 0; i < s && leader; i++) leader = sel[i] != e;
-  if (!leader) return;
-  int g = 0;  // groups of the leaders before s
-  for (int i = 0; i < s; i++) {
-    const int ei = sel[i];
-    bool lead = true;
-    for (int j = 0; j < i && lead; j++) lead = sel[j] != ei;
-    if (lead) {
-      int cnt = 0;
-      for (int j = i; j < n; j++) cnt += sel[j] == ei;
-      g += (cnt + kGrpT - 1) / kGrpT;
+// One IQ2_XXS block's share of thread (s, l): the grid index, the sign / scale word, the scale d's bits.
+struct Iq2Part1 {
+  uint32_t idx, aux;
+  uint16_t dh;
+  __device__ __forceinline__ void load(const uint8_t* blk, int s, int l) {
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(blk + 2 + 8 * s + 4);  // even: 66-byte blocks
+    idx = __ldg(blk + 2 + 8 * s + l);
+    aux = (uint32_t)__ldg(h) | (uint32_t)__ldg(h + 1) << 16;
+    dh = __ldg(reinterpret_cast<const uint16_t*>(blk));
+  }
+  // lane k = 4 l + 2 hi4 + hi3's integer sum over the block (k_int's P), summed over the warp's 8 sub-blocks
+  __device__ __forceinline__ int lane_sum(const uint64_t* grid, const uint64_t* smask, const uint32_t* act, int l,
+                                          bool hi4, bool hi3) const {
+    const uint64_t g = grid[idx], mk = smask[(aux >> (7 * l)) & 127];
+    const uint32_t mlo = (uint32_t)mk, mhi = (uint32_t)(mk >> 32);
+    // -g bytewise as (g ^ 0xff) + 1: no carry between bytes (grid values are 8..43)
+    const int glo = (int)(((uint32_t)g ^ mlo) + (mlo & 0x01010101u));
+    const int ghi = (int)(((uint32_t)(g >> 32) ^ mhi) + (mhi & 0x01010101u));
+    const int sc = 2 * (int)(aux >> 28) + 1;
+    const int p0 = sc * __dp4a(glo, (int)act[0], 0), p1 = sc * __dp4a(glo, (int)(act[1] << 16), 0);
+    const int p2 = sc * __dp4a(ghi, (int)act[2], 0), p3 = sc * __dp4a(ghi, (int)(act[3] << 16), 0);
+    // the sum over s (bits 2..4 of the thread), keeping pair m = 2 hi4 + hi3
+    const int a0 = (hi4 ? p2 : p0) + __shfl_xor_sync(0xffffffffu, hi4 ? p0 : p2, 16);
+    const int a1 = (hi4 ? p3 : p1) + __shfl_xor_sync(0xffffffffu, hi4 ? p1 : p3, 16);
+    const int c = (hi3 ? a1 : a0) + __shfl_xor_sync(0xffffffffu, hi3 ? a0 : a1, 8);
+    return c + __shfl_xor_sync(0xffffffffu, c, 4);
+  }
+  __device__ __forceinline__ float d() const { return __fmul_rn(__half2float(__ushort_as_half(dh)), 0.125f); }
+};
+
+// IQ2_XXS at T = 1, a warp per weight row (k_int's 16 lanes per row re-decode each grid entry for 2 of its 8
+// values and were instruction-bound: ~115 warp instructions per 66-byte block). Thread t = 4 s + l of the warp
+// decodes the 8 values of grid entry l of sub-block s once, with the IQ signs applied bytewise and 4 dp4a's giving
+// the 4 value pairs (2 k, 2 k + 1) of matmul.h's lanes k = 4 l + m, m = 0..3. Lane k's integer sum over the
+// block, P_k = sum over s of (2 sc_s + 1) * pair, is the same integer as k_int's (integer sums: any order),
+// gathered over the 8 sub-blocks by shuffles; then L_k = fma(d * dx, P_k, L_k) over the blocks in order and
+// reduce16's tree over the lanes, as k_int: the same float operations in the same order, so the same bits.
+// Activations: k_quantize's lane-major layout, value 32 s + 2 k + i at 16 k + 2 s + i: pair m of thread (s, l)
+// is the 16-bit word at 64 l + 16 m + 2 s. Blocks are taken kU at a time, their loads issued together.
+// sel as k_int's (blockIdx.y = slot). 256 threads = 8 rows a block.
+// kPair (matmul_sel_swiglu): the warp also takes row r of W2 (the up matrix, same shape) over the same activation
+// loads, writes it to y2 and silu(y) * y2 to y: layers.cu's silu_mul, the same operations.
+template <int kU, bool kPair>
+__global__ void __launch_bounds__(256) k_iq2xxs_warp1(const uint8_t* __restrict__ W, const uint8_t* __restrict__ W2,
+                                                     size_t row_bytes, int64_t rows, int64_t nb,
+                                                     const int8_t* __restrict__ q, const float* __restrict__ dx,
+                                                     float* __restrict__ y, float* __restrict__ y2, int64_t ldy,
+                                                     const int32_t* __restrict__ sel, size_t ebytes, size_t ebytes2,
+                                                     int xdiv) {
+  if (sel) {
+    const int slot = blockIdx.y;
+    W += (size_t)sel[slot] * ebytes;
+    if constexpr (kPair) W2 += (size_t)sel[slot] * ebytes2;
+    q += (int64_t)(slot / xdiv) * nb * QK_K;
+    dx += (int64_t)(slot / xdiv) * nb;
+    y += (int64_t)slot * ldy;
+    if constexpr (kPair) y2 += (int64_t)slot * ldy;
+  }
+  __shared__ uint64_t grid[256];
+  __shared__ uint64_t smask[128];  // g_ksigns[i] as byte masks: byte e = 0xff where bit e is set (negative)
+  const int t = threadIdx.x & 31, s = t >> 2, l = t & 3;
+  const int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const bool live = r < rows;
+  const uint8_t* row = W + (live ? r : rows - 1) * row_bytes;
+  const uint8_t* row2 = kPair ? W2 + (live ? r : rows - 1) * row_bytes : nullptr;
+  Iq2Part1 w[kU], w2[kPair ? kU : 1];
+  uint32_t act[kU][4];
+  float dxb[kU];
+  auto load = [&](int64_t b0) {
+#pragma unroll
+    for (int u = 0; u < kU; u++) {
+      const int64_t b = b0 + u < nb ? b0 + u : nb - 1;
+      w[u].load(row + b * IQ2_XXS::kBytes, s, l);
+      if constexpr (kPair) w2[u].load(row2 + b * IQ2_XXS::kBytes, s, l);
+      const uint16_t* qa = reinterpret_cast<const uint16_t*>(q + b * QK_K + 64 * l + 2 * s);
+#pragma unroll
+      for (int m = 0; m < 4; m++) act[u][m] = __ldg(qa + 8 * m);
+      dxb[u] = __ldg(dx + b);
+    }
+  };
+  load(0);  // in flight while the tables load
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+    grid[i] = g_iq2xxs_grid[i];
+    if (i < 128) {
+      const uint32_t sg = g_ksigns[i];
+      uint64_t mk = 0;
+      for (int e = 0; e < 8; e++)
+        if ((sg >> e) & 1) mk |= (uint64_t)0xff << (8 * e);
+      smask[i] = mk;
     }
   }
-  int c = 0;
-  for (int j = s; j < n; j++) {
-    if (sel[j] != e) continue;
-    if (c == kGrpT) {
-      grp[(int64_t)g * kGrpStride + 1] = c;
-      g++;
-      c = 0;
+  __syncthreads();
+  const bool hi4 = (t >> 4) & 1, hi3 = (t >> 3) & 1;
+  float L = 0.f, L2 = 0.f;  // lane k = 4 l + 2 hi4 + hi3 (held twice: t and t ^ 4)
+  for (int64_t b0 = 0; b0 < nb; b0 += kU) {
+    int P[kU], P2[kPair ? kU : 1];
+    float dd[kU], dd2[kPair ? kU : 1];
+#pragma unroll
+    for (int u = 0; u < kU; u++) {
+      P[u] = w[u].lane_sum(grid, smask, act[u], l, hi4, hi3);
+      dd[u] = __fmul_rn(w[u].d(), dxb[u]);
+      if constexpr (kPair) {
+        P2[u] = w2[u].lane_sum(grid, smask, act[u], l, hi4, hi3);
+        dd2[u] = __fmul_rn(w2[u].d(), dxb[u]);
+      }
     }
-    grp[(int64_t)g * kGrpStride] = e;
-    grp[(int64_t)g * kGrpStride + 2 + c++] = j;
+    if (b0 + kU < nb) load(b0 + kU);
+#pragma unroll
+    for (int u = 0; u < kU; u++)
+      if (b0 + u < nb) {
+        L = fmaf(dd[u], (float)P[u], L);
+        if constexpr (kPair) L2 = fmaf(dd2[u], (float)P2[u], L2);
+      }
   }
-  grp[(int64_t)g * kGrpStride + 1] = c;
+  L = reduce16_iq2(L);
+  if constexpr (kPair) L2 = reduce16_iq2(L2);
+  if (t == 0 && live) {
+    const float g = __fsub_rn(L, 0.f);  // k_int's y = s - Lm, Lm = 0
+    if constexpr (kPair) {
+      const float up = __fsub_rn(L2, 0.f);
+      y2[r] = up;
+      y[r] = __fmul_rn(silu_of(g), up);
+    } else {
+      y[r] = g;
+    }
+  }
 }
 
-// Expert products of n slots over IQ2_XXS (kPair: gate and up, then SwiGLU): one slot a block row at n_x = 1
-// (grp null: T = 1, every slot a distinct expert), else over the union's groups (grp: k_union's, of these n slots).
+// Expert products of n slots over IQ2_XXS (kPair: gate and up, then SwiGLU): a warp per (slot, weight row).
 template <bool kPair>
 void launch_iq2_sel(const MatView& W, const uint8_t* W2, size_t eb, size_t eb2, const int32_t* sel, int n, int xdiv,
-                    const int8_t* q, const float* dx, float* y, float* y2, int64_t ldy, const int32_t* grp,
-                    cudaStream_t st) {
-  const int64_t nb = W.cols / QK_K;
-  const int rpw = nb <= 2 ? 4 : 1;  // short rows: a warp takes several (the tables once per block)
-  const unsigned gx = (unsigned)((W.rows + 8 * rpw - 1) / (8 * rpw));
-  if (!grp) {
-    k_iq2xxs_warp<kIq2U, kPair, 1><<<dim3(gx, (unsigned)n), 256, 0, st>>>(W.data, W2, W.row_bytes, W.rows, nb, q, dx, y,
-                                                                          y2, ldy, sel, nullptr, eb, eb2, xdiv, 1, rpw);
-    return;
-  }
-  k_iq2xxs_warp<2, kPair, kGrpT><<<dim3(gx, (unsigned)n), 256, 0, st>>>(W.data, W2, W.row_bytes, W.rows, nb, q, dx,
-                                                                            y, y2, ldy, nullptr, grp, eb, eb2, xdiv, 1, rpw);
+                    const int8_t* q, const float* dx, float* y, float* y2, int64_t ldy, cudaStream_t st) {
+  k_iq2xxs_warp1<kIq2U, kPair><<<dim3((unsigned)((W.rows + 7) / 8), (unsigned)n), 256, 0, st>>>(
+      W.data, W2, W.row_bytes, W.rows, W.cols / QK_K, q, dx, y, y2, ldy, sel, eb, eb2, xdiv);
 }
 
 // quantize_act_ref on the card: one thread block of 256 per (row t, block b). amax = max |x| (a max: any order),
@@ -633,7 +698,11 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
       kern<<<gx, 256, 0, st>>>(W.data, nullptr, W.row_bytes, W.rows, nb, q, dx, y, nullptr, ldy, nullptr, nullptr, 0, 0,
                                1, T, rpw);
     };
-    if (T == 1) return warp(k_iq2xxs_warp<kIq2U, false, 1>);
+    if (T == 1) {
+      k_iq2xxs_warp1<kIq2U, false><<<(unsigned)((W.rows + 7) / 8), 256, 0, st>>>(
+          W.data, nullptr, W.row_bytes, W.rows, nb, q, dx, y, nullptr, ldy, nullptr, 0, 0, 1);
+      return;
+    }
     if (T == 2) return warp(k_iq2xxs_warp<2, false, 2>);
     if (T <= 4) return warp(k_iq2xxs_warp<2, false, 4>);
   }
@@ -729,17 +798,8 @@ size_t matmul_sel_scratch_bytes(uint32_t type, int n, int xdiv, int64_t cols) {
   return (size_t)n_x * cols + (size_t)n_x * (cols / QK_K) * sizeof(float);
 }
 
-size_t expert_union_ints(int n) { return (size_t)n * kGrpStride; }
-
-bool expert_union(const int32_t* sel, int n, int32_t* grp, void* stream) {
-  if (n < 1 || n > 1024) return false;
-  k_union<<<1, n, 0, static_cast<cudaStream_t>(stream)>>>(sel, n, grp);
-  check(cudaGetLastError(), "launch of the expert union kernel");
-  return true;
-}
-
 void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int xdiv, const float* x, int64_t ldx,
-                float* y, int64_t ldy, void* scratch, void* stream, bool quantized, const int32_t* grp) {
+                float* y, int64_t ldy, void* scratch, void* stream, bool quantized) {
   STRATA_CHECK(n >= 1 && xdiv >= 1 && W0.rows >= 1 && W0.cols >= 1, "cuda matmul_sel: n = ", n, ", xdiv = ", xdiv);
   STRATA_CHECK(!int_act_type(W0.type) || W0.cols % QK_K == 0, "cuda matmul_sel: ", type_name(W0.type),
                " needs cols % 256 == 0, got ", W0.cols);
@@ -754,7 +814,7 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
       float* dx = reinterpret_cast<float*>(q + (size_t)n_x * W0.cols);
       if (!quantized) k_quantize<<<dim3((unsigned)nb, (unsigned)n_x), 256, 0, st>>>(x, ldx, nb, q, dx);
       if constexpr (std::is_same_v<D, IQ2_XXS>) {
-        launch_iq2_sel<false>(W0, nullptr, ebytes, 0, sel, n, xdiv, q, dx, y, nullptr, ldy, grp, st);
+        launch_iq2_sel<false>(W0, nullptr, ebytes, 0, sel, n, xdiv, q, dx, y, nullptr, ldy, st);
         return;
       }
       const int threads = threads_for((W0.rows + kRowsPerBlock - 1) / kRowsPerBlock * n);
@@ -775,7 +835,7 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
 
 bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, size_t up_bytes, const int32_t* sel,
                        int n, int xdiv, const float* x, int64_t ldx, float* g, float* u, void* scratch, void* stream,
-                       bool quantized, const int32_t* grp) {
+                       bool quantized) {
   if (Wg.type != GGML_IQ2_XXS || Wu.type != GGML_IQ2_XXS || Wg.rows != Wu.rows || Wg.cols != Wu.cols ||
       Wg.row_bytes != Wu.row_bytes)
     return false;
@@ -787,7 +847,7 @@ bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, 
   int8_t* q = static_cast<int8_t*>(scratch);
   float* dx = reinterpret_cast<float*>(q + (size_t)n_x * Wg.cols);
   if (!quantized) k_quantize<<<dim3((unsigned)nb, (unsigned)n_x), 256, 0, st>>>(x, ldx, nb, q, dx);
-  launch_iq2_sel<true>(Wg, Wu.data, gate_bytes, up_bytes, sel, n, xdiv, q, dx, g, u, Wg.rows, grp, st);
+  launch_iq2_sel<true>(Wg, Wu.data, gate_bytes, up_bytes, sel, n, xdiv, q, dx, g, u, Wg.rows, st);
   check(cudaGetLastError(), "launch of the fused expert gate / up kernel");
   return true;
 }

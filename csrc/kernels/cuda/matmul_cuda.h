@@ -24,21 +24,14 @@ void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int6
             void* stream, bool quantized = false);
 // Expert products over a device selection (backend.h matmul_sel): slot s < n: y[s] = W_{sel[s]} . x[s / xdiv].
 // Scratch: matmul_sel_scratch_bytes(type, n, xdiv, cols).
-// grp (IQ2_XXS; others ignore it): expert_union's groups of these n slots: each selected expert is read once for all
-// the slots that chose it (groups of up to 4 slots); each slot's values are those of its one-row product.
 size_t matmul_sel_scratch_bytes(uint32_t type, int n, int xdiv, int64_t cols);
 void matmul_sel(const MatView& W0, size_t expert_bytes, const int32_t* sel, int n, int xdiv, const float* x,
-                int64_t ldx, float* y, int64_t ldy, void* scratch, void* stream, bool quantized = false,
-                const int32_t* grp = nullptr);
-// The expert union of n slots' selection into grp (expert_union_ints(n) device ints), on the card; false (nothing
-// issued) for n over 1024.
-size_t expert_union_ints(int n);
-bool expert_union(const int32_t* sel, int n, int32_t* grp, void* stream);
+                int64_t ldx, float* y, int64_t ldy, void* scratch, void* stream, bool quantized = false);
 // backend.h matmul_sel_swiglu in one kernel (gate and up rows of a slot by one warp, sharing the activation loads);
 // false (nothing issued) where there is no such kernel (types other than IQ2_XXS, gate and up of different shapes).
 bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, size_t up_bytes, const int32_t* sel,
                        int n, int xdiv, const float* x, int64_t ldx, float* g, float* u, void* scratch, void* stream,
-                       bool quantized = false, const int32_t* grp = nullptr);
+                       bool quantized = false);
 // T rows of n: ops.h rmsnorm.
 void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y, int64_t ldy,
              void* stream);
