@@ -273,6 +273,56 @@ def test_matmul_sel_equals_cpu_and_one_row_products(typ):
         assert np.array_equal(bits(want[0]), bits(y[s])), f"slot {s}"
 
 
+@pytest.mark.parametrize("typ", ["IQ2_XXS", "Q4_K", "Q8_0"])
+def test_matmul_sel_swiglu_equals_cpu_and_its_parts(typ):
+    """The experts' gate, up and SwiGLU over one selection (one kernel on the GPU for IQ2_XXS, the three operations
+    for the other types) equal the CPU backend's, and the GPU's own matmul_sel + matmul_sel + silu_mul."""
+    rng = fresh_rng()
+    E, rows, k = 6, int(rng.integers(1, 40)), 4
+    cols = 256 * int(rng.integers(1, 4))
+    T = int(rng.integers(1, 6))
+    S = T * k
+    gw = np.concatenate([weights(rng, typ, rows, cols) for _ in range(E)])
+    uw = np.concatenate([weights(rng, typ, rows, cols) for _ in range(E)])
+    eb = gw.size // E
+    words = [np.concatenate([w, np.zeros((-w.size) % 4, np.uint8)]).view(np.int32) for w in (gw, uw)]
+    sel = rng.integers(0, E, S).astype(np.int32)
+    x = (rng.standard_normal((T, cols)) * 2).astype(np.float32)
+    qt = {t.name: int(t) for t in __import__("gguf").GGMLQuantizationType}[typ]
+    g, u = both("matmul_sel_swiglu", [x, nan(S, rows), nan(S, rows)], i=[sel, *words],
+                n=[qt, rows, cols, S, k, cols, eb])[1:]
+    assert np.isfinite(g).all() and np.isfinite(u).all()
+    pg = _op("cuda", "matmul_sel", [x, nan(S, rows)], i=[sel, words[0]], n=[qt, rows, cols, S, k, cols, rows, eb])[0][1]
+    pu = _op("cuda", "matmul_sel", [x, nan(S, rows)], i=[sel, words[1]], n=[qt, rows, cols, S, k, cols, rows, eb])[0][1]
+    assert np.array_equal(bits(pu), bits(u))
+    want = _op("cuda", "silu_mul", [pg, pu], n=[S * rows])[0][0]
+    assert np.array_equal(bits(want), bits(g))
+
+
+@pytest.mark.parametrize("typ", ["IQ2_XXS", "Q4_K"])
+def test_moe_experts_union_equals_cpu_and_slots(typ):
+    """A window's routed experts (gate / up / SwiGLU in one kernel for IQ2_XXS, then down over the same selection)
+    equal the CPU backend's bit for bit, and each token row's slots equal that row alone (T = 1). Few experts, so
+    that rows share them (up to 7 slots of one expert)."""
+    rng = fresh_rng()
+    E, k, F, H = int(rng.integers(2, 6)), 2, 256, 512
+    T = int(rng.integers(2, 8))
+    S = T * k
+    mats = [np.concatenate([weights(rng, typ, r, c) for _ in range(E)]) for r, c in ((F, H), (F, H), (H, F))]
+    words = [np.concatenate([w, np.zeros((-w.size) % 4, np.uint8)]).view(np.int32) for w in mats]
+    sel = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32).ravel()
+    x = (rng.standard_normal((T, H)) * 2).astype(np.float32)
+    qt = {t.name: int(t) for t in __import__("gguf").GGMLQuantizationType}[typ]
+    n = [qt, F, H, S, k, mats[0].size // E, mats[2].size // E]
+    got = both("moe_experts", [x, nan(S, F), nan(S, F), nan(S, H)], i=[sel, *words], n=n)
+    assert all(np.isfinite(a).all() for a in got[1:])
+    for t in range(T):
+        one = _op("cuda", "moe_experts", [x[t], nan(k, F), nan(k, F), nan(k, H)], i=[sel[t * k:(t + 1) * k], *words],
+                  n=[qt, F, H, k, k, *n[5:]])[0]
+        for j in (1, 2, 3):
+            assert np.array_equal(bits(one[j]), bits(got[j].reshape(S, -1)[t * k:(t + 1) * k].ravel())), (t, j)
+
+
 # ---------------------------------------------------------------- the GPU session
 @pytest.fixture(scope="module", autouse=True)
 def cpu_scalar():
@@ -299,7 +349,15 @@ def q4k_model(tmp_path_factory):
     return Model.load(synth.write("tiny", tmp_path_factory.mktemp("q4k") / "tiny-q4_k.gguf", "q4_k", seed=5), threads=4)
 
 
-@pytest.mark.parametrize("which", ["tiny_model", "tiny_q8_model", "default_model", "q35", "q4k_model"])
+@pytest.fixture(scope="module")
+def iq2_model(tmp_path_factory):
+    """Every matrix IQ2_XXS (the 80B file's type): the warp-per-row product and the fused expert gate / up."""
+    from strata_py import synth
+    return Model.load(synth.write("tiny", tmp_path_factory.mktemp("iq2") / "tiny-iq2_xxs.gguf", "iq2_xxs", seed=6),
+                      threads=4)
+
+
+@pytest.mark.parametrize("which", ["tiny_model", "tiny_q8_model", "default_model", "q35", "q4k_model", "iq2_model"])
 def test_gpu_session_windows(request, which):
     m = request.getfixturevalue(which)
     for _ in range(2):

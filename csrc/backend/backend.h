@@ -97,6 +97,15 @@ class Backend {
   // values are those of a one-row matmul of its expert, so the slots' batching never shows.
   virtual void matmul_sel(const MatView& W0, size_t expert_bytes, const int32_t* sel, int n, int xdiv, const float* x,
                           int64_t ldx, float* y, int64_t ldy) = 0;
+  // The experts' gate and up products over one selection, then SwiGLU: g[s] = W_gate,e . x[s / xdiv],
+  // u[s] = W_up,e . x[s / xdiv], g[s] = silu(g[s]) * u[s] (n slots of Wg.rows floats each, contiguous). The default is
+  // those three operations; a backend may do them in one pass (CUDA: IQ2_XXS), with the same values.
+  virtual void matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, size_t up_bytes,
+                                 const int32_t* sel, int n, int xdiv, const float* x, int64_t ldx, float* g, float* u) {
+    matmul_sel(Wg, gate_bytes, sel, n, xdiv, x, ldx, g, Wg.rows);
+    matmul_sel(Wu, up_bytes, sel, n, xdiv, x, ldx, u, Wu.rows);
+    silu_mul(g, u, (int64_t)n * Wg.rows);
+  }
 
   // The layers' elementwise and per-row operations, each the CPU model's own code (ops.h, rowops.h) on the CPU
   // backend and the same float operations in the same order on the others.

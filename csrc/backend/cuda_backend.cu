@@ -239,12 +239,26 @@ class CudaBackend final : public Backend {
                   int64_t ldx, float* y, int64_t ldy) override {
     use_keep();
     const int n_x = (n + xdiv - 1) / xdiv;
-    void* sc = scratch(cuda::matmul_sel_scratch_bytes(W0.type, n_x, W0.cols));
+    void* sc = scratch(cuda::matmul_sel_scratch_bytes(W0.type, n, xdiv, W0.cols));
     const bool intq = int_act_type(W0.type);
     const bool hit = intq && q_hit(x, ldx, n_x, W0.cols);
     cuda::matmul_sel(W0, expert_bytes, sel, n, xdiv, x, ldx, y, ldy, sc, stream_, hit);
     if (intq) qc_[cur_] = QCache{x, ldx, n_x, W0.cols};
     written(y, (int64_t)(n - 1) * ldy + W0.rows);
+  }
+  void matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, size_t up_bytes, const int32_t* sel,
+                         int n, int xdiv, const float* x, int64_t ldx, float* g, float* u) override {
+    use_keep();
+    const int n_x = (n + xdiv - 1) / xdiv;
+    void* sc = scratch(cuda::matmul_sel_scratch_bytes(Wg.type, n, xdiv, Wg.cols));
+    const bool hit = int_act_type(Wg.type) && q_hit(x, ldx, n_x, Wg.cols);
+    if (!cuda::matmul_sel_swiglu(Wg, gate_bytes, Wu, up_bytes, sel, n, xdiv, x, ldx, g, u, sc, stream_, hit)) {
+      Backend::matmul_sel_swiglu(Wg, gate_bytes, Wu, up_bytes, sel, n, xdiv, x, ldx, g, u);
+      return;
+    }
+    qc_[cur_] = QCache{x, ldx, n_x, Wg.cols};
+    written(g, (int64_t)n * Wg.rows);
+    written(u, (int64_t)n * Wu.rows);
   }
   void copy(void* dst, const void* src, size_t bytes) override {
     use();
@@ -348,21 +362,7 @@ class CudaBackend final : public Backend {
  private:
   // Grow-only device scratch (the quantized activation rows), one per lane (0: the main stream). Only grown
   // between operations: its stream is synchronized first, so no running kernel still reads the old buffer.
-  void* scratch(size_t bytes) {
-    Scratch& sc = scratch_[cur_];
-    if (bytes > sc.bytes) {
-      STRATA_CHECK(!capturing_, "cuda backend: scratch of ", bytes, " bytes needed inside a recording (run the step "
-                   "once unrecorded first)");
-      epoch_++;
-      forget_q();
-      check(cudaStreamSynchronize(stream_), "stream synchronize");
-      if (sc.p) cudaFree(sc.p);
-      sc.p = nullptr;
-      sc.p = alloc(bytes);
-      sc.bytes = bytes;
-    }
-    return sc.p;
-  }
+  void* scratch(size_t bytes) { return grow(scratch_[cur_], bytes); }
   // The lane's last quantized activation rows (in its scratch): x, ldx, rows, cols.
   struct QCache {
     const float* x = nullptr;
@@ -382,6 +382,20 @@ class CudaBackend final : public Backend {
     void* p = nullptr;
     size_t bytes = 0;
   };
+  void* grow(Scratch& sc, size_t bytes) {
+    if (bytes > sc.bytes) {
+      STRATA_CHECK(!capturing_, "cuda backend: scratch of ", bytes, " bytes needed inside a recording (run the step "
+                   "once unrecorded first)");
+      epoch_++;
+      forget_q();
+      check(cudaStreamSynchronize(stream_), "stream synchronize");
+      if (sc.p) cudaFree(sc.p);
+      sc.p = nullptr;
+      sc.p = alloc(bytes);
+      sc.bytes = bytes;
+    }
+    return sc.p;
+  }
   int device_;
   std::string name_;
   cudaStream_t main_ = nullptr, stream_ = nullptr;  // stream_: the current lane's (main_ outside a fork)

@@ -207,6 +207,20 @@ std::tuple<std::vector<std::vector<float>>, std::vector<std::vector<int32_t>>> l
     // f: x, y; iv: sel, the weight bytes as int32 words; n: type, rows, cols, n_slots, xdiv, ldx, ldy, expert_bytes
     const MatView W0{reinterpret_cast<const uint8_t*>(I(1)), (uint32_t)N(0), N(1), N(2), row_bytes((uint32_t)N(0), N(2))};
     be.matmul_sel(W0, (size_t)N(7), I(0), (int)N(3), (int)N(4), F(0), N(5), F(1), N(6));
+  } else if (op == "matmul_sel_swiglu") {
+    // f: x, g, u; iv: sel, gate bytes, up bytes (int32 words); n: type, rows, cols, n_slots, xdiv, ldx, expert_bytes
+    const MatView Wg{reinterpret_cast<const uint8_t*>(I(1)), (uint32_t)N(0), N(1), N(2), row_bytes((uint32_t)N(0), N(2))};
+    const MatView Wu{reinterpret_cast<const uint8_t*>(I(2)), (uint32_t)N(0), N(1), N(2), row_bytes((uint32_t)N(0), N(2))};
+    be.matmul_sel_swiglu(Wg, (size_t)N(6), Wu, (size_t)N(6), I(0), (int)N(3), (int)N(4), F(0), N(5), F(1), F(2));
+  } else if (op == "moe_experts") {
+    // matmul_sel_swiglu, then the down product over the same selection (moe's order: the union reused on the GPU).
+    // f: x, g, u, y; iv: sel, gate, up, down bytes; n: type, ff, hidden, n_slots, xdiv, gate / up bytes, down bytes
+    const auto rb = [&](int64_t cols) { return row_bytes((uint32_t)N(0), cols); };
+    const MatView Wg{reinterpret_cast<const uint8_t*>(I(1)), (uint32_t)N(0), N(1), N(2), rb(N(2))};
+    const MatView Wu{reinterpret_cast<const uint8_t*>(I(2)), (uint32_t)N(0), N(1), N(2), rb(N(2))};
+    const MatView Wd{reinterpret_cast<const uint8_t*>(I(3)), (uint32_t)N(0), N(2), N(1), rb(N(1))};
+    be.matmul_sel_swiglu(Wg, (size_t)N(5), Wu, (size_t)N(5), I(0), (int)N(3), (int)N(4), F(0), N(2), F(1), F(2));
+    be.matmul_sel(Wd, (size_t)N(6), I(0), (int)N(3), 1, F(1), N(1), F(3), N(2));
   } else if (op == "moe_route") {
     be.moe_route(F(0), (int)N(0), N(1), (int)N(2), I(0), F(1));
   } else fail<std::invalid_argument>("layer_op: unknown operation '", op, "'");

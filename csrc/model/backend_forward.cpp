@@ -464,9 +464,7 @@ struct BackendSession::Impl {
     be->lane(0);
     be->matmul(w.router, xin, H, T, rl.f(), E);
     be->moe_route(rl.f(), T, E, (int)k, sel.i(), wt.f());
-    be->matmul_sel(w.gate, w.gate_bytes, sel.i(), (int)S, (int)k, xin, H, act.f(), F);
-    be->matmul_sel(w.up, w.up_bytes, sel.i(), (int)S, (int)k, xin, H, up.f(), F);
-    be->silu_mul(act.f(), up.f(), S * F);
+    be->matmul_sel_swiglu(w.gate, w.gate_bytes, w.up, w.up_bytes, sel.i(), (int)S, (int)k, xin, H, act.f(), up.f());
     be->matmul_sel(w.down, w.down_bytes, sel.i(), (int)S, 1, act.f(), F, yg.f(), H);
     const float* shp = nullptr;
     if (w.has_shexp) {

@@ -45,7 +45,6 @@ __global__ void __launch_bounds__(kThreads) k_scores(AttendArgs a, float* __rest
     float l = 0.f;
     if (in) {
       const float* key = a.k + (a.cells ? (int64_t)a.cells[c] : c) * a.ldkv;
-#pragma unroll 16
       for (int64_t i = lane; i < a.hd; i += 16) l = __fadd_rn(l, __fmul_rn(__ldg(q + i), __ldg(key + i)));
     }
     l = __fadd_rn(l, __shfl_down_sync(0xffffffffu, l, 8, 16));

@@ -24,4 +24,7 @@ __device__ __forceinline__ float exp_inl_dev(float x) {
   return __fmul_rn(p, __uint_as_float(bits));
 }
 
+// rowops silu: z / (1 + exp_inl(-z))
+__device__ __forceinline__ float silu_of(float z) { return __fdiv_rn(z, __fadd_rn(1.f, exp_inl_dev(-z))); }
+
 }  // namespace strata::cuda

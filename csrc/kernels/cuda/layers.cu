@@ -35,7 +35,6 @@ __device__ __forceinline__ float dot16_warp(const float* a, const float* b, int6
               s4_2 = __shfl_sync(0xffffffffu, s4, 2), s4_3 = __shfl_sync(0xffffffffu, s4, 3);
   return __fadd_rn(__fadd_rn(s4_0, s4_2), __fadd_rn(s4_1, s4_3));
 }
-__device__ __forceinline__ float silu_of(float z) { return __fdiv_rn(z, __fadd_rn(1.f, exp_inl_dev(-z))); }
 __device__ __forceinline__ float sigmoid_of(float g) { return __fdiv_rn(1.f, __fadd_rn(1.f, exp_inl_dev(-g))); }
 
 __global__ void k_add(float* __restrict__ x, const float* __restrict__ y, int64_t n) {

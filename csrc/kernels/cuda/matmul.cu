@@ -2,9 +2,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <stdexcept>
 
 #include "kernels/cuda/decode.cuh"
+#include "kernels/cuda/exp_inl.cuh"
 #include "kernels/cuda/matmul_cuda.h"
 #include "kernels/iq_tables.h"
 #include "kernels/quants.h"
@@ -18,7 +20,7 @@ namespace {
 
 constexpr int kRowsPerBlock = 16;  // weight rows per thread block: 16 rows x 16 lanes = 256 threads
 constexpr int kMaxT = 16;          // activation rows per launch (longer windows: several launches)
-constexpr int64_t kMaxIntBlocks = 132 * 3;  // int8-activation products: one wave at 3 blocks an SM, grid-stride
+constexpr int64_t kMaxIntBlocks = 4096;  // int8-activation products at T = 1: a block per row group up to this (grid-stride past it)
 constexpr int64_t kRowsForR4 = (int64_t)kRowsPerBlock * 4 * 132 * 8;  // 67584 (tests/test_cuda_matmul.py)
 
 void check(cudaError_t e, const char* what) {
@@ -239,6 +241,322 @@ __global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __r
   }
 }
 
+constexpr int kIq2U = 4;   // k_iq2xxs_warp: blocks of a row per step at T = 1 (2 for more rows: registers)
+
+// One IQ2_XXS block's share of thread (s, l): the grid index, the sign / scale word, the scale d's bits.
+struct Iq2Part {
+  uint32_t idx, aux;
+  uint16_t dh;
+  __device__ __forceinline__ void load(const uint8_t* blk, int s, int l) {
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(blk + 2 + 8 * s + 4);  // even: 66-byte blocks
+    idx = __ldg(blk + 2 + 8 * s + l);
+    aux = (uint32_t)__ldg(h) | (uint32_t)__ldg(h + 1) << 16;
+    dh = __ldg(reinterpret_cast<const uint16_t*>(blk));
+  }
+  __device__ __forceinline__ float d() const { return __fmul_rn(__half2float(__ushort_as_half(dh)), 0.125f); }
+};
+// Grid entry l of sub-block s decoded: its 8 values with their signs as two words of signed bytes, and the scale.
+struct Iq2Vals {
+  int glo, ghi, sc;
+  __device__ __forceinline__ Iq2Vals() {}
+  __device__ __forceinline__ Iq2Vals(const Iq2Part& w, const uint64_t* grid, const uint64_t* smask, int l) {
+    const uint64_t g = grid[w.idx], mk = smask[(w.aux >> (7 * l)) & 127];
+    const uint32_t mlo = (uint32_t)mk, mhi = (uint32_t)(mk >> 32);
+    // -g bytewise as (g ^ 0xff) + 1: no carry between bytes (grid values are 8..43)
+    glo = (int)(((uint32_t)g ^ mlo) + (mlo & 0x01010101u));
+    ghi = (int)(((uint32_t)(g >> 32) ^ mhi) + (mhi & 0x01010101u));
+    sc = 2 * (int)(w.aux >> 28) + 1;
+  }
+  // lane k = 4 l + 2 hi4 + hi3's integer sum over the block (k_int's P), summed over the warp's 8 sub-blocks;
+  // act: the 4 value pairs of thread (s, l) (16-bit words)
+  __device__ __forceinline__ int lane_sum(const uint32_t* act, bool hi4, bool hi3) const {
+    const int p0 = sc * __dp4a(glo, (int)act[0], 0), p1 = sc * __dp4a(glo, (int)(act[1] << 16), 0);
+    const int p2 = sc * __dp4a(ghi, (int)act[2], 0), p3 = sc * __dp4a(ghi, (int)(act[3] << 16), 0);
+    // the sum over s (bits 2..4 of the thread), keeping pair m = 2 hi4 + hi3
+    const int a0 = (hi4 ? p2 : p0) + __shfl_xor_sync(0xffffffffu, hi4 ? p0 : p2, 16);
+    const int a1 = (hi4 ? p3 : p1) + __shfl_xor_sync(0xffffffffu, hi4 ? p1 : p3, 16);
+    const int c = (hi3 ? a1 : a0) + __shfl_xor_sync(0xffffffffu, hi3 ? a0 : a1, 8);
+    return c + __shfl_xor_sync(0xffffffffu, c, 4);
+  }
+};
+
+// reduce16's tree over the warp's lanes: lane k + 8 is thread t ^ 2, k + 4 is t ^ 1, k + 2 is t ^ 16, k + 1 is
+// t ^ 8 (a + b == b + a bit for bit); thread 0 (lane 0) gets the sum.
+__device__ __forceinline__ float reduce16_iq2(float L) {
+  L = __fadd_rn(L, __shfl_xor_sync(0xffffffffu, L, 2));
+  L = __fadd_rn(L, __shfl_xor_sync(0xffffffffu, L, 1));
+  L = __fadd_rn(L, __shfl_xor_sync(0xffffffffu, L, 16));
+  return __fadd_rn(L, __shfl_xor_sync(0xffffffffu, L, 8));
+}
+
+// IQ2_XXS products of 2..4 activation rows, a warp per weight row (T = 1: k_iq2xxs_warp1 below; k_int's 16 lanes per row re-decode each grid entry for 2 of its 8
+// values and were instruction-bound: ~115 warp instructions per 66-byte block). Thread t = 4 s + l of the warp
+// decodes the 8 values of grid entry l of sub-block s once, with the IQ signs applied bytewise and 4 dp4a's giving
+// the 4 value pairs (2 k, 2 k + 1) of matmul.h's lanes k = 4 l + m, m = 0..3. Lane k's integer sum over the
+// block, P_k = sum over s of (2 sc_s + 1) * pair, is the same integer as k_int's (integer sums: any order),
+// gathered over the 8 sub-blocks by shuffles; then L_k = fma(d * dx, P_k, L_k) over the blocks in order and
+// reduce16's tree over the lanes, as k_int: the same float operations in the same order, so the same bits, for
+// every activation row the warp takes.
+// Activations: k_quantize's lane-major layout, value 32 s + 2 k + i at 16 k + 2 s + i: pair m of thread (s, l)
+// is the 16-bit word at 64 l + 16 m + 2 s. Blocks are taken kU at a time, their weight loads issued together.
+// Activation rows (up to TT, each with its own output row), by the block's y index:
+//   sel: slot blockIdx.y alone (as k_int's);  neither: rows 0..T-1 of q and y.
+// 256 threads = 8 warps; each warp takes rpw consecutive weight rows.
+// kPair (matmul_sel_swiglu): the warp also takes row r of W2 (the up matrix, same shape) over the same activation
+// loads, writes it to y2 and silu(y) * y2 to y: layers.cu's silu_mul, the same operations.
+template <int kU, bool kPair, int TT>
+__global__ void __launch_bounds__(256) k_iq2xxs_warp(const uint8_t* __restrict__ W, const uint8_t* __restrict__ W2,
+                                                     size_t row_bytes, int64_t rows, int64_t nb,
+                                                     const int8_t* __restrict__ q, const float* __restrict__ dx,
+                                                     float* __restrict__ y, float* __restrict__ y2, int64_t ldy,
+                                                     const int32_t* __restrict__ sel, const int32_t* __restrict__,
+                                                     size_t ebytes, size_t ebytes2, int xdiv, int T, int rpw) {
+  int c = T, xr[TT], yr[TT];
+#pragma unroll
+  for (int j = 0; j < TT; j++) xr[j] = yr[j] = j;
+  if (sel) {
+    const int slot = blockIdx.y;
+    c = 1;
+    W += (size_t)sel[slot] * ebytes;
+    if constexpr (kPair) W2 += (size_t)sel[slot] * ebytes2;
+    xr[0] = slot / xdiv;
+    yr[0] = slot;
+  }
+  __shared__ uint64_t grid[256];
+  __shared__ uint64_t smask[128];  // g_ksigns[i] as byte masks: byte e = 0xff where bit e is set (negative)
+  const int t = threadIdx.x & 31, s = t >> 2, l = t & 3;
+  const bool hi4 = (t >> 4) & 1, hi3 = (t >> 3) & 1;
+  const int64_t cols = nb * QK_K;
+  const int64_t rfirst = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * rpw;
+  Iq2Part w[kU], w2[kPair ? kU : 1];
+  const uint8_t *row = nullptr, *row2 = nullptr;
+  auto load = [&](int64_t b0) {
+#pragma unroll
+    for (int u = 0; u < kU; u++) {
+      const int64_t b = b0 + u < nb ? b0 + u : nb - 1;
+      w[u].load(row + b * IQ2_XXS::kBytes, s, l);
+      if constexpr (kPair) w2[u].load(row2 + b * IQ2_XXS::kBytes, s, l);
+    }
+  };
+  auto set_row = [&](int64_t r) {
+    const int64_t rr = r < rows ? r : rows - 1;
+    row = W + rr * row_bytes;
+    if constexpr (kPair) row2 = W2 + rr * row_bytes;
+  };
+  set_row(rfirst);
+  load(0);  // in flight while the tables load
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+    grid[i] = g_iq2xxs_grid[i];
+    if (i < 128) {
+      const uint32_t sg = g_ksigns[i];
+      uint64_t mk = 0;
+      for (int e = 0; e < 8; e++)
+        if ((sg >> e) & 1) mk |= (uint64_t)0xff << (8 * e);
+      smask[i] = mk;
+    }
+  }
+  __syncthreads();
+  for (int64_t r = rfirst; r < rfirst + rpw && r < rows; r++) {
+    if (r != rfirst) {
+      set_row(r);
+      load(0);
+    }
+    float L[TT], L2[TT];  // lane k = 4 l + 2 hi4 + hi3 (held twice: t and t ^ 4)
+#pragma unroll
+    for (int j = 0; j < TT; j++) L[j] = L2[j] = 0.f;
+    for (int64_t b0 = 0; b0 < nb; b0 += kU) {
+      Iq2Vals v[kU], v2[kPair ? kU : 1];
+#pragma unroll
+      for (int u = 0; u < kU; u++) {
+        v[u] = Iq2Vals(w[u], grid, smask, l);
+        if constexpr (kPair) v2[u] = Iq2Vals(w2[u], grid, smask, l);
+      }
+      float d[kU], d2[kU];
+#pragma unroll
+      for (int u = 0; u < kU; u++) {
+        d[u] = w[u].d();
+        d2[u] = kPair ? w2[u].d() : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < TT; j++) {
+        if (j >= c) break;
+        uint32_t act[kU][4];
+        float dxb[kU];
+#pragma unroll
+        for (int u = 0; u < kU; u++) {
+          const int64_t b = b0 + u < nb ? b0 + u : nb - 1;
+          const uint16_t* qa = reinterpret_cast<const uint16_t*>(q + xr[j] * cols + b * QK_K + 64 * l + 2 * s);
+#pragma unroll
+          for (int m = 0; m < 4; m++) act[u][m] = __ldg(qa + 8 * m);
+          dxb[u] = __ldg(dx + xr[j] * nb + b);
+        }
+#pragma unroll
+        for (int u = 0; u < kU; u++) {
+          const int P = v[u].lane_sum(act[u], hi4, hi3);
+          int P2 = 0;
+          if constexpr (kPair) P2 = v2[u].lane_sum(act[u], hi4, hi3);
+          if (b0 + u < nb) {
+            L[j] = fmaf(__fmul_rn(d[u], dxb[u]), (float)P, L[j]);
+            if constexpr (kPair) L2[j] = fmaf(__fmul_rn(d2[u], dxb[u]), (float)P2, L2[j]);
+          }
+        }
+      }
+      if (b0 + kU < nb) load(b0 + kU);  // in flight while the chain's last fmas and the next decode wait
+    }
+#pragma unroll
+    for (int j = 0; j < TT; j++) {
+      if (j >= c) break;
+      const float g = __fsub_rn(reduce16_iq2(L[j]), 0.f);  // k_int's y = s - Lm, Lm = 0
+      float up = 0.f;
+      if constexpr (kPair) up = __fsub_rn(reduce16_iq2(L2[j]), 0.f);
+      if (t == 0) {
+        if constexpr (kPair) {
+          y2[(int64_t)yr[j] * ldy + r] = up;
+          y[(int64_t)yr[j] * ldy + r] = __fmul_rn(silu_of(g), up);
+        } else {
+          y[(int64_t)yr[j] * ldy + r] = g;
+        }
+      }
+    }
+  }
+}
+
+// One IQ2_XXS block's share of thread (s, l): the grid index, the sign / scale word, the scale d's bits.
+struct Iq2Part1 {
+  uint32_t idx, aux;
+  uint16_t dh;
+  __device__ __forceinline__ void load(const uint8_t* blk, int s, int l) {
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(blk + 2 + 8 * s + 4);  // even: 66-byte blocks
+    idx = __ldg(blk + 2 + 8 * s + l);
+    aux = (uint32_t)__ldg(h) | (uint32_t)__ldg(h + 1) << 16;
+    dh = __ldg(reinterpret_cast<const uint16_t*>(blk));
+  }
+  // lane k = 4 l + 2 hi4 + hi3's integer sum over the block (k_int's P), summed over the warp's 8 sub-blocks
+  __device__ __forceinline__ int lane_sum(const uint64_t* grid, const uint64_t* smask, const uint32_t* act, int l,
+                                          bool hi4, bool hi3) const {
+    const uint64_t g = grid[idx], mk = smask[(aux >> (7 * l)) & 127];
+    const uint32_t mlo = (uint32_t)mk, mhi = (uint32_t)(mk >> 32);
+    // -g bytewise as (g ^ 0xff) + 1: no carry between bytes (grid values are 8..43)
+    const int glo = (int)(((uint32_t)g ^ mlo) + (mlo & 0x01010101u));
+    const int ghi = (int)(((uint32_t)(g >> 32) ^ mhi) + (mhi & 0x01010101u));
+    const int sc = 2 * (int)(aux >> 28) + 1;
+    const int p0 = sc * __dp4a(glo, (int)act[0], 0), p1 = sc * __dp4a(glo, (int)(act[1] << 16), 0);
+    const int p2 = sc * __dp4a(ghi, (int)act[2], 0), p3 = sc * __dp4a(ghi, (int)(act[3] << 16), 0);
+    // the sum over s (bits 2..4 of the thread), keeping pair m = 2 hi4 + hi3
+    const int a0 = (hi4 ? p2 : p0) + __shfl_xor_sync(0xffffffffu, hi4 ? p0 : p2, 16);
+    const int a1 = (hi4 ? p3 : p1) + __shfl_xor_sync(0xffffffffu, hi4 ? p1 : p3, 16);
+    const int c = (hi3 ? a1 : a0) + __shfl_xor_sync(0xffffffffu, hi3 ? a0 : a1, 8);
+    return c + __shfl_xor_sync(0xffffffffu, c, 4);
+  }
+  __device__ __forceinline__ float d() const { return __fmul_rn(__half2float(__ushort_as_half(dh)), 0.125f); }
+};
+
+// IQ2_XXS at T = 1, a warp per weight row (k_int's 16 lanes per row re-decode each grid entry for 2 of its 8
+// values and were instruction-bound: ~115 warp instructions per 66-byte block). Thread t = 4 s + l of the warp
+// decodes the 8 values of grid entry l of sub-block s once, with the IQ signs applied bytewise and 4 dp4a's giving
+// the 4 value pairs (2 k, 2 k + 1) of matmul.h's lanes k = 4 l + m, m = 0..3. Lane k's integer sum over the
+// block, P_k = sum over s of (2 sc_s + 1) * pair, is the same integer as k_int's (integer sums: any order),
+// gathered over the 8 sub-blocks by shuffles; then L_k = fma(d * dx, P_k, L_k) over the blocks in order and
+// reduce16's tree over the lanes, as k_int: the same float operations in the same order, so the same bits.
+// Activations: k_quantize's lane-major layout, value 32 s + 2 k + i at 16 k + 2 s + i: pair m of thread (s, l)
+// is the 16-bit word at 64 l + 16 m + 2 s. Blocks are taken kU at a time, their loads issued together.
+// sel as k_int's (blockIdx.y = slot). 256 threads = 8 rows a block.
+// kPair (matmul_sel_swiglu): the warp also takes row r of W2 (the up matrix, same shape) over the same activation
+// loads, writes it to y2 and silu(y) * y2 to y: layers.cu's silu_mul, the same operations.
+template <int kU, bool kPair>
+__global__ void __launch_bounds__(256) k_iq2xxs_warp1(const uint8_t* __restrict__ W, const uint8_t* __restrict__ W2,
+                                                     size_t row_bytes, int64_t rows, int64_t nb,
+                                                     const int8_t* __restrict__ q, const float* __restrict__ dx,
+                                                     float* __restrict__ y, float* __restrict__ y2, int64_t ldy,
+                                                     const int32_t* __restrict__ sel, size_t ebytes, size_t ebytes2,
+                                                     int xdiv) {
+  if (sel) {
+    const int slot = blockIdx.y;
+    W += (size_t)sel[slot] * ebytes;
+    if constexpr (kPair) W2 += (size_t)sel[slot] * ebytes2;
+    q += (int64_t)(slot / xdiv) * nb * QK_K;
+    dx += (int64_t)(slot / xdiv) * nb;
+    y += (int64_t)slot * ldy;
+    if constexpr (kPair) y2 += (int64_t)slot * ldy;
+  }
+  __shared__ uint64_t grid[256];
+  __shared__ uint64_t smask[128];  // g_ksigns[i] as byte masks: byte e = 0xff where bit e is set (negative)
+  const int t = threadIdx.x & 31, s = t >> 2, l = t & 3;
+  const int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const bool live = r < rows;
+  const uint8_t* row = W + (live ? r : rows - 1) * row_bytes;
+  const uint8_t* row2 = kPair ? W2 + (live ? r : rows - 1) * row_bytes : nullptr;
+  Iq2Part1 w[kU], w2[kPair ? kU : 1];
+  uint32_t act[kU][4];
+  float dxb[kU];
+  auto load = [&](int64_t b0) {
+#pragma unroll
+    for (int u = 0; u < kU; u++) {
+      const int64_t b = b0 + u < nb ? b0 + u : nb - 1;
+      w[u].load(row + b * IQ2_XXS::kBytes, s, l);
+      if constexpr (kPair) w2[u].load(row2 + b * IQ2_XXS::kBytes, s, l);
+      const uint16_t* qa = reinterpret_cast<const uint16_t*>(q + b * QK_K + 64 * l + 2 * s);
+#pragma unroll
+      for (int m = 0; m < 4; m++) act[u][m] = __ldg(qa + 8 * m);
+      dxb[u] = __ldg(dx + b);
+    }
+  };
+  load(0);  // in flight while the tables load
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+    grid[i] = g_iq2xxs_grid[i];
+    if (i < 128) {
+      const uint32_t sg = g_ksigns[i];
+      uint64_t mk = 0;
+      for (int e = 0; e < 8; e++)
+        if ((sg >> e) & 1) mk |= (uint64_t)0xff << (8 * e);
+      smask[i] = mk;
+    }
+  }
+  __syncthreads();
+  const bool hi4 = (t >> 4) & 1, hi3 = (t >> 3) & 1;
+  float L = 0.f, L2 = 0.f;  // lane k = 4 l + 2 hi4 + hi3 (held twice: t and t ^ 4)
+  for (int64_t b0 = 0; b0 < nb; b0 += kU) {
+    int P[kU], P2[kPair ? kU : 1];
+    float dd[kU], dd2[kPair ? kU : 1];
+#pragma unroll
+    for (int u = 0; u < kU; u++) {
+      P[u] = w[u].lane_sum(grid, smask, act[u], l, hi4, hi3);
+      dd[u] = __fmul_rn(w[u].d(), dxb[u]);
+      if constexpr (kPair) {
+        P2[u] = w2[u].lane_sum(grid, smask, act[u], l, hi4, hi3);
+        dd2[u] = __fmul_rn(w2[u].d(), dxb[u]);
+      }
+    }
+    if (b0 + kU < nb) load(b0 + kU);
+#pragma unroll
+    for (int u = 0; u < kU; u++)
+      if (b0 + u < nb) {
+        L = fmaf(dd[u], (float)P[u], L);
+        if constexpr (kPair) L2 = fmaf(dd2[u], (float)P2[u], L2);
+      }
+  }
+  L = reduce16_iq2(L);
+  if constexpr (kPair) L2 = reduce16_iq2(L2);
+  if (t == 0 && live) {
+    const float g = __fsub_rn(L, 0.f);  // k_int's y = s - Lm, Lm = 0
+    if constexpr (kPair) {
+      const float up = __fsub_rn(L2, 0.f);
+      y2[r] = up;
+      y[r] = __fmul_rn(silu_of(g), up);
+    } else {
+      y[r] = g;
+    }
+  }
+}
+
+// Expert products of n slots over IQ2_XXS (kPair: gate and up, then SwiGLU): a warp per (slot, weight row).
+template <bool kPair>
+void launch_iq2_sel(const MatView& W, const uint8_t* W2, size_t eb, size_t eb2, const int32_t* sel, int n, int xdiv,
+                    const int8_t* q, const float* dx, float* y, float* y2, int64_t ldy, cudaStream_t st) {
+  k_iq2xxs_warp1<kIq2U, kPair><<<dim3((unsigned)((W.rows + 7) / 8), (unsigned)n), 256, 0, st>>>(
+      W.data, W2, W.row_bytes, W.rows, W.cols / QK_K, q, dx, y, y2, ldy, sel, eb, eb2, xdiv);
+}
+
 // quantize_act_ref on the card: one thread block of 256 per (row t, block b). amax = max |x| (a max: any order),
 // iscale = 127 / amax, q = round-half-even(iscale * x), dx = amax / 127 (IEEE division, as on the CPU).
 // Stored lane-major: value v = 32 s + 2 k + i of block b at b * 256 + 16 k + 2 s + i, so that lane k of k_int
@@ -366,11 +684,28 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
   const int64_t g16 = (W.rows + kRowsPerBlock - 1) / kRowsPerBlock;
   const int threads = threads_for(g16);
   const int64_t groups = (W.rows + threads / 16 - 1) / (threads / 16);  // at most 4096 blocks, each over several
-  const int64_t cap = 132 * (T > 4 ? 2 : 3);  // one wave (T > 4: 2 blocks an SM, their registers)
+  // T = 1: a block per row group (spread over the waves: capping it at one wave of fat blocks slowed the 80B step,
+  // docs/BENCHMARKS.md fifth milestone); T > 1: one wave (T > 4: 2 blocks an SM, their registers), grid-stride
+  const int64_t cap = T == 1 ? kMaxIntBlocks : 132 * (T > 4 ? 2 : 3);
   const dim3 grid((unsigned)(groups < cap ? groups : cap));  // groups (the IQ tables: once each)
   auto go = [&](auto kern) {
     kern<<<grid, threads, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1);
   };
+  if constexpr (std::is_same_v<D, IQ2_XXS>) {  // a warp per row: T = 1 alone, up to 4 rows together
+    const int rpw = nb <= 2 ? 4 : 1;
+    const unsigned gx = (unsigned)((W.rows + 8 * rpw - 1) / (8 * rpw));
+    auto warp = [&](auto kern) {
+      kern<<<gx, 256, 0, st>>>(W.data, nullptr, W.row_bytes, W.rows, nb, q, dx, y, nullptr, ldy, nullptr, nullptr, 0, 0,
+                               1, T, rpw);
+    };
+    if (T == 1) {
+      k_iq2xxs_warp1<kIq2U, false><<<(unsigned)((W.rows + 7) / 8), 256, 0, st>>>(
+          W.data, nullptr, W.row_bytes, W.rows, nb, q, dx, y, nullptr, ldy, nullptr, 0, 0, 1);
+      return;
+    }
+    if (T == 2) return warp(k_iq2xxs_warp<2, false, 2>);
+    if (T <= 4) return warp(k_iq2xxs_warp<2, false, 4>);
+  }
   if (T == 1) go(k_int<D, 1>);
   else if (T == 2) go(k_int<D, 2>);
   else if (T <= 4) go(k_int<D, 4>);
@@ -457,8 +792,9 @@ void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int6
   }
 }
 
-size_t matmul_sel_scratch_bytes(uint32_t type, int n_x, int64_t cols) {
+size_t matmul_sel_scratch_bytes(uint32_t type, int n, int xdiv, int64_t cols) {
   if (!int_act_type(type)) return 0;
+  const int n_x = (n + xdiv - 1) / xdiv;
   return (size_t)n_x * cols + (size_t)n_x * (cols / QK_K) * sizeof(float);
 }
 
@@ -477,6 +813,10 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
       int8_t* q = static_cast<int8_t*>(scratch);
       float* dx = reinterpret_cast<float*>(q + (size_t)n_x * W0.cols);
       if (!quantized) k_quantize<<<dim3((unsigned)nb, (unsigned)n_x), 256, 0, st>>>(x, ldx, nb, q, dx);
+      if constexpr (std::is_same_v<D, IQ2_XXS>) {
+        launch_iq2_sel<false>(W0, nullptr, ebytes, 0, sel, n, xdiv, q, dx, y, nullptr, ldy, st);
+        return;
+      }
       const int threads = threads_for((W0.rows + kRowsPerBlock - 1) / kRowsPerBlock * n);
       const int64_t groups = (W0.rows + threads / 16 - 1) / (threads / 16);
       const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, kMaxIntBlocks / n));
@@ -491,6 +831,25 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
   });
   if (!ok) fail<std::invalid_argument>("cuda matmul_sel: no CUDA kernel for weight type ", type_name(W0.type));
   check(cudaGetLastError(), "launch of the expert product kernel");
+}
+
+bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, size_t up_bytes, const int32_t* sel,
+                       int n, int xdiv, const float* x, int64_t ldx, float* g, float* u, void* scratch, void* stream,
+                       bool quantized) {
+  if (Wg.type != GGML_IQ2_XXS || Wu.type != GGML_IQ2_XXS || Wg.rows != Wu.rows || Wg.cols != Wu.cols ||
+      Wg.row_bytes != Wu.row_bytes)
+    return false;
+  STRATA_CHECK(n >= 1 && n <= 65535 && xdiv >= 1 && Wg.cols % QK_K == 0, "cuda matmul_sel_swiglu: n = ", n,
+               ", xdiv = ", xdiv, ", cols = ", Wg.cols);
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const int n_x = (n + xdiv - 1) / xdiv;
+  const int64_t nb = Wg.cols / QK_K;
+  int8_t* q = static_cast<int8_t*>(scratch);
+  float* dx = reinterpret_cast<float*>(q + (size_t)n_x * Wg.cols);
+  if (!quantized) k_quantize<<<dim3((unsigned)nb, (unsigned)n_x), 256, 0, st>>>(x, ldx, nb, q, dx);
+  launch_iq2_sel<true>(Wg, Wu.data, gate_bytes, up_bytes, sel, n, xdiv, q, dx, g, u, Wg.rows, st);
+  check(cudaGetLastError(), "launch of the fused expert gate / up kernel");
+  return true;
 }
 
 void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y, int64_t ldy,

@@ -23,10 +23,15 @@ size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols);
 void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch,
             void* stream, bool quantized = false);
 // Expert products over a device selection (backend.h matmul_sel): slot s < n: y[s] = W_{sel[s]} . x[s / xdiv].
-// Scratch: matmul_sel_scratch_bytes(type, ceil(n / xdiv), cols).
-size_t matmul_sel_scratch_bytes(uint32_t type, int n_x, int64_t cols);
+// Scratch: matmul_sel_scratch_bytes(type, n, xdiv, cols).
+size_t matmul_sel_scratch_bytes(uint32_t type, int n, int xdiv, int64_t cols);
 void matmul_sel(const MatView& W0, size_t expert_bytes, const int32_t* sel, int n, int xdiv, const float* x,
                 int64_t ldx, float* y, int64_t ldy, void* scratch, void* stream, bool quantized = false);
+// backend.h matmul_sel_swiglu in one kernel (gate and up rows of a slot by one warp, sharing the activation loads);
+// false (nothing issued) where there is no such kernel (types other than IQ2_XXS, gate and up of different shapes).
+bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, size_t up_bytes, const int32_t* sel,
+                       int n, int xdiv, const float* x, int64_t ldx, float* g, float* u, void* scratch, void* stream,
+                       bool quantized = false);
 // T rows of n: ops.h rmsnorm.
 void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y, int64_t ldy,
              void* stream);
