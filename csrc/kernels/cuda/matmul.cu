@@ -299,50 +299,30 @@ __device__ __forceinline__ float reduce16_iq2(float L) {
 // every activation row the warp takes.
 // Activations: k_quantize's lane-major layout, value 32 s + 2 k + i at 16 k + 2 s + i: pair m of thread (s, l)
 // is the 16-bit word at 64 l + 16 m + 2 s. Blocks are taken kU at a time, their weight loads issued together.
-// Activation rows (up to TT, each with its own output row), by the block's y index:
-//   sel: slot blockIdx.y alone (as k_int's);  neither: rows 0..T-1 of q and y.
-// 256 threads = 8 warps; each warp takes rpw consecutive weight rows.
-// kPair (matmul_sel_swiglu): the warp also takes row r of W2 (the up matrix, same shape) over the same activation
-// loads, writes it to y2 and silu(y) * y2 to y: layers.cu's silu_mul, the same operations.
-template <int kU, bool kPair, int TT>
-__global__ void __launch_bounds__(256) k_iq2xxs_warp(const uint8_t* __restrict__ W, const uint8_t* __restrict__ W2,
-                                                     size_t row_bytes, int64_t rows, int64_t nb,
-                                                     const int8_t* __restrict__ q, const float* __restrict__ dx,
-                                                     float* __restrict__ y, float* __restrict__ y2, int64_t ldy,
-                                                     const int32_t* __restrict__ sel, const int32_t* __restrict__,
-                                                     size_t ebytes, size_t ebytes2, int xdiv, int T, int rpw) {
-  int c = T, xr[TT], yr[TT];
-#pragma unroll
-  for (int j = 0; j < TT; j++) xr[j] = yr[j] = j;
-  if (sel) {
-    const int slot = blockIdx.y;
-    c = 1;
-    W += (size_t)sel[slot] * ebytes;
-    if constexpr (kPair) W2 += (size_t)sel[slot] * ebytes2;
-    xr[0] = slot / xdiv;
-    yr[0] = slot;
-  }
+// Activation rows 0..T-1 of q (T <= TT), each into its own row of y (windows of 2..4 dense rows; the experts'
+// products at T = 1 and per slot are k_iq2xxs_warp1's). 256 threads = 8 warps; each warp takes rpw consecutive
+// weight rows.
+template <int kU, int TT>
+__global__ void __launch_bounds__(256) k_iq2xxs_warp(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
+                                                     int64_t nb, const int8_t* __restrict__ q,
+                                                     const float* __restrict__ dx, float* __restrict__ y, int64_t ldy,
+                                                     int T, int rpw) {
   __shared__ uint64_t grid[256];
   __shared__ uint64_t smask[128];  // g_ksigns[i] as byte masks: byte e = 0xff where bit e is set (negative)
   const int t = threadIdx.x & 31, s = t >> 2, l = t & 3;
   const bool hi4 = (t >> 4) & 1, hi3 = (t >> 3) & 1;
   const int64_t cols = nb * QK_K;
   const int64_t rfirst = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * rpw;
-  Iq2Part w[kU], w2[kPair ? kU : 1];
-  const uint8_t *row = nullptr, *row2 = nullptr;
+  Iq2Part w[kU];
+  const uint8_t* row = nullptr;
   auto load = [&](int64_t b0) {
 #pragma unroll
     for (int u = 0; u < kU; u++) {
       const int64_t b = b0 + u < nb ? b0 + u : nb - 1;
       w[u].load(row + b * IQ2_XXS::kBytes, s, l);
-      if constexpr (kPair) w2[u].load(row2 + b * IQ2_XXS::kBytes, s, l);
     }
   };
-  auto set_row = [&](int64_t r) {
-    const int64_t rr = r < rows ? r : rows - 1;
-    row = W + rr * row_bytes;
-    if constexpr (kPair) row2 = W2 + rr * row_bytes;
-  };
+  auto set_row = [&](int64_t r) { row = W + (r < rows ? r : rows - 1) * row_bytes; };
   set_row(rfirst);
   load(0);  // in flight while the tables load
   for (int i = threadIdx.x; i < 256; i += blockDim.x) {
@@ -361,62 +341,43 @@ __global__ void __launch_bounds__(256) k_iq2xxs_warp(const uint8_t* __restrict__
       set_row(r);
       load(0);
     }
-    float L[TT], L2[TT];  // lane k = 4 l + 2 hi4 + hi3 (held twice: t and t ^ 4)
+    float L[TT];  // lane k = 4 l + 2 hi4 + hi3 (held twice: t and t ^ 4)
 #pragma unroll
-    for (int j = 0; j < TT; j++) L[j] = L2[j] = 0.f;
+    for (int j = 0; j < TT; j++) L[j] = 0.f;
     for (int64_t b0 = 0; b0 < nb; b0 += kU) {
-      Iq2Vals v[kU], v2[kPair ? kU : 1];
+      Iq2Vals v[kU];
+      float d[kU];
 #pragma unroll
       for (int u = 0; u < kU; u++) {
         v[u] = Iq2Vals(w[u], grid, smask, l);
-        if constexpr (kPair) v2[u] = Iq2Vals(w2[u], grid, smask, l);
-      }
-      float d[kU], d2[kU];
-#pragma unroll
-      for (int u = 0; u < kU; u++) {
         d[u] = w[u].d();
-        d2[u] = kPair ? w2[u].d() : 0.f;
       }
 #pragma unroll
       for (int j = 0; j < TT; j++) {
-        if (j >= c) break;
+        if (j >= T) break;
         uint32_t act[kU][4];
         float dxb[kU];
 #pragma unroll
         for (int u = 0; u < kU; u++) {
           const int64_t b = b0 + u < nb ? b0 + u : nb - 1;
-          const uint16_t* qa = reinterpret_cast<const uint16_t*>(q + xr[j] * cols + b * QK_K + 64 * l + 2 * s);
+          const uint16_t* qa = reinterpret_cast<const uint16_t*>(q + j * cols + b * QK_K + 64 * l + 2 * s);
 #pragma unroll
           for (int m = 0; m < 4; m++) act[u][m] = __ldg(qa + 8 * m);
-          dxb[u] = __ldg(dx + xr[j] * nb + b);
+          dxb[u] = __ldg(dx + j * nb + b);
         }
 #pragma unroll
         for (int u = 0; u < kU; u++) {
           const int P = v[u].lane_sum(act[u], hi4, hi3);
-          int P2 = 0;
-          if constexpr (kPair) P2 = v2[u].lane_sum(act[u], hi4, hi3);
-          if (b0 + u < nb) {
-            L[j] = fmaf(__fmul_rn(d[u], dxb[u]), (float)P, L[j]);
-            if constexpr (kPair) L2[j] = fmaf(__fmul_rn(d2[u], dxb[u]), (float)P2, L2[j]);
-          }
+          if (b0 + u < nb) L[j] = fmaf(__fmul_rn(d[u], dxb[u]), (float)P, L[j]);
         }
       }
       if (b0 + kU < nb) load(b0 + kU);  // in flight while the chain's last fmas and the next decode wait
     }
 #pragma unroll
     for (int j = 0; j < TT; j++) {
-      if (j >= c) break;
+      if (j >= T) break;
       const float g = __fsub_rn(reduce16_iq2(L[j]), 0.f);  // k_int's y = s - Lm, Lm = 0
-      float up = 0.f;
-      if constexpr (kPair) up = __fsub_rn(reduce16_iq2(L2[j]), 0.f);
-      if (t == 0) {
-        if constexpr (kPair) {
-          y2[(int64_t)yr[j] * ldy + r] = up;
-          y[(int64_t)yr[j] * ldy + r] = __fmul_rn(silu_of(g), up);
-        } else {
-          y[(int64_t)yr[j] * ldy + r] = g;
-        }
-      }
+      if (t == 0) y[(int64_t)j * ldy + r] = g;
     }
   }
 }
@@ -694,17 +655,14 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
   if constexpr (std::is_same_v<D, IQ2_XXS>) {  // a warp per row: T = 1 alone, up to 4 rows together
     const int rpw = nb <= 2 ? 4 : 1;
     const unsigned gx = (unsigned)((W.rows + 8 * rpw - 1) / (8 * rpw));
-    auto warp = [&](auto kern) {
-      kern<<<gx, 256, 0, st>>>(W.data, nullptr, W.row_bytes, W.rows, nb, q, dx, y, nullptr, ldy, nullptr, nullptr, 0, 0,
-                               1, T, rpw);
-    };
+    auto warp = [&](auto kern) { kern<<<gx, 256, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, y, ldy, T, rpw); };
     if (T == 1) {
       k_iq2xxs_warp1<kIq2U, false><<<(unsigned)((W.rows + 7) / 8), 256, 0, st>>>(
           W.data, nullptr, W.row_bytes, W.rows, nb, q, dx, y, nullptr, ldy, nullptr, 0, 0, 1);
       return;
     }
-    if (T == 2) return warp(k_iq2xxs_warp<2, false, 2>);
-    if (T <= 4) return warp(k_iq2xxs_warp<2, false, 4>);
+    if (T == 2) return warp(k_iq2xxs_warp<2, 2>);
+    if (T <= 4) return warp(k_iq2xxs_warp<2, 4>);
   }
   if (T == 1) go(k_int<D, 1>);
   else if (T == 2) go(k_int<D, 2>);
