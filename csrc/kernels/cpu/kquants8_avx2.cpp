@@ -113,8 +113,7 @@ struct Dec8IQ2XXS {
     for (int ib = 0; ib < 8; ib++) {
       const uint8_t* q = b + 2 + 8 * ib;
       const uint32_t aux1 = u32_at(q + 4);
-      const __m128i idx = _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)u32_at(q)));
-      o.w[ib] = iq_signed(gather4(kIq2xxsGrid, idx), aux1);
+      o.w[ib] = iq_signed(iq2xxs_grid4(q), aux1);
       o.s16[2 * ib] = o.s16[2 * ib + 1] = (int16_t)(2 * (aux1 >> 28) + 1);
     }
   }
@@ -131,8 +130,7 @@ struct Dec8IQ3XXS {
     for (int ib = 0; ib < 8; ib++) {
       const uint8_t* q = b + 2 + 8 * ib;
       const uint32_t aux = u32_at(b + 66 + 4 * ib);
-      const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
-      o.w[ib] = iq_signed(_mm256_i32gather_epi32(reinterpret_cast<const int*>(kIq3xxsGrid), idx, 4), aux);
+      o.w[ib] = iq_signed(iq3xxs_grid8(q), aux);
       o.s16[2 * ib] = o.s16[2 * ib + 1] = (int16_t)(2 * (aux >> 28) + 1);
     }
   }
