@@ -129,7 +129,7 @@ def test_fast_paths_equal_ref(typ, isa):
     for cols in (256, 512, 1280):
         rows = int(rng.integers(1, 50))
         raw = _blocks(rng, typ, rows, cols, wild=bool(rng.integers(0, 2)))
-        for T in (1, 2, 3, 5, 8, 11, 19):  # 11, 19: several passes (the AVX-512 panel path), a partial last one
+        for T in (1, 2, 3, 5, 8, 11, 19, 37):  # 11, 19, 37: several passes (the panel paths), a partial last one
             x = (rng.standard_normal((T, cols)) * rng.uniform(0.01, 10)).astype(np.float32)
             ref = _core.matmul(raw, typ, rows, cols, x, isa="scalar")
             fast = _core.matmul(raw, typ, rows, cols, x, isa=isa, threads=2)

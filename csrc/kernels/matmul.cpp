@@ -91,7 +91,10 @@ RowsFn rows_fn(uint32_t type, Isa isa) {
 }
 
 RowsManyFn rows_many_fn(uint32_t type, Isa isa) {
-  if (isa == Isa::AVX2) return rows_many_fn_kq_avx2(type);
+  if (isa == Isa::AVX2) {
+    if (RowsManyFn g = rows_many_fn_kq8_avx2(type)) return g;
+    return rows_many_fn_kq_avx2(type);
+  }
   if (isa != Isa::AVX512) return nullptr;
   if (RowsManyFn g = rows_many_fn_kq8_avx512(type)) return g;
   if (vbmi_kernels_on() && rows_fn_kq_avx512vbmi(type)) return rows_many_fn_kq_avx512vbmi(type);  // as rows_fn

@@ -136,7 +136,8 @@ RowsManyFn rows_many_fn(uint32_t type, Isa isa);
 RowsManyFn rows_many_fn_kq_avx512(uint32_t type);
 RowsManyFn rows_many_fn_kq8_avx512(uint32_t type);  // Q4_K (cpu/kquants8_avx512.cpp)
 RowsManyFn rows_many_fn_kq_avx512vbmi(uint32_t type);
-RowsManyFn rows_many_fn_kq_avx2(uint32_t type);  // prompt panels of the widening AVX2 kernel (cpu/kquants_avx2.cpp)
+RowsManyFn rows_many_fn_kq_avx2(uint32_t type);
+RowsManyFn rows_many_fn_kq8_avx2(uint32_t type);  // register-tiled 8-bit panels (cpu/kquants8_avx2.cpp)  // prompt panels of the widening AVX2 kernel (cpu/kquants_avx2.cpp)
 bool cpu_has_avx512vnni();
 bool cpu_has_avx512vbmi();
 // Tests: with false, the AVX-512 path leaves out the VBMI kernels (the same results either way, tested).

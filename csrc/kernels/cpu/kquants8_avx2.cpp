@@ -3,8 +3,9 @@
 // weight to 16 bits and multiplying in its scale (Q4_K at T = 1: 194 -> 150 us for 1024 x 2048, T = 8: 760 ->
 // 460 us, one thread). Each decoder's kMaxT is the longest window that takes this path; longer windows of the
 // signed types (per-row sign operations) the widening kernel, whose decode more rows share. The IQ2_XXS and
-// IQ3_XXS grid rows come from one gather per sub-block (here and in the widening kernel): T = 1 488 -> 226 us
-// and 661 -> 232 us on this Intel core (gathers are slower on AMD Zen 2/3; not measured there). The arithmetic of matmul.h is unchanged:
+// IQ3_XXS grid rows come from one gather per sub-block on Intel (here and in the widening kernel): T = 1 488 -> 226
+// us and 661 -> 232 us on an Intel core; on other CPUs from scalar loads (kq_common.h kGatherFast: the gathers were
+// the slow part on AMD Zen 4). The arithmetic of matmul.h is unchanged:
 // the 16 lane sums P[k] are exact integers, so any exact way of forming them gives the same bits:
 //   per 32-value sub-block j: p_j = maddubs(|w|, x signed like w)   16 int16 lanes, lane k = values 2k, 2k+1
 //     (|w x| pairs <= 2 * 127 * 127 < 2^15: never saturates);
@@ -15,6 +16,8 @@
 // The mins (Q4_K, Q5_K) use the activation sub-block sums as the widening kernel does. Tested bit-identical
 // with the scalar twin on fresh random blocks (tests/test_quant_kernels.py).
 #include <immintrin.h>
+
+#include <cstring>
 
 #include "kernels/cpu/kq_common.h"
 #include "kernels/cpu/reduce16.h"
@@ -36,6 +39,7 @@ struct Blk8 {
 };
 
 struct Dec8Q4K {
+  static constexpr uint32_t kType = GGML_Q4_K;
   static constexpr int kBytes = 144;
   static constexpr int kMaxT = 8;
   static constexpr bool kHasMin = true, kSigned = false;
@@ -53,6 +57,7 @@ struct Dec8Q4K {
 };
 
 struct Dec8Q5K {
+  static constexpr uint32_t kType = GGML_Q5_K;
   static constexpr int kBytes = 176;
   static constexpr int kMaxT = 8;
   static constexpr bool kHasMin = true, kSigned = false;
@@ -74,6 +79,7 @@ struct Dec8Q5K {
 };
 
 struct Dec8Q6K {
+  static constexpr uint32_t kType = GGML_Q6_K;
   static constexpr int kBytes = 210;
   static constexpr int kMaxT = 8;
   static constexpr bool kHasMin = false, kSigned = true;
@@ -98,6 +104,7 @@ struct Dec8Q6K {
 };
 
 struct Dec8IQ2XXS {
+  static constexpr uint32_t kType = GGML_IQ2_XXS;
   static constexpr int kBytes = 66;
   static constexpr int kMaxT = 3;
   static constexpr bool kHasMin = false, kSigned = true;
@@ -107,14 +114,14 @@ struct Dec8IQ2XXS {
     for (int ib = 0; ib < 8; ib++) {
       const uint8_t* q = b + 2 + 8 * ib;
       const uint32_t aux1 = u32_at(q + 4);
-      const __m128i idx = _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)u32_at(q)));
-      o.w[ib] = iq_signed(gather4(kIq2xxsGrid, idx), aux1);
+      o.w[ib] = iq_signed(iq2xxs_grid4(q), aux1);
       o.s16[2 * ib] = o.s16[2 * ib + 1] = (int16_t)(2 * (aux1 >> 28) + 1);
     }
   }
 };
 
 struct Dec8IQ3XXS {
+  static constexpr uint32_t kType = GGML_IQ3_XXS;
   static constexpr int kBytes = 98;
   static constexpr int kMaxT = 3;
   static constexpr bool kHasMin = false, kSigned = true;
@@ -124,14 +131,14 @@ struct Dec8IQ3XXS {
     for (int ib = 0; ib < 8; ib++) {
       const uint8_t* q = b + 2 + 8 * ib;
       const uint32_t aux = u32_at(b + 66 + 4 * ib);
-      const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
-      o.w[ib] = iq_signed(_mm256_i32gather_epi32(reinterpret_cast<const int*>(kIq3xxsGrid), idx, 4), aux);
+      o.w[ib] = iq_signed(iq3xxs_grid8(q), aux);
       o.s16[2 * ib] = o.s16[2 * ib + 1] = (int16_t)(2 * (aux >> 28) + 1);
     }
   }
 };
 
 struct Dec8IQ4XS {
+  static constexpr uint32_t kType = GGML_IQ4_XS;
   static constexpr int kBytes = 136;
   static constexpr int kMaxT = 3;
   static constexpr bool kHasMin = false, kSigned = true;
@@ -277,6 +284,126 @@ RowsFn wide_fn(uint32_t type) {
   return f;
 }
 
+// Prompt windows (several passes): each weight row's blocks decoded and interleaved once into a panel (the
+// weights as rows_kq8_il_t holds them in registers: interleaved bytes, the scale pairs as dwords), then multiplied
+// into every activation row of every pass, 4 rows at a time (a register tile: 4 rows x 2 int32 lane sums per
+// block, the weights of a pair of sub-blocks loaded once for the 4 rows). kPanel8Rows weight rows share one
+// panel, so that a group of activation rows stays in L1 across them. Each output element gets rows_kq8_il_t's
+// exact lane sums and then the same float operations in the same order (fma(d * dx, P, L) per block, reduce16,
+// the mins of mins_pairs per pass): bit-identical to the per-pass kernels and the scalar twin (tested).
+struct alignas(32) Pan8 {
+  __m256i wi[8];  // interleaved weights (wi[2p]: lanes 0-7 of the pair p of sub-blocks, wi[2p + 1]: lanes 8-15)
+  int32_t sc[8];  // the scale pairs of wi[j] (as rows_kq8_il_t's sc[j])
+  float d, dmin;
+  alignas(8) uint8_t m[8];
+};
+constexpr int64_t kPanel8Rows = 8;
+
+template <class Dec>
+inline void pack8(const uint8_t* blk, Pan8& o) {
+  Blk8 k;
+  Dec::decode(blk, k);
+  for (int p = 0; p < 4; p++) {
+    const int j = 2 * p;
+    const __m256i lo = _mm256_unpacklo_epi16(k.w[j], k.w[j + 1]), hi = _mm256_unpackhi_epi16(k.w[j], k.w[j + 1]);
+    _mm256_store_si256(&o.wi[j], _mm256_permute2x128_si256(lo, hi, 0x20));
+    _mm256_store_si256(&o.wi[j + 1], _mm256_permute2x128_si256(lo, hi, 0x31));
+    o.sc[j] = (int)((uint16_t)k.s16[2 * j] | (uint32_t)(uint16_t)k.s16[2 * j + 2] << 16);
+    o.sc[j + 1] = (int)((uint16_t)k.s16[2 * j + 1] | (uint32_t)(uint16_t)k.s16[2 * j + 3] << 16);
+  }
+  o.d = k.d;
+  o.dmin = k.dmin;
+  std::memcpy(o.m, k.m, 8);
+}
+
+// nt (1..4) activation rows x (interleaved, cols apart) against one panel row: the float lane accumulators of
+// each row over all blocks, then y[t] = reduce16 - lm[t].
+template <class Dec, int NT>
+inline void tile8(const Pan8* pb, int64_t nb, const int8_t* x, int64_t cols, const float* dx, const float* lm,
+                  float* y, int64_t ldy) {
+  __m256 Llo[NT], Lhi[NT];
+  for (int t = 0; t < NT; t++) Llo[t] = Lhi[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; b++) {
+    const Pan8& B = pb[b];
+    __m256i A[NT], C[NT];
+    for (int t = 0; t < NT; t++) A[t] = C[t] = _mm256_setzero_si256();
+    for (int p = 0; p < 4; p++) {
+      const int j = 2 * p;
+      const __m256i w0 = _mm256_load_si256(&B.wi[j]), w1 = _mm256_load_si256(&B.wi[j + 1]);
+      const __m256i a0 = Dec::kSigned ? _mm256_abs_epi8(w0) : w0, a1 = Dec::kSigned ? _mm256_abs_epi8(w1) : w1;
+      const __m256i s0 = _mm256_set1_epi32(B.sc[j]), s1 = _mm256_set1_epi32(B.sc[j + 1]);
+      for (int t = 0; t < NT; t++) {
+        const int8_t* xt = x + t * cols + b * QK_K + 64 * p;
+        __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(xt));
+        __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(xt + 32));
+        if (Dec::kSigned) {
+          x0 = _mm256_sign_epi8(x0, w0);
+          x1 = _mm256_sign_epi8(x1, w1);
+        }
+        A[t] = _mm256_add_epi32(A[t], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, x0), s0));
+        C[t] = _mm256_add_epi32(C[t], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, x1), s1));
+      }
+    }
+    for (int t = 0; t < NT; t++) {
+      const __m256 dd = _mm256_set1_ps(B.d * dx[b * 8 + t]);
+      Llo[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(A[t]), Llo[t]);
+      Lhi[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(C[t]), Lhi[t]);
+    }
+  }
+  for (int t = 0; t < NT; t++) y[t * ldy] = reduce16(Llo[t], Lhi[t]) - lm[t];
+}
+
+template <class Dec>
+void rows_kq8_many(const MatView& W, const Act* pass, int np, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  if (!pass[0].q.q8) {  // rows prepared without their int8 copy: the widening kernel, pass after pass
+    for (int p = 0; p < np; p++) wide_fn<Dec>(Dec::kType)(W, pass[p], y + (int64_t)p * kMaxRowsPerPass * ldy, ldy, r0, r1);
+    return;
+  }
+  const int64_t nb = W.cols / QK_K, cols = W.cols;
+  thread_local std::vector<int8_t, Align64<int8_t>> xi;  // every pass's rows interleaved, [pass][8][cols]
+  thread_local std::vector<Pan8, Align64<Pan8>> panel;   // [kPanel8Rows][nb]
+  thread_local std::vector<float> lms;                   // [kPanel8Rows][pass][8]: each row's mins term
+  xi.resize((size_t)np * kMaxRowsPerPass * cols);
+  for (int p = 0; p < np; p++) interleave_q8(pass[p].q, pass[p].T, xi.data() + (size_t)p * kMaxRowsPerPass * cols);
+  if ((int64_t)panel.size() < kPanel8Rows * nb) panel.resize(kPanel8Rows * nb);
+  lms.resize((size_t)kPanel8Rows * np * 8);
+  for (int64_t rb = r0; rb < r1; rb += kPanel8Rows) {
+    const int64_t re = rb + kPanel8Rows < r1 ? rb + kPanel8Rows : r1;
+    for (int64_t r = rb; r < re; r++) {
+      const uint8_t* row = W.data + r * W.row_bytes;
+      Pan8* pb = panel.data() + (r - rb) * nb;
+      for (int64_t b = 0; b < nb; b++) {
+        prefetch_ahead<Dec::kBytes>(row + b * Dec::kBytes);
+        pack8<Dec>(row + b * Dec::kBytes, pb[b]);
+      }
+      for (int p = 0; p < np; p++) {
+        __m256 Lm = _mm256_setzero_ps();
+        if constexpr (Dec::kHasMin)
+          for (int64_t b = 0; b < nb; b++) Lm = mins_pairs(pb[b].m, pass[p].q.bsum + b * 64, pb[b].dmin, pass[p].q.d + b * 8, Lm);
+        _mm256_storeu_ps(lms.data() + ((r - rb) * np + p) * 8, Lm);
+      }
+    }
+    for (int p = 0; p < np; p++) {
+      const int T = pass[p].T;
+      const int8_t* xp = xi.data() + (size_t)p * kMaxRowsPerPass * cols;
+      float* yp = y + (int64_t)p * kMaxRowsPerPass * ldy;
+      for (int t0 = 0; t0 < T; t0 += 2) {
+        const int nt = T - t0 < 2 ? T - t0 : 2;
+        for (int64_t r = rb; r < re; r++) {
+          const Pan8* pb = panel.data() + (r - rb) * nb;
+          const float* lm = lms.data() + ((r - rb) * np + p) * 8 + t0;
+          const int8_t* xt = xp + t0 * cols;
+          const float* dx = pass[p].q.d + t0;
+          float* yt = yp + t0 * ldy + r;
+          if (nt == 2) tile8<Dec, 2>(pb, nb, xt, cols, dx, lm, yt, ldy);
+          else tile8<Dec, 1>(pb, nb, xt, cols, dx, lm, yt, ldy);
+        }
+      }
+    }
+  }
+}
+
+
 template <class Dec, uint32_t kType>
 void rows_kq8(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   // (rows prepared without their int8 copy, QAct::q8, also take the widening kernel)
@@ -292,6 +419,20 @@ void rows_kq8(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0,
 }
 
 }  // namespace
+
+// Measured (1024 x 2048, 128 rows, one thread, CPU time, main's build alternated): Q6_K 36-38 -> 44-46 GMAC/s,
+// IQ3_XXS 33 -> 42-44, IQ4_XS 29-33 -> 45-47, IQ2_XXS (1024 x 1024) 30-31 -> 38-41. Q4_K and Q5_K (unsigned codes)
+// stay on the per-pass interleaved kernel: the panel measured the same there (52-56 GMAC/s both ways), and no better
+// in a 128-token prefill.
+RowsManyFn rows_many_fn_kq8_avx2(uint32_t type) {
+  switch (type) {
+    case GGML_Q6_K: return rows_kq8_many<Dec8Q6K>;
+    case GGML_IQ2_XXS: return rows_kq8_many<Dec8IQ2XXS>;
+    case GGML_IQ3_XXS: return rows_kq8_many<Dec8IQ3XXS>;
+    case GGML_IQ4_XS: return rows_kq8_many<Dec8IQ4XS>;
+    default: return nullptr;
+  }
+}
 
 RowsFn rows_fn_kq8_avx2(uint32_t type) {
   switch (type) {

@@ -94,7 +94,7 @@ struct DecIQ2XXS {
     for (int ib = 0; ib < 8; ib++) {
       const uint8_t* q = b + 2 + 8 * ib;
       const uint32_t aux1 = u32_at(q + 4);
-      const __m256i g = iq_signed(gather4(kIq2xxsGrid, _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)u32_at(q)))), aux1);
+      const __m256i g = iq_signed(iq2xxs_grid4(q), aux1);
       const __m256i s = _mm256_set1_epi16((short)(2 * (aux1 >> 28) + 1));
       w[2 * ib] = _mm256_mullo_epi16(lo16s(g), s);
       w[2 * ib + 1] = _mm256_mullo_epi16(hi16s(g), s);
@@ -111,8 +111,7 @@ struct DecIQ3XXS {
     for (int ib = 0; ib < 8; ib++) {
       const uint8_t* q = b + 2 + 8 * ib;
       const uint32_t aux = u32_at(b + 66 + 4 * ib);
-      const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
-      const __m256i g = iq_signed(_mm256_i32gather_epi32(reinterpret_cast<const int*>(kIq3xxsGrid), idx, 4), aux);
+      const __m256i g = iq_signed(iq3xxs_grid8(q), aux);
       const __m256i s = _mm256_set1_epi16((short)(2 * (aux >> 28) + 1));
       w[2 * ib] = _mm256_mullo_epi16(lo16s(g), s);
       w[2 * ib + 1] = _mm256_mullo_epi16(hi16s(g), s);
