@@ -238,6 +238,28 @@ def test_avx512_paths_without_vnni_equal_ref(typ):
                                           err_msg=f"{typ} cols={cols} T={T}")
 
 
+@pytest.mark.skipif("avx2" not in ISAS, reason="this CPU has no AVX2")
+@pytest.mark.parametrize("typ", ["IQ2_XXS", "IQ3_XXS"])
+def test_avx2_iq_grid_gathers_equal_scalar_loads(typ):
+    # the AVX2 IQ kernels take their grid rows by vector gathers on Intel cores and by scalar loads elsewhere
+    # (kq_common.h), so test_fast_paths_equal_ref covers only this CPU's choice; here both, against the scalar twin
+    rng = fresh_rng()  # fresh inputs every run
+    default = _core.gathers_preferred()
+    for cols in (256, 768):
+        rows = int(rng.integers(1, 40))
+        raw = _blocks(rng, typ, rows, cols, wild=bool(rng.integers(0, 2)))
+        for T in (1, 3, 8, 19):  # 19: the prompt panels
+            x = rng.standard_normal((T, cols)).astype(np.float32)
+            ref = _core.matmul(raw, typ, rows, cols, x, isa="scalar")
+            try:
+                for on in (True, False):
+                    _core.prefer_gathers(on)
+                    np.testing.assert_array_equal(_core.matmul(raw, typ, rows, cols, x, isa="avx2", threads=2), ref,
+                                                  err_msg=f"{typ} T={T} gathers={on}")
+            finally:
+                _core.prefer_gathers(default)
+
+
 @pytest.mark.skipif(not _core.has_avx512vbmi(), reason="this CPU has no AVX-512 VBMI")
 @pytest.mark.parametrize("typ", ["IQ2_XXS", "IQ3_XXS"])
 def test_iq_vbmi_decoders_equal_the_plain_avx512_ones(typ):

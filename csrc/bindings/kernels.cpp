@@ -41,6 +41,9 @@ void init_kernels(nb::module_& m) {
         "Tests: whether the AVX-512 path may use the VBMI kernels (IQ2_XXS, IQ3_XXS); results are the same either way.");
   m.def("allow_vnni", [](bool on) { allow_vnni(on); }, nb::arg("on"),
         "Tests: whether the AVX-512 kernels may use VNNI (and so VBMI); results are the same either way.");
+  m.def("prefer_gathers", [](bool on) { prefer_gathers(on); }, nb::arg("on"),
+        "Tests: whether the AVX2 IQ kernels look up grid rows by vector gathers (else scalar loads); the same results.");
+  m.def("gathers_preferred", [] { return gathers_preferred(); });
   m.def("active_isa", [] { return std::string(isa_name(active_isa())); });
   m.def("limit_isa", [](const std::string& s) { limit_isa(parse_isa(s)); }, nb::arg("cap"),
         "Tests: behave as a CPU whose best path is min(this CPU's, cap) (best_isa, the active path, VNNI/VBMI follow).");

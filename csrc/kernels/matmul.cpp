@@ -66,6 +66,12 @@ bool cpu_has_avx512vnni() { return g_vnni && g_vnni_on; }
 bool cpu_has_avx512vbmi() { return g_vbmi; }
 void allow_vbmi(bool on) { g_vbmi_on = on; }
 void allow_vnni(bool on) { g_vnni_on = on; }
+bool g_gathers = [] {  // kq_common.h: vector gathers where they are fast (Intel cores), scalar loads elsewhere
+  __builtin_cpu_init();
+  return __builtin_cpu_is("intel") != 0;
+}();
+void prefer_gathers(bool on) { g_gathers = on; }
+bool gathers_preferred() { return g_gathers; }
 bool vbmi_kernels_on() { return g_vbmi && g_vbmi_on && g_vnni_on; }
 
 RowsFn rows_fn(uint32_t type, Isa isa) {

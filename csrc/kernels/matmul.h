@@ -136,8 +136,8 @@ RowsManyFn rows_many_fn(uint32_t type, Isa isa);
 RowsManyFn rows_many_fn_kq_avx512(uint32_t type);
 RowsManyFn rows_many_fn_kq8_avx512(uint32_t type);  // Q4_K (cpu/kquants8_avx512.cpp)
 RowsManyFn rows_many_fn_kq_avx512vbmi(uint32_t type);
-RowsManyFn rows_many_fn_kq_avx2(uint32_t type);
-RowsManyFn rows_many_fn_kq8_avx2(uint32_t type);  // register-tiled 8-bit panels (cpu/kquants8_avx2.cpp)  // prompt panels of the widening AVX2 kernel (cpu/kquants_avx2.cpp)
+RowsManyFn rows_many_fn_kq_avx2(uint32_t type);   // prompt panels of the widening AVX2 kernel (cpu/kquants_avx2.cpp)
+RowsManyFn rows_many_fn_kq8_avx2(uint32_t type);  // register-tiled 8-bit panels (cpu/kquants8_avx2.cpp)
 bool cpu_has_avx512vnni();
 bool cpu_has_avx512vbmi();
 // Tests: with false, the AVX-512 path leaves out the VBMI kernels (the same results either way, tested).
@@ -145,6 +145,10 @@ void allow_vbmi(bool on);
 // Tests: with false, the AVX-512 kernels take their paths for CPUs without VNNI (vpmaddwd + vpaddd for vpdpwssd;
 // no VBMI kernels, which need VNNI): the same results either way, tested.
 void allow_vnni(bool on);
+// Tests: whether the AVX2 IQ kernels look up grid rows by vector gathers (default: on Intel cores) or by scalar
+// loads (kq_common.h): the same results either way, tested.
+void prefer_gathers(bool on);
+bool gathers_preferred();
 // Whether the AVX-512 path takes its VBMI kernels now (the CPU has VBMI and VNNI, and tests allow both).
 bool vbmi_kernels_on();
 

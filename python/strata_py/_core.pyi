@@ -24,6 +24,11 @@ def has_avx512vbmi() -> bool: ...
 def allow_vnni(on: bool) -> None:
     """Tests: whether the AVX-512 kernels may use VNNI (and so VBMI); results are the same either way."""
 
+def prefer_gathers(on: bool) -> None:
+    """Tests: whether the AVX2 IQ kernels look up grid rows by vector gathers (else scalar loads); the same results."""
+
+def gathers_preferred() -> bool: ...
+
 def allow_vbmi(on: bool) -> None:
     """
     Tests: whether the AVX-512 path may use the VBMI kernels (IQ2_XXS, IQ3_XXS); results are the same either way.

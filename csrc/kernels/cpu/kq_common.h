@@ -14,6 +14,10 @@
 
 #include "util/common.h"
 
+namespace strata {
+extern bool g_gathers;  // matmul.cpp
+}  // namespace strata
+
 namespace strata::kq {
 
 // kSignMask[i] byte j = 0xFF where bit j of ksigns[i] is set: (g ^ m) - m negates exactly those bytes.
@@ -67,23 +71,19 @@ inline __m128i grid_index4(const uint8_t* lo8, uint32_t hi, __m128i shifts, int 
 inline __m256i gather4(const uint64_t* table, __m128i idx) {
   return _mm256_i32gather_epi64(reinterpret_cast<const long long*>(table), idx, 8);
 }
-// Whether a vector gather beats scalar table loads here: on Intel cores one gather per sub-block measured T = 1
-// IQ2_XXS 488 -> 226 us (the note in kquants8_avx2.cpp); on AMD Zen 4 (this development VM, one thread, --isa avx2) the
-// gathers were the slow part (IQ2_XXS decode 0.85x llama.cpp's AVX2 build, which loads the grid rows one by one).
-// The same bytes either way: only the speed depends on it.
-inline const bool kGatherFast = [] {
-  __builtin_cpu_init();
-  return __builtin_cpu_is("intel") != 0;
-}();
+// Whether the AVX2 IQ kernels look up grid rows by vector gathers (matmul.cpp g_gathers: on Intel cores, where one
+// gather per sub-block measured T = 1 IQ2_XXS 488 -> 226 us, the note in kquants8_avx2.cpp) or by scalar table
+// loads (elsewhere: on AMD Zen 4 the gathers were the slow part, IQ2_XXS decode 0.85x llama.cpp's AVX2 build, which
+// loads the grid rows one by one). The same bytes either way (tested both ways: prefer_gathers).
 // IQ2_XXS: the grid rows of the four index bytes at q (one sub-block's 32 unsigned grid bytes).
 inline __m256i iq2xxs_grid4(const uint8_t* q) {
-  if (kGatherFast) return gather4(kIq2xxsGrid, _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)u32_at(q))));
+  if (g_gathers) return gather4(kIq2xxsGrid, _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)u32_at(q))));
   return _mm256_set_epi64x((long long)kIq2xxsGrid[q[3]], (long long)kIq2xxsGrid[q[2]], (long long)kIq2xxsGrid[q[1]],
                            (long long)kIq2xxsGrid[q[0]]);
 }
 // IQ3_XXS: the grid dwords of the eight index bytes at q.
 inline __m256i iq3xxs_grid8(const uint8_t* q) {
-  if (kGatherFast)
+  if (g_gathers)
     return _mm256_i32gather_epi32(reinterpret_cast<const int*>(kIq3xxsGrid),
                                   _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))), 4);
   return _mm256_setr_epi32((int)kIq3xxsGrid[q[0]], (int)kIq3xxsGrid[q[1]], (int)kIq3xxsGrid[q[2]], (int)kIq3xxsGrid[q[3]],

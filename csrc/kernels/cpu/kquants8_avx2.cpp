@@ -4,7 +4,7 @@
 // 460 us, one thread). Each decoder's kMaxT is the longest window that takes this path; longer windows of the
 // signed types (per-row sign operations) the widening kernel, whose decode more rows share. The IQ2_XXS and
 // IQ3_XXS grid rows come from one gather per sub-block on Intel (here and in the widening kernel): T = 1 488 -> 226
-// us and 661 -> 232 us on an Intel core; on other CPUs from scalar loads (kq_common.h kGatherFast: the gathers were
+// us and 661 -> 232 us on an Intel core; on other CPUs from scalar loads (kq_common.h g_gathers: the gathers were
 // the slow part on AMD Zen 4). The arithmetic of matmul.h is unchanged:
 // the 16 lane sums P[k] are exact integers, so any exact way of forming them gives the same bits:
 //   per 32-value sub-block j: p_j = maddubs(|w|, x signed like w)   16 int16 lanes, lane k = values 2k, 2k+1
