@@ -207,16 +207,23 @@ inline void k4_head(const uint8_t* b, float& d, float& dmin, uint8_t* sc, uint8_
   k4_scales(b + 4, sc, m);
 }
 
-// AVX2-level: the mins term of a Q4_K/Q5_K block (6-bit mins m[8]) for up to 8 rows at once, M = sum over the pairs
-// of sub-blocks of (m[2p], m[2p+1]) . bsum (quants.h [pair][row][2]; lane t = row t), then Lm = fma(dmin * dx, M, Lm).
-inline __m256 mins_pairs(const uint8_t* m, const int16_t* bs, float dmin, const float* dx, __m256 Lm) {
+// AVX2-level: dword p of v (int16 pairs) in every lane.
+inline __m256i pair_dword(__m128i v, int p) {
+  return _mm256_permutevar8x32_epi32(_mm256_castsi128_si256(v), _mm256_set1_epi32(p));
+}
+// The mins term of a Q4_K/Q5_K block (its 6-bit mins as the int16 words m16) for up to 8 rows at once, M = sum over
+// the pairs of sub-blocks of (m[2p], m[2p+1]) . bsum (quants.h [pair][row][2]; lane t = row t), then
+// Lm = fma(dmin * dx, M, Lm).
+inline __m256 mins_words(__m128i m16, const int16_t* bs, float dmin, const float* dx, __m256 Lm) {
   __m256i M = _mm256_setzero_si256();
-  for (int p = 0; p < 4; p++) {
-    const int32_t pair = (int32_t)((uint32_t)m[2 * p] | (uint32_t)m[2 * p + 1] << 16);
+  for (int p = 0; p < 4; p++)
     M = _mm256_add_epi32(M, _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * p)),
-                                              _mm256_set1_epi32(pair)));
-  }
+                                              pair_dword(m16, p)));
   return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_loadu_ps(dx)), _mm256_cvtepi32_ps(M), Lm);
+}
+// The same from the mins as bytes m[8].
+inline __m256 mins_pairs(const uint8_t* m, const int16_t* bs, float dmin, const float* dx, __m256 Lm) {
+  return mins_words(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m))), bs, dmin, dx, Lm);
 }
 
 #if defined(__AVX512F__)

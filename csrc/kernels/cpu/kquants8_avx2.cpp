@@ -30,29 +30,48 @@ namespace {
 using namespace kq;
 
 // A decoded block: w[j] the 32 int8 weights of sub-block j (unsigned codes when !kSigned), s16[g] the int16
-// scale of values 16 g .. 16 g + 15; d, dmin and the 6-bit mins m[8] as in kquants_avx2.cpp.
+// scale of values 16 g .. 16 g + 15; d, dmin and the 6-bit mins m[8] as in kquants_avx2.cpp. Decoders with
+// kHead4 (Q4_K, Q5_K: one scale and one min per 32-value sub-block) fill sc16 / m16 instead of s16 / m: the eight
+// scales and mins as int16 words (k4_head_simd), so that dword p is the pair (2p, 2p + 1) the products take.
 struct Blk8 {
   __m256i w[8];
   alignas(32) int16_t s16[16];
   float d, dmin;
   alignas(16) uint8_t m[8];
+  __m128i sc16, m16;
 };
+
+// The block's scale pairs as the products take them: lanes 0-3 the pair of values 0-15 of sub-blocks (2p, 2p + 1),
+// lanes 4-7 of values 16-31 (for kHead4 decoders the same pair: one scale per sub-block).
+template <class Dec>
+inline __m256i scale_pairs(const Blk8& k, int p) {
+  if constexpr (Dec::kHead4) return pair_dword(k.sc16, p);
+  const int j = 2 * p;
+  const uint32_t lo = (uint16_t)k.s16[2 * j] | (uint32_t)(uint16_t)k.s16[2 * j + 2] << 16;
+  const uint32_t hi = (uint16_t)k.s16[2 * j + 1] | (uint32_t)(uint16_t)k.s16[2 * j + 3] << 16;
+  return _mm256_set_m128i(_mm_set1_epi32((int)hi), _mm_set1_epi32((int)lo));
+}
+// Q4_K / Q5_K header: d, dmin and the 6-bit scales and mins as words (k4_head_simd: the same values as k4_head).
+inline void head4(const uint8_t* b, Blk8& o) {
+  __m128 ddm;
+  k4_head_simd(b, ddm, o.sc16, o.m16);
+  o.d = _mm_cvtss_f32(ddm);
+  o.dmin = _mm_cvtss_f32(_mm_movehdup_ps(ddm));
+}
 
 struct Dec8Q4K {
   static constexpr uint32_t kType = GGML_Q4_K;
   static constexpr int kBytes = 144;
   static constexpr int kMaxT = 8;
-  static constexpr bool kHasMin = true, kSigned = false;
+  static constexpr bool kHasMin = true, kSigned = false, kHead4 = true;
   static inline void decode(const uint8_t* b, Blk8& o) {
-    uint8_t sc[8];
-    k4_head(b, o.d, o.dmin, sc, o.m);
+    head4(b, o);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int c = 0; c < 4; c++) {
       const __m256i by = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
       o.w[2 * c] = _mm256_and_si256(by, m4);
       o.w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(by, 4), m4);
     }
-    for (int j = 0; j < 8; j++) o.s16[2 * j] = o.s16[2 * j + 1] = sc[j];
   }
 };
 
@@ -60,10 +79,9 @@ struct Dec8Q5K {
   static constexpr uint32_t kType = GGML_Q5_K;
   static constexpr int kBytes = 176;
   static constexpr int kMaxT = 8;
-  static constexpr bool kHasMin = true, kSigned = false;
+  static constexpr bool kHasMin = true, kSigned = false, kHead4 = true;
   static inline void decode(const uint8_t* b, Blk8& o) {
-    uint8_t sc[8];
-    k4_head(b, o.d, o.dmin, sc, o.m);
+    head4(b, o);
     const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
     for (int c = 0; c < 4; c++) {
@@ -74,7 +92,6 @@ struct Dec8Q5K {
       o.w[j0] = _mm256_or_si256(_mm256_and_si256(by, m4), h0);
       o.w[j1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(by, 4), m4), h1);
     }
-    for (int j = 0; j < 8; j++) o.s16[2 * j] = o.s16[2 * j + 1] = sc[j];
   }
 };
 
@@ -82,7 +99,7 @@ struct Dec8Q6K {
   static constexpr uint32_t kType = GGML_Q6_K;
   static constexpr int kBytes = 210;
   static constexpr int kMaxT = 8;
-  static constexpr bool kHasMin = false, kSigned = true;
+  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false;
   static inline void decode(const uint8_t* b, Blk8& o) {
     o.d = h2f(b + 208);
     o.dmin = 0.f;
@@ -107,7 +124,7 @@ struct Dec8IQ2XXS {
   static constexpr uint32_t kType = GGML_IQ2_XXS;
   static constexpr int kBytes = 66;
   static constexpr int kMaxT = 3;
-  static constexpr bool kHasMin = false, kSigned = true;
+  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false;
   static inline void decode(const uint8_t* b, Blk8& o) {
     o.d = h2f(b) * 0.125f;
     o.dmin = 0.f;
@@ -124,7 +141,7 @@ struct Dec8IQ3XXS {
   static constexpr uint32_t kType = GGML_IQ3_XXS;
   static constexpr int kBytes = 98;
   static constexpr int kMaxT = 3;
-  static constexpr bool kHasMin = false, kSigned = true;
+  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false;
   static inline void decode(const uint8_t* b, Blk8& o) {
     o.d = h2f(b) * 0.25f;
     o.dmin = 0.f;
@@ -141,7 +158,7 @@ struct Dec8IQ4XS {
   static constexpr uint32_t kType = GGML_IQ4_XS;
   static constexpr int kBytes = 136;
   static constexpr int kMaxT = 3;
-  static constexpr bool kHasMin = false, kSigned = true;
+  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false;
   static inline void decode(const uint8_t* b, Blk8& o) {
     o.d = h2f(b);
     o.dmin = 0.f;
@@ -200,8 +217,12 @@ void rows_kq8_il_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_
         wi[j + 1] = _mm256_permute2x128_si256(lo, hi, 0x31);  // lanes 8-15: values 16-31
         aw[j] = Dec::kSigned ? _mm256_abs_epi8(wi[j]) : wi[j];
         aw[j + 1] = Dec::kSigned ? _mm256_abs_epi8(wi[j + 1]) : wi[j + 1];
-        sc[j] = _mm256_set1_epi32((int)((uint16_t)k.s16[2 * j] | (uint32_t)(uint16_t)k.s16[2 * j + 2] << 16));
-        sc[j + 1] = _mm256_set1_epi32((int)((uint16_t)k.s16[2 * j + 1] | (uint32_t)(uint16_t)k.s16[2 * j + 3] << 16));
+        if constexpr (Dec::kHead4) {
+          sc[j] = sc[j + 1] = pair_dword(k.sc16, p);
+        } else {
+          sc[j] = _mm256_set1_epi32((int)((uint16_t)k.s16[2 * j] | (uint32_t)(uint16_t)k.s16[2 * j + 2] << 16));
+          sc[j + 1] = _mm256_set1_epi32((int)((uint16_t)k.s16[2 * j + 1] | (uint32_t)(uint16_t)k.s16[2 * j + 3] << 16));
+        }
       }
       const float* dx = a.q.d + b * 8;
       for (int t = 0; t < T; t++) {
@@ -222,7 +243,7 @@ void rows_kq8_il_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_
         Llo[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(A), Llo[t]);
         Lhi[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(B), Lhi[t]);
       }
-      if constexpr (Dec::kHasMin) Lm = mins_pairs(k.m, a.q.bsum + b * 64, k.dmin, dx, Lm);
+      if constexpr (Dec::kHasMin) Lm = mins_words(k.m16, a.q.bsum + b * 64, k.dmin, dx, Lm);  // (kHasMin: kHead4)
     }
     alignas(32) float lm[8];
     _mm256_store_ps(lm, Lm);
@@ -244,12 +265,7 @@ void rows_kq8_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r
       Dec::decode(row + b * Dec::kBytes, k);
       __m256i aw[8], sc[4];
       for (int j = 0; j < 8; j++) aw[j] = Dec::kSigned ? _mm256_abs_epi8(k.w[j]) : k.w[j];
-      for (int p = 0; p < 4; p++) {  // int16 pairs (s_j, s_j+1) of values 0-15 (low half) and 16-31 (high half)
-        const int j = 2 * p;
-        const uint32_t lo = (uint16_t)k.s16[2 * j] | (uint32_t)(uint16_t)k.s16[2 * j + 2] << 16;
-        const uint32_t hi = (uint16_t)k.s16[2 * j + 1] | (uint32_t)(uint16_t)k.s16[2 * j + 3] << 16;
-        sc[p] = _mm256_set_m128i(_mm_set1_epi32((int)hi), _mm_set1_epi32((int)lo));
-      }
+      for (int p = 0; p < 4; p++) sc[p] = scale_pairs<Dec>(k, p);  // int16 pairs (s_j, s_j+1)
       const float* dx = a.q.d + b * 8;
       for (int t = 0; t < T; t++) {
         const int8_t* x = a.q.q8 + t * a.q.ldq + b * QK_K;
@@ -270,7 +286,7 @@ void rows_kq8_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r
         Llo[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(A, B, 0x20)), Llo[t]);
         Lhi[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(A, B, 0x31)), Lhi[t]);
       }
-      if constexpr (Dec::kHasMin) Lm = mins_pairs(k.m, a.q.bsum + b * 64, k.dmin, dx, Lm);
+      if constexpr (Dec::kHasMin) Lm = mins_words(k.m16, a.q.bsum + b * 64, k.dmin, dx, Lm);  // (kHasMin: kHead4)
     }
     alignas(32) float lm[8];
     _mm256_store_ps(lm, Lm);
@@ -301,6 +317,7 @@ constexpr int64_t kPanel8Rows = 8;
 
 template <class Dec>
 inline void pack8(const uint8_t* blk, Pan8& o) {
+  static_assert(!Dec::kHead4, "the panels take s16 / m (the signed types' decoders)");
   Blk8 k;
   Dec::decode(blk, k);
   for (int p = 0; p < 4; p++) {
