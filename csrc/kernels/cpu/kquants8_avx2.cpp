@@ -17,8 +17,6 @@
 // with the scalar twin on fresh random blocks (tests/test_quant_kernels.py).
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "kernels/cpu/kq_common.h"
 #include "kernels/cpu/reduce16.h"
 #include "kernels/matmul.h"
@@ -305,19 +303,19 @@ RowsFn wide_fn(uint32_t type) {
 // into every activation row of every pass, 4 rows at a time (a register tile: 4 rows x 2 int32 lane sums per
 // block, the weights of a pair of sub-blocks loaded once for the 4 rows). kPanel8Rows weight rows share one
 // panel, so that a group of activation rows stays in L1 across them. Each output element gets rows_kq8_il_t's
-// exact lane sums and then the same float operations in the same order (fma(d * dx, P, L) per block, reduce16,
-// the mins of mins_pairs per pass): bit-identical to the per-pass kernels and the scalar twin (tested).
+// exact lane sums and then the same float operations in the same order (fma(d * dx, P, L) per block, reduce16):
+// bit-identical to the per-pass kernels and the scalar twin (tested). Only for the signed types, which have no
+// mins term (the per-pass kernel's y = reduce16 - 0 is reduce16's value exactly).
 struct alignas(32) Pan8 {
   __m256i wi[8];  // interleaved weights (wi[2p]: lanes 0-7 of the pair p of sub-blocks, wi[2p + 1]: lanes 8-15)
   int32_t sc[8];  // the scale pairs of wi[j] (as rows_kq8_il_t's sc[j])
-  float d, dmin;
-  alignas(8) uint8_t m[8];
+  float d;
 };
 constexpr int64_t kPanel8Rows = 8;
 
 template <class Dec>
 inline void pack8(const uint8_t* blk, Pan8& o) {
-  static_assert(!Dec::kHead4, "the panels take s16 / m (the signed types' decoders)");
+  static_assert(Dec::kSigned && !Dec::kHasMin, "the panels are for the signed types (s16, no mins)");
   Blk8 k;
   Dec::decode(blk, k);
   for (int p = 0; p < 4; p++) {
@@ -329,15 +327,12 @@ inline void pack8(const uint8_t* blk, Pan8& o) {
     o.sc[j + 1] = (int)((uint16_t)k.s16[2 * j + 1] | (uint32_t)(uint16_t)k.s16[2 * j + 3] << 16);
   }
   o.d = k.d;
-  o.dmin = k.dmin;
-  std::memcpy(o.m, k.m, 8);
 }
 
 // nt (1..4) activation rows x (interleaved, cols apart) against one panel row: the float lane accumulators of
-// each row over all blocks, then y[t] = reduce16 - lm[t].
+// each row over all blocks, then y[t] = reduce16.
 template <class Dec, int NT>
-inline void tile8(const Pan8* pb, int64_t nb, const int8_t* x, int64_t cols, const float* dx, const float* lm,
-                  float* y, int64_t ldy) {
+inline void tile8(const Pan8* pb, int64_t nb, const int8_t* x, int64_t cols, const float* dx, float* y, int64_t ldy) {
   __m256 Llo[NT], Lhi[NT];
   for (int t = 0; t < NT; t++) Llo[t] = Lhi[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; b++) {
@@ -367,7 +362,7 @@ inline void tile8(const Pan8* pb, int64_t nb, const int8_t* x, int64_t cols, con
       Lhi[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(C[t]), Lhi[t]);
     }
   }
-  for (int t = 0; t < NT; t++) y[t * ldy] = reduce16(Llo[t], Lhi[t]) - lm[t];
+  for (int t = 0; t < NT; t++) y[t * ldy] = reduce16(Llo[t], Lhi[t]);
 }
 
 template <class Dec>
@@ -379,11 +374,9 @@ void rows_kq8_many(const MatView& W, const Act* pass, int np, float* y, int64_t 
   const int64_t nb = W.cols / QK_K, cols = W.cols;
   thread_local std::vector<int8_t, Align64<int8_t>> xi;  // every pass's rows interleaved, [pass][8][cols]
   thread_local std::vector<Pan8, Align64<Pan8>> panel;   // [kPanel8Rows][nb]
-  thread_local std::vector<float> lms;                   // [kPanel8Rows][pass][8]: each row's mins term
   xi.resize((size_t)np * kMaxRowsPerPass * cols);
   for (int p = 0; p < np; p++) interleave_q8(pass[p].q, pass[p].T, xi.data() + (size_t)p * kMaxRowsPerPass * cols);
   if ((int64_t)panel.size() < kPanel8Rows * nb) panel.resize(kPanel8Rows * nb);
-  lms.resize((size_t)kPanel8Rows * np * 8);
   for (int64_t rb = r0; rb < r1; rb += kPanel8Rows) {
     const int64_t re = rb + kPanel8Rows < r1 ? rb + kPanel8Rows : r1;
     for (int64_t r = rb; r < re; r++) {
@@ -392,12 +385,6 @@ void rows_kq8_many(const MatView& W, const Act* pass, int np, float* y, int64_t 
       for (int64_t b = 0; b < nb; b++) {
         prefetch_ahead<Dec::kBytes>(row + b * Dec::kBytes);
         pack8<Dec>(row + b * Dec::kBytes, pb[b]);
-      }
-      for (int p = 0; p < np; p++) {
-        __m256 Lm = _mm256_setzero_ps();
-        if constexpr (Dec::kHasMin)
-          for (int64_t b = 0; b < nb; b++) Lm = mins_pairs(pb[b].m, pass[p].q.bsum + b * 64, pb[b].dmin, pass[p].q.d + b * 8, Lm);
-        _mm256_storeu_ps(lms.data() + ((r - rb) * np + p) * 8, Lm);
       }
     }
     for (int p = 0; p < np; p++) {
@@ -408,12 +395,11 @@ void rows_kq8_many(const MatView& W, const Act* pass, int np, float* y, int64_t 
         const int nt = T - t0 < 2 ? T - t0 : 2;
         for (int64_t r = rb; r < re; r++) {
           const Pan8* pb = panel.data() + (r - rb) * nb;
-          const float* lm = lms.data() + ((r - rb) * np + p) * 8 + t0;
           const int8_t* xt = xp + t0 * cols;
           const float* dx = pass[p].q.d + t0;
           float* yt = yp + t0 * ldy + r;
-          if (nt == 2) tile8<Dec, 2>(pb, nb, xt, cols, dx, lm, yt, ldy);
-          else tile8<Dec, 1>(pb, nb, xt, cols, dx, lm, yt, ldy);
+          if (nt == 2) tile8<Dec, 2>(pb, nb, xt, cols, dx, yt, ldy);
+          else tile8<Dec, 1>(pb, nb, xt, cols, dx, yt, ldy);
         }
       }
     }
