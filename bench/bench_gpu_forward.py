@@ -3,12 +3,18 @@ C(T) / C(1) for T = 1, 2, 4, 8, 16, per model file, on backend="cuda" (weights a
 weight bytes one T = 1 step reads and the fraction of the HBM floor that is (bytes / step time / bandwidth).
 
     python bench/bench_gpu_forward.py MODEL.gguf [MODEL2.gguf ...] [--reps 30] [--bw-gbs 4300] [--json OUT]
+        [--stream MODEL.gguf:0.25 ...]
 
 Each timed step is Session.run(T tokens) + commit(T) after a 64-token prompt (commit(T) keeps every row: no replay),
 wall clock over --reps steps after 3 warm-up steps, median of 3 rounds; run() returns after the logits are on the
 host (the sampler's input). Bytes per step: every tensor except the routed experts, plus n_expert_used / n_expert
 of the routed experts' bytes (the experts one row reads; random routing reads about that). --bw-gbs: the HBM
 bandwidth of the floor (default: the device-to-device copy bandwidth measured here, read + write).
+
+--stream FILE:FRAC (repeatable): the same file with the routed experts streamed from pinned host memory into a GPU
+budget of FRAC of their bytes (Model.load(cache_mib=...), csrc/model/backend_experts.h), prefetch on and off: T = 1
+decode tok/s (after a 64-token prompt and 32 warm-up steps, so the cache is in its steady state), C(4) / C(1), the
+bytes copied to the card per token, hit rate and prefetch precision / recall (rows under "streamed").
 """
 from __future__ import annotations
 
@@ -84,13 +90,57 @@ def bench_model(path: str, reps: int, bw: float) -> dict:
     return res
 
 
+def expert_bytes(path: str) -> int:
+    from gguf import GGUFReader
+    return sum(int(t.n_bytes) for t in GGUFReader(path).tensors if "_exps." in t.name)
+
+
+def bench_streamed(path: str, frac: float, prefetch: bool, reps: int) -> dict:
+    t0 = time.perf_counter()
+    mib = max(1, int(frac * expert_bytes(path) / 2**20))
+    m = Model.load(path, backend="cuda", cache_mib=mib, prefetch=prefetch)
+    V = m.n_vocab
+    rng = np.random.default_rng(0)
+    s = m.session(n_ctx=4096, max_window=16)
+    s.run(rng.integers(0, V, 64).tolist())
+    s.commit(64)
+    load_s = time.perf_counter() - t0
+    time_steps(s, V, 1, 32, rng)  # warm: the cache's steady state
+    m.reset_expert_stats()
+    one, four = [], []
+    for _ in range(3):
+        one.append(time_steps(s, V, 1, reps, rng))
+        four.append(time_steps(s, V, 4, max(5, reps // 2), rng))
+    st = m.expert_stats()
+    tokens = 3 * (3 + reps) + 3 * 4 * (3 + max(5, reps // 2))  # rows run since the reset (warm-ups included)
+    c1, c4 = float(np.median(one)), float(np.median(four))
+    res = {"model": Path(path).name, "cache_frac": frac, "cache_mib": mib, "prefetch": prefetch,
+           "load_and_prompt_s": load_s, "decode_tok_s": 1 / c1, "step_s": {"1": c1, "4": c4}, "c4_over_c1": c4 / c1,
+           "copied_bytes_per_row": st["bytes_read"] / tokens, "hit_rate": st["hit_rate"],
+           "prefetch_precision": st["prefetch_precision"], "prefetch_recall": st["prefetch_recall"],
+           "union_mean": st["union_mean"], "slots": st["slots"], "experts_total": st["experts_total"]}
+    print(f"{res['model']} streamed at {100 * frac:.0f} % ({mib} MiB, prefetch {'on' if prefetch else 'off'}): "
+          f"decode {res['decode_tok_s']:.1f} tok/s, C(4)/C(1) {res['c4_over_c1']:.2f}, "
+          f"{res['copied_bytes_per_row'] / 1e6:.1f} MB copied a row, hit rate {res['hit_rate']:.2f}, prefetch "
+          f"precision {res['prefetch_precision']:.2f} recall {res['prefetch_recall']:.2f}", flush=True)
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="+")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--bw-gbs", type=float, default=None)
     ap.add_argument("--json")
+    ap.add_argument("--stream", action="append", default=[], metavar="FILE:FRAC")
     a = ap.parse_args(argv)
+    streams = []
+    for spec in a.stream:
+        f, _, frac = spec.rpartition(":")
+        try:
+            streams.append((f, float(frac)))
+        except ValueError:
+            ap.error(f"bad option --stream {spec!r}: expected FILE:FRACTION (e.g. model.gguf:0.25)")
     if not _core.cuda_available():
         print(f"bench_gpu_forward: no CUDA device ({_core.cuda_info()})", file=sys.stderr)
         return 2
@@ -99,7 +149,7 @@ def main(argv=None) -> int:
     else:
         med, _ = _core.cuda_bench_copy(1 << 30, 5)
         bw = 2 * (1 << 30) / med
-    res = {"device": _core.backend_name("cuda"), "bw_gbs": bw / 1e9, "models": []}
+    res = {"device": _core.backend_name("cuda"), "bw_gbs": bw / 1e9, "models": [], "streamed": []}
     for p in a.models:
         try:
             res["models"].append(bench_model(p, a.reps, bw))
@@ -107,6 +157,15 @@ def main(argv=None) -> int:
             print(f"{p}: {type(e).__name__}: {e}", flush=True)
             res["models"].append({"model": Path(p).name, "error": f"{type(e).__name__}: {e}"})
         write_json(a.json, res)
+    for p, frac in streams:
+        for prefetch in (True, False):
+            try:
+                res["streamed"].append(bench_streamed(p, frac, prefetch, a.reps))
+            except Exception as e:
+                print(f"{p} streamed: {type(e).__name__}: {e}", flush=True)
+                res["streamed"].append({"model": Path(p).name, "cache_frac": frac, "prefetch": prefetch,
+                                        "error": f"{type(e).__name__}: {e}"})
+            write_json(a.json, res)
     return 0
 
 

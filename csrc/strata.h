@@ -57,6 +57,8 @@ class Model {
   // The expert cache and its readers; null when every expert is resident. Internally synchronised: the
   // Model stays logically immutable (the cache changes speed, never output, unless routing is approximate).
   ExpertStream* experts() const { return experts_.get(); }
+  // The expert options it was loaded with (device: backend sessions stream experts, model/backend_experts.h).
+  const ExpertOptions& expert_options() const { return expert_opt_; }
   // Throws std::runtime_error naming the file when the model file (or the MTP file) changed or was
   // truncated since load (GgufFile::check_intact); Session::run calls it before and after each forward.
   void check_files() const;
@@ -72,6 +74,7 @@ class Model {
   std::unique_ptr<ThreadPool> pool_;
   uint64_t fingerprint_ = 0;
   std::unique_ptr<ExpertStream> experts_;
+  ExpertOptions expert_opt_;
   std::unique_ptr<PleTable> ple_;
 };
 

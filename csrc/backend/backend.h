@@ -23,6 +23,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -64,6 +65,21 @@ class Backend {
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void sync() = 0;  // wait until every operation issued so far has finished
+
+  // Expert streaming (backend_experts.h): host memory the backend copies from fast (CUDA: pinned; the default:
+  // plain aligned memory), and host-to-backend copies that overlap compute. upload_async(dst, src, n) issues the
+  // copy on the backend's copy lane (src: host_alloc memory, unchanged until the copy is fenced); fence_uploads()
+  // makes every operation issued after it, on the current lane, wait for every copy issued before it. The default
+  // copies at once (upload), which is already fenced.
+  virtual void* host_alloc(size_t bytes) {
+    if (bytes == 0) return nullptr;
+    void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    if (!p) fail<std::runtime_error>("backend ", name(), ": cannot allocate ", bytes, " bytes of host memory");
+    return p;
+  }
+  virtual void host_release(void* p) { std::free(p); }
+  virtual void upload_async(void* dst, const void* host_src, size_t bytes) { upload(dst, host_src, bytes); }
+  virtual void fence_uploads() {}
 
   // Independent work side by side (no effect on any value): fork(n) opens n lanes that start after everything
   // issued so far; lane(i) sends the operations issued next to lane i; join() waits for every lane, and later

@@ -50,6 +50,8 @@ class CudaBackend final : public Backend {
       if (lane_done_[i]) cudaEventDestroy(lane_done_[i]);
     }
     if (forked_ev_) cudaEventDestroy(forked_ev_);
+    if (copy_) cudaStreamSynchronize(copy_), cudaStreamDestroy(copy_);
+    if (copied_) cudaEventDestroy(copied_);
     for (auto& g : graphs_)
       if (g.exec) cudaGraphExecDestroy(g.exec);
     cudaStreamDestroy(main_);
@@ -196,11 +198,46 @@ class CudaBackend final : public Backend {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
     sync();
   }
+  // Expert streaming: pinned host memory, copies on a copy stream of their own, fenced by an event the current
+  // lane waits for.
+  void* host_alloc(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    use();
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocHost(&p, bytes);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      fail<std::runtime_error>("cuda backend: cannot allocate ", bytes, " bytes of pinned host memory: ",
+                               cudaGetErrorString(e));
+    }
+    return p;
+  }
+  void host_release(void* p) override {
+    if (p) cudaFreeHost(p);
+  }
+  void upload_async(void* dst, const void* src, size_t bytes) override {
+    STRATA_CHECK(!capturing_, "cuda backend: upload_async inside a recording");
+    use();
+    if (!copy_) {
+      check(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking), "cudaStreamCreate");
+      check(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming), "cudaEventCreate");
+    }
+    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_), "upload_async");
+    copies_ = true;
+  }
+  void fence_uploads() override {
+    if (!copies_) return;
+    use();
+    check(cudaEventRecord(copied_, copy_), "cudaEventRecord");
+    check(cudaStreamWaitEvent(stream_, copied_, 0), "cudaStreamWaitEvent");
+    copies_ = false;
+  }
   void sync() override {
     STRATA_CHECK(!capturing_, "cuda backend: sync inside a recording");
     check(cudaStreamSynchronize(stream_), "stream synchronize");
     if (stream_ == main_)  // lanes not joined yet finish too
       for (int i = 0; i < n_forked_; i++) check(cudaStreamSynchronize(lanes_[i]), "stream synchronize");
+    if (stream_ == main_ && copy_) check(cudaStreamSynchronize(copy_), "copy stream synchronize");
   }
 
   // Products of int8-activation types reuse the lane's last quantization when it was of the same rows (x, ldx,
@@ -400,6 +437,9 @@ class CudaBackend final : public Backend {
   std::string name_;
   cudaStream_t main_ = nullptr, stream_ = nullptr;  // stream_: the current lane's (main_ outside a fork)
   cudaStream_t lanes_[kLanes] = {};
+  cudaStream_t copy_ = nullptr;  // upload_async's copies (expert streaming)
+  cudaEvent_t copied_ = nullptr;
+  bool copies_ = false;          // copies issued since the last fence
   cudaEvent_t lane_done_[kLanes] = {}, forked_ev_ = nullptr;
   int n_forked_ = 0, cur_ = 0;
   Scratch scratch_[kLanes + 1];

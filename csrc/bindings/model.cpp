@@ -16,6 +16,8 @@
 #include <random>
 #include <thread>
 
+#include "model/backend_experts.h"
+#include "model/backend_forward.h"
 #include "model/ple_table.h"
 #include "sampling/logprobs.h"
 #include "sampling/token_mask.h"
@@ -132,10 +134,20 @@ static nb::dict config_dict(const HParams& h) {
 static nb::dict expert_stats_dict(const Model& mo) {
   nb::dict d;
   const ExpertStream* es = mo.experts();
-  d["streaming"] = es != nullptr;
-  if (!es) return d;
-  const ExpertStats s = es->stats();
-  const ExpertOptions& o = es->options();
+  // backend sessions' streaming (model/backend_experts.h): their counters, or the geometry before any session opened
+  const bool dev = !es && mo.expert_options().device && mo.expert_options().cache_mib != -1;
+  d["streaming"] = es != nullptr || dev;
+  if (!es && !dev) return d;
+  d["where"] = dev ? "backend" : "host";
+  ExpertStats s;
+  if (es) {
+    s = es->stats();
+  } else if (!backend_expert_stats(&mo, &s)) {
+    s.slots = (uint64_t)BackendExperts::slots_for(mo, mo.expert_options().cache_mib);
+    s.slot_bytes = (uint64_t)BackendExperts::slot_bytes_for(mo.weights());
+    s.experts_total = (uint64_t)(mo.hp().n_layer * mo.hp().n_expert);
+  }
+  const ExpertOptions& o = es ? es->options() : mo.expert_options();
   const int64_t k = mo.hp().n_expert_used;
   auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
   d["slots"] = s.slots;
@@ -421,7 +433,7 @@ void init_model(nb::module_& m) {
           "load",
           [](const std::string& path, int threads, const std::string& mtp_path, int64_t cache_mib, bool o_direct,
              int io_threads, bool prefetch, bool prefetch_root_only, bool approximate, int protect, float bonus,
-             int draft_protect, float draft_bonus, int64_t ple_map_mib, bool dense_attention) {
+             int draft_protect, float draft_bonus, int64_t ple_map_mib, bool dense_attention, bool device_experts) {
             ModelOptions o;
             o.threads = threads;
             o.mtp_path = mtp_path;
@@ -438,6 +450,7 @@ void init_model(nb::module_& m) {
             e.bonus = bonus;
             e.draft_protect = draft_protect;
             e.draft_bonus = draft_bonus;
+            e.device = device_experts;
             nb::gil_scoped_release rel;
             return Model::load(path, o);
           },
@@ -445,9 +458,10 @@ void init_model(nb::module_& m) {
           nb::arg("o_direct") = false, nb::arg("io_threads") = 4, nb::arg("prefetch") = true,
           nb::arg("prefetch_root_only") = false, nb::arg("approximate") = false, nb::arg("protect") = -1,
           nb::arg("bonus") = 0.85f, nb::arg("draft_protect") = -1, nb::arg("draft_bonus") = -1.f,
-          nb::arg("ple_map_mib") = 4096, nb::arg("dense_attention") = false,
+          nb::arg("ple_map_mib") = 4096, nb::arg("dense_attention") = false, nb::arg("device_experts") = false,
           "Open, validate and map a qwen3next / qwen35moe / qwen4exp GGUF (and optionally a separate MTP-only GGUF). cache_mib >= 0\n"
-          "streams experts through a cache of that size (-1: all resident); see csrc/experts/expert_stream.h.")
+          "streams experts through a cache of that size (-1: all resident); see csrc/experts/expert_stream.h. device_experts:\n"
+          "cache_mib is the budget of backend sessions' memory instead (csrc/model/backend_experts.h).")
       .def_prop_ro("config", [](const Model& mo) { return config_dict(mo.hp()); })
       .def_prop_ro("threads", &Model::threads)
       .def_prop_ro("pool_sleeps", [](const Model& m) { return m.pool().sleeps(); },
@@ -490,8 +504,12 @@ void init_model(nb::module_& m) {
       .def("expert_stats", &expert_stats_dict, "Expert streaming counters since load or the last reset.")
       .def("reset_expert_stats", [](const Model& mo) {
         if (mo.experts()) mo.experts()->reset_stats();
+        ExpertStats unused;
+        backend_expert_stats(&mo, &unused, /*reset=*/true);
       })
-      .def_prop_ro("streaming", [](const Model& mo) { return mo.experts() != nullptr; })
+      .def_prop_ro("streaming", [](const Model& mo) {
+        return mo.experts() != nullptr || (mo.expert_options().device && mo.expert_options().cache_mib != -1);
+      })
       .def(
           "_inject_io_fault",
           [](const Model& mo, int kind, int count) {

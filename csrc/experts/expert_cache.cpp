@@ -8,11 +8,14 @@
 
 namespace strata {
 
-ExpertCache::ExpertCache(int n_slots, size_t slot_bytes) : n_(n_slots), slot_bytes_(slot_bytes), s_(n_slots) {
+ExpertCache::ExpertCache(int n_slots, size_t slot_bytes, bool host_memory)
+    : n_(n_slots), slot_bytes_(slot_bytes), s_(n_slots) {
   STRATA_CHECK(n_slots >= 1 && slot_bytes % 4096 == 0, "expert cache: bad geometry (", n_slots, " slots of ",
                slot_bytes, " bytes)");
-  mem_ = static_cast<uint8_t*>(std::aligned_alloc(4096, (size_t)n_slots * slot_bytes));
-  if (!mem_) fail("expert cache: cannot allocate ", n_slots, " slots of ", slot_bytes, " bytes");
+  if (host_memory) {
+    mem_ = static_cast<uint8_t*>(std::aligned_alloc(4096, (size_t)n_slots * slot_bytes));
+    if (!mem_) fail("expert cache: cannot allocate ", n_slots, " slots of ", slot_bytes, " bytes");
+  }
   for (int i = 0; i < n_; i++) lru_push_back(i);
 }
 

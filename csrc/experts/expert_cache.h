@@ -40,14 +40,16 @@ class ExpertCache {
     bool load = false;  // the caller must read the key into the slot and call finish_load
   };
 
-  ExpertCache(int n_slots, size_t slot_bytes);
+  // host_memory = false: bookkeeping only, for slots that live elsewhere (a GPU's, model/backend_experts.h);
+  // data() is then null.
+  ExpertCache(int n_slots, size_t slot_bytes, bool host_memory = true);
   ~ExpertCache();
   ExpertCache(const ExpertCache&) = delete;
   ExpertCache& operator=(const ExpertCache&) = delete;
 
   int slots() const { return n_; }
   size_t slot_bytes() const { return slot_bytes_; }
-  uint8_t* data(int slot) const { return mem_ + (size_t)slot * slot_bytes_; }
+  uint8_t* data(int slot) const { return mem_ ? mem_ + (size_t)slot * slot_bytes_ : nullptr; }
 
   // Pins all n (distinct) keys or none; false when fewer slots can be freed than keys are missing.
   bool try_acquire(const uint32_t* keys, int n, Pin* out);

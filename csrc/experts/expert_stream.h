@@ -34,6 +34,9 @@ struct MoeWeights;
 
 struct ExpertOptions {
   int64_t cache_mib = -1;          // -1: every expert resident (the mapping, no cache); else the slot budget
+  // cache_mib is the budget of a backend session's memory (the GPU's: model/backend_experts.h), not a host cache:
+  // the Model opens no ExpertStream, and backend='cpu' sessions of it keep every expert in the mapping
+  bool device = false;
   bool o_direct = false;           // read with O_DIRECT (bypass the page cache; aligned reads)
   int io_threads = 4;              // reader threads
   bool prefetch = true;            // predict layer+1's experts and read them at low priority

@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "kernels/types.h"
+#include "model/backend_experts.h"
 #include "model/ops.h"
 #include "strata.h"
 
@@ -95,6 +96,9 @@ struct BackendModel {
   std::vector<Layer> layers;
   const float* output_norm = nullptr;
   MatView output;
+  // routed experts streamed into a bounded cache of backend memory (Model::load's cache_mib with device: true);
+  // null: every expert resident (the gate / up / down views above)
+  std::unique_ptr<BackendExperts> experts;
 
   MatView put(const MatView& m) {
     if (host || !m.data) return m;
@@ -117,6 +121,8 @@ struct BackendModel {
     host = be->name() == "cpu";
     const Weights& W = model->weights();
     const HParams& hp = model->hp();
+    const ExpertOptions& eo = model->expert_options();
+    const bool stream = eo.device && eo.cache_mib != -1;
     layers.resize((size_t)hp.n_layer);
     for (int64_t il = 0; il < hp.n_layer; il++) {
       const LayerWeights& L = W.layers[il];
@@ -156,9 +162,11 @@ struct BackendModel {
                            (size_t)hp.n_embd * sizeof(float)};
       Moe& M = D.moe;
       M.router = put(router);
-      M.gate = put(mw.gate_exps.all);
-      M.up = put(mw.up_exps.all);
-      M.down = put(mw.down_exps.all);
+      if (!stream) {
+        M.gate = put(mw.gate_exps.all);
+        M.up = put(mw.up_exps.all);
+        M.down = put(mw.down_exps.all);
+      }
       M.gate.rows = mw.gate_exps.rows;
       M.up.rows = mw.up_exps.rows;
       M.down.rows = mw.down_exps.rows;
@@ -175,6 +183,7 @@ struct BackendModel {
     }
     output_norm = put(W.output_norm);
     output = put(W.output);
+    if (stream) experts = std::make_unique<BackendExperts>(*be, *model, eo, kChunk);
     be->sync();
   }
 };
@@ -188,10 +197,12 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int threads) {
 }
 
 // One BackendModel per (model, backend) while a session uses it: the weights are uploaded once.
+std::mutex g_live_mu;
+std::map<std::pair<const Model*, std::string>, std::weak_ptr<BackendModel>> g_live;
+
 std::shared_ptr<BackendModel> backend_model(const std::shared_ptr<const Model>& m, const std::string& name) {
-  static std::mutex mu;
-  static std::map<std::pair<const Model*, std::string>, std::weak_ptr<BackendModel>> live;
-  std::lock_guard<std::mutex> lk(mu);
+  std::lock_guard<std::mutex> lk(g_live_mu);
+  auto& live = g_live;
   auto& slot = live[{m.get(), name}];
   if (auto p = slot.lock()) return p;
   auto p = std::make_shared<BackendModel>(m, make_backend(name, m->threads()));
@@ -203,6 +214,27 @@ std::shared_ptr<BackendModel> backend_model(const std::shared_ptr<const Model>& 
 
 std::atomic<int64_t> g_replays{0};
 int64_t recorded_step_replays() { return g_replays.load(); }
+
+bool backend_expert_stats(const Model* m, ExpertStats* out, bool reset) {
+  std::vector<std::shared_ptr<BackendModel>> bms;
+  {
+    std::lock_guard<std::mutex> lk(g_live_mu);
+    for (auto& [key, w] : g_live)
+      if (key.first == m)
+        if (auto p = w.lock(); p && p->experts) bms.push_back(p);
+  }
+  bool any = false;
+  for (auto& p : bms) {
+    std::lock_guard<std::mutex> lk(p->mu);  // no forward is changing the counters
+    if (reset) {
+      p->experts->reset_stats();
+    } else if (!any) {
+      *out = p->experts->stats();
+    }
+    any = true;
+  }
+  return any;
+}
 
 bool is_backend_name(const std::string& name) { return name == "cpu" || name == "cuda" || name == "cpu-backend"; }
 
@@ -228,6 +260,7 @@ struct BackendSession::Impl {
   Buf raw, rawf, z, ba, fz, fb, fa, hist, convo, eg, beta, o, y;
   Buf qg, att, kvb;
   Buf rl, sel, wt, act, up, yg, sa, su, sh;
+  Buf dslot;  // expert streaming: the window's slot numbers [T][k]
   // Backends that record steps (CUDA): the step's input in one upload, [kHead int32: pos0, pos0 + 1, 0...][T][H]
   // embeddings; the ops that depend on the position read it there, so a recorded step replays at any position.
   static constexpr size_t kHead = 16;
@@ -480,6 +513,68 @@ struct BackendSession::Impl {
     be->moe_combine(yg.f(), wt.f(), T, (int)k, H, shp, w.gate_inp_shexp, xin, out);
   }
 
+  // moe() with the routed experts streamed (backend_experts.h): the selection comes to the host, which pins the
+  // union's slots, copies the missing experts and the slot numbers (fenced), and predicts layer+1's experts; the
+  // products run over slot numbers. The shared expert's lane overlaps all of it. Same values as moe().
+  void moe_streamed(const BackendModel::Moe& w, int64_t il, const float* xin, int T, float* out) {
+    const HParams& hp = m->hp();
+    BackendExperts& X = *bm->experts;
+    const int64_t H = hp.n_embd, E = hp.n_expert, k = hp.n_expert_used, F = hp.n_ff_exp, S = (int64_t)T * k;
+    const bool predict = X.prefetch_on() && il + 1 < hp.n_layer;
+    const int np = predict ? 2 : 1;
+    rl.grow(*be, (size_t)np * T * E * 4);
+    sel.grow(*be, (size_t)np * S * 4);
+    wt.grow(*be, (size_t)np * S * 4);
+    dslot.grow(*be, (size_t)S * 4);
+    act.grow(*be, (size_t)S * F * 4);
+    up.grow(*be, (size_t)S * F * 4);
+    yg.grow(*be, (size_t)S * H * 4);
+    const int64_t Fs = hp.n_ff_shexp;
+    if (w.has_shexp) {
+      sa.grow(*be, (size_t)T * Fs * 4);
+      su.grow(*be, (size_t)T * Fs * 4);
+      sh.grow(*be, (size_t)T * H * 4);
+    }
+    STRATA_CHECK(T <= kChunk, "moe_streamed: ", T, " rows exceed a piece of ", kChunk);
+    int32_t* sel_host = X.selection_buffer();  // [T][k], then layer+1's predicted [T][k]
+    const float* shp = nullptr;
+    be->fork(w.has_shexp ? 2 : 1);
+    if (w.has_shexp) {  // lane 1 first: it runs while lane 0 waits for the selection and the copies
+      be->lane(1);
+      be->moe_shared_gate(w.gate_inp_shexp, xin, T, H);
+      be->matmul(w.gate_sh, xin, H, T, sa.f(), Fs);
+      be->matmul(w.up_sh, xin, H, T, su.f(), Fs);
+      be->silu_mul(sa.f(), su.f(), T * Fs);
+      be->matmul(w.down_sh, sa.f(), Fs, T, sh.f(), H);
+      shp = sh.f();
+    }
+    be->lane(0);
+    be->matmul(w.router, xin, H, T, rl.f(), E);
+    be->moe_route(rl.f(), T, E, (int)k, sel.i(), wt.f());
+    if (predict) {  // layer+1's router on these rows: its likely experts
+      be->matmul(bm->layers[il + 1].moe.router, xin, H, T, rl.f() + (size_t)T * E, E);
+      be->moe_route(rl.f() + (size_t)T * E, T, E, (int)k, sel.i() + S, wt.f() + S);
+    }
+    be->download(sel_host, sel.p, (size_t)np * S * 4);  // waits for lane 0: no kernel reads a slot now
+    X.note_window(il, sel_host, (int)S);
+    int groups = 0;
+    for (int r0 = 0; r0 < T; groups++) {
+      const int r1 = X.group_end(sel_host, r0, T, (int)k);
+      if (r0 > 0) be->sync();  // the previous group's products read slots this group may take
+      const int off = r0 * (int)k, n = (r1 - r0) * (int)k;
+      BackendExperts::Pins pins(X, il, sel_host, off, n, dslot.i());
+      be->matmul_sel_swiglu(X.view(il, 0), X.slot_bytes(), X.view(il, 1), X.slot_bytes(), dslot.i() + off, n, (int)k,
+                            xin + (size_t)r0 * H, H, act.f() + (size_t)off * F, up.f() + (size_t)off * F);
+      be->matmul_sel(X.view(il, 2), X.slot_bytes(), dslot.i() + off, n, 1, act.f() + (size_t)off * F, F,
+                     yg.f() + (size_t)off * H, H);
+      if (predict && r1 == T) X.prefetch(il + 1, sel_host + S, (int)S);  // while this group's slots are pinned
+      r0 = r1;
+    }
+    X.note_groups(groups);
+    be->join();
+    be->moe_combine(yg.f(), wt.f(), T, (int)k, H, shp, w.gate_inp_shexp, xin, out);
+  }
+
   // qwen3next.cpp forward_qwen3next over rows [0, T) at pos0; logits of rows [first, T) into logits (backend).
   void forward(const int32_t* tokens, int T, int64_t pos0, bool in_place, int first, float* hid_out, float* lg_out) {
     const HParams& hp = m->hp();
@@ -507,7 +602,8 @@ struct BackendSession::Impl {
         attention(L.attn, kv[slot[il]], h.f(), T, pos0, mix.f());
       }
       be->add_rmsnorm(x.f(), mix.f(), L.post_norm, H, T, hp.rms_eps, h.f());
-      moe(L.moe, h.f(), T, mix.f());
+      if (bm->experts) moe_streamed(L.moe, il, h.f(), T, mix.f());
+      else moe(L.moe, h.f(), T, mix.f());
       const bool last = il + 1 == hp.n_layer;
       be->add_rmsnorm(x.f(), mix.f(), last ? bm->output_norm : bm->layers[il + 1].attn_norm, H, T, hp.rms_eps,
                       last ? hid_out : h.f());
@@ -543,7 +639,8 @@ struct BackendSession::Impl {
   std::vector<const void*> sig() const {
     std::vector<const void*> v;
     for (const Buf* b : {&x, &h, &mix, &hid, &logits, &raw, &rawf, &z, &ba, &fz, &fb, &fa, &hist, &convo, &eg, &beta,
-                         &o, &y, &qg, &att, &kvb, &rl, &sel, &wt, &act, &up, &yg, &sa, &su, &sh, &inb, &rope_cs, &rope_sn})
+                         &o, &y, &qg, &att, &kvb, &rl, &sel, &wt, &act, &up, &yg, &sa, &su, &sh, &dslot, &inb, &rope_cs,
+                         &rope_sn})
       v.push_back(b->p);
     for (const auto& d : dn)
       for (const Buf* b : {&d.S, &d.S_work, &d.conv, &d.conv_rows, &d.eg_rows, &d.beta_rows, &d.raw_rows}) v.push_back(b->p);
@@ -569,7 +666,7 @@ struct BackendSession::Impl {
       et->dequant(W.token_embd.data + (size_t)tokens[t] * W.token_embd.row_bytes, emb.data() + kHead + (size_t)t * H, H);
     inb.grow(*be, emb.size() * 4);
     be->upload(inb.p, emb.data(), emb.size() * 4);
-    if (T > kMaxRecordedT) {  // prompt pieces: once each
+    if (T > kMaxRecordedT || bm->experts) {  // prompt pieces: once each; streamed experts: the host acts mid-step
       n_cap = pos0 + 1;
       forward(tokens, T, pos0, in_place, first, hid.f(), logits.f());
       return;

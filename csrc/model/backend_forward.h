@@ -14,8 +14,9 @@
 // Exactness: every operation equals the native CPU forward's (model/qwen3next.cpp, deltanet.cpp, attention.cpp,
 // moe.cpp) on the CPU backend bit for bit (tests/test_backend_forward.py), and the CUDA backend's operations
 // equal the CPU backend's (tests/test_cuda_*.py), so a GPU session gives the CPU session's logits.
-// What runs here: qwen3next and qwen35moe graphs (DeltaNet layouts Current and Split), every expert resident,
-// dense attention. Session refuses the rest by name (MTP, checkpoints, expert streaming, qwen4exp, ...).
+// What runs here: qwen3next and qwen35moe graphs (DeltaNet layouts Current and Split), dense attention; every
+// expert resident, or routed experts streamed into a bounded cache of backend memory
+// (backend_experts.h). Session refuses the rest by name (MTP, checkpoints, qwen4exp, ...).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "experts/expert_stream.h"
 
 namespace strata {
 
@@ -35,6 +37,10 @@ bool is_backend_name(const std::string& name);
 // How many recorded steps (CUDA graphs) the backend sessions of this process replayed: tests check that the
 // recorded path ran.
 int64_t recorded_step_replays();
+
+// The expert-streaming counters (experts/expert_stream.h ExpertStats) of the model's live backend sessions that
+// stream experts (backend_experts.h; the first such backend's); false when none is open. reset: zero them instead.
+bool backend_expert_stats(const Model* m, ExpertStats* out, bool reset = false);
 
 class BackendSession {
  public:

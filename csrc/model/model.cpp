@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "gguf/gguf.h"
+#include "model/backend_experts.h"
 #include "model/fingerprint.h"
 #include "model/layers.h"
 #include "model/ple_table.h"
@@ -56,7 +57,13 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   STRATA_CHECK(opt.experts.cache_mib >= -1, "bad option cache_mib=", opt.experts.cache_mib, ": expected MiB >= 0 or -1 (full)");
   STRATA_CHECK(!opt.experts.approximate || opt.experts.cache_mib != -1,
                "approximate (cache-aware) routing needs an expert cache (cache_mib); with every expert resident it is natural routing");
-  if (opt.experts.cache_mib != -1) m->experts_ = std::make_unique<ExpertStream>(*m->file_, m->hp_, m->w_, opt.experts);
+  STRATA_CHECK(!opt.experts.device || !opt.experts.approximate,
+               "approximate (cache-aware) routing runs only on backend='cpu' (with a host expert cache)");
+  m->expert_opt_ = opt.experts;
+  if (opt.experts.cache_mib != -1 && opt.experts.device)
+    BackendExperts::slots_for(*m, opt.experts.cache_mib);  // a budget below one row's experts fails here, at load
+  else if (opt.experts.cache_mib != -1)
+    m->experts_ = std::make_unique<ExpertStream>(*m->file_, m->hp_, m->w_, opt.experts);
   m->fingerprint_ = model_fingerprint(*m->file_, m->hp_, m->mtp_file_.get());  // model/fingerprint.h: weights too
   m->check_files();  // a truncation while the weights were read at load
   return m;

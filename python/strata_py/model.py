@@ -109,7 +109,12 @@ class Model:
         _dense_attention (benches only): qwen4exp's QSA layers attend densely. This changes the model.
         backend: where this model's sessions run by default (Model.session's backend): "cpu" (the native CPU
         forward), "cuda" (the GPU: a RuntimeError here when strata was built without CUDA or no device is usable)
-        or "cpu-backend" (the backend forward over the CPU backend, for tests).
+        or "cpu-backend" (the backend forward over the CPU backend, for tests). With backend "cuda" (or
+        "cpu-backend"), cache_mib is the budget of the GPU's memory for routed experts (csrc/model/backend_experts.h):
+        every expert is held once in pinned host memory and the missing ones are copied to the card as windows route
+        to them (prefetch: layer+1's predicted experts too), with the same counters in expert_stats() ("where":
+        "backend"); o_direct and io_threads do not apply, and sessions of such a model on backend "cpu" keep every
+        expert in the mapping. Output is bit-identical to full residency at every budget.
 
         Raises ValueError naming the file, tensor or key for a malformed or unsupported file.
         """
@@ -127,9 +132,9 @@ class Model:
             raise ValueError(f"bad option routing={routing!r}: expected 'natural' or 'approximate'")
         if backend not in ("cpu", "cuda", "cpu-backend"):
             raise ValueError(f"bad option backend={backend!r}: expected 'cpu', 'cuda' or 'cpu-backend'")
-        if backend != "cpu" and mib != -1:
-            raise ValueError(f"bad option cache_mib={cache_mib!r} with backend={backend!r}: expert streaming runs "
-                             "only on backend='cpu' (the other backends keep every expert resident)")
+        if backend != "cpu" and mib != -1 and routing == "approximate":
+            raise ValueError(f"bad option routing='approximate' with backend={backend!r}: cache-aware routing runs "
+                             "only on backend='cpu'")
         if backend == "cuda" and not _core.cuda_available():
             raise RuntimeError(f"bad option backend='cuda' (--backend cuda): {_core.cuda_info()}"
                                + " (strata needs a build with -Cmake.define.STRATA_CUDA=ON and a usable NVIDIA GPU)")
@@ -148,7 +153,7 @@ class Model:
                                 -1 if approx_protect is None else int(approx_protect), float(approx_bonus),
                                 -1 if approx_draft_protect is None else int(approx_draft_protect),
                                 -1.0 if approx_draft_bonus is None else float(approx_draft_bonus),
-                                int(ple_map_mib), bool(_dense_attention))
+                                int(ple_map_mib), bool(_dense_attention), backend != "cpu")
         try:  # the vocabulary is bounded by the model's token_embd before the tokenizer is built from it
             tok = Tokenizer.from_metadata(_core.gguf_metadata(str(path)), max_vocab=core.config["n_vocab"])
         except ValueError as e:

@@ -1,0 +1,202 @@
+// Routed experts streamed into a bounded cache in backend memory: backend_experts.h.
+#include "model/backend_experts.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "strata.h"
+
+namespace strata {
+
+namespace {
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+const ExpertMat& part_of(const MoeWeights& m, int p) { return p == 0 ? m.gate_exps : p == 1 ? m.up_exps : m.down_exps; }
+}  // namespace
+
+int64_t BackendExperts::slot_bytes_for(const Weights& w) {
+  size_t off = 0;
+  for (int p = 0; p < 3; p++) {
+    size_t mx = 0;
+    for (const auto& l : w.layers) mx = std::max(mx, part_of(l.moe, p).expert_bytes());
+    off += round_up(mx, kRegion);
+  }
+  return (int64_t)round_up(off, 4096);
+}
+
+int64_t BackendExperts::slots_for(const Model& m, int64_t cache_mib) {
+  const HParams& hp = m.hp();
+  const int64_t sb = slot_bytes_for(m.weights()), total = hp.n_layer * hp.n_expert;
+  STRATA_CHECK(cache_mib >= 0, "bad option cache_mib=", cache_mib, ": must be >= 0 (or -1 / 'full')");
+  const double want_d = (double)cache_mib * (1 << 20) / (double)sb;  // clamped before the cast: no overflow
+  const int64_t want = want_d >= (double)total ? total : (int64_t)want_d;
+  if (want < hp.n_expert_used)
+    fail<std::invalid_argument>("bad option cache_mib=", cache_mib, ": ", m.file().path(), " needs at least ",
+                                (hp.n_expert_used * sb + (1 << 20) - 1) >> 20, " MiB of backend memory (",
+                                hp.n_expert_used, " experts of ", sb, " bytes) for one row's experts");
+  return want;
+}
+
+BackendExperts::BackendExperts(Backend& be, const Model& m, const ExpertOptions& o, int max_rows)
+    : be_(be), opt_(o), max_rows_(max_rows) {
+  const HParams& hp = m.hp();
+  const Weights& w = m.weights();
+  L_ = hp.n_layer;
+  E_ = hp.n_expert;
+  k_ = hp.n_expert_used;
+  slot_bytes_ = (size_t)slot_bytes_for(w);
+  size_t off = 0;
+  for (int p = 0; p < 3; p++) {
+    region_[p] = off;
+    size_t mx = 0;
+    for (const auto& l : w.layers) mx = std::max(mx, part_of(l.moe, p).expert_bytes());
+    off += round_up(mx, kRegion);
+  }
+  const int64_t n_slots = slots_for(m, o.cache_mib);
+  cache_ = std::make_unique<ExpertCache>((int)n_slots, slot_bytes_, /*host_memory=*/false);
+  pool_ = be_.alloc((size_t)n_slots * slot_bytes_);
+  views_.resize((size_t)L_ * 3);
+  copy_bytes_.resize((size_t)L_);
+  for (int64_t l = 0; l < L_; l++) {
+    for (int p = 0; p < 3; p++) {
+      MatView v = part_of(w.layers[l].moe, p).all;
+      v.rows = part_of(w.layers[l].moe, p).rows;
+      v.data = static_cast<const uint8_t*>(pool_) + region_[p];
+      views_[(size_t)l * 3 + p] = v;
+    }
+    copy_bytes_[l] = region_[2] + w.layers[l].moe.down_exps.expert_bytes();
+  }
+  // the host copy in slot format, filled from the mapping by a few threads (layers split between them)
+  host_ = static_cast<uint8_t*>(be_.host_alloc((size_t)L_ * E_ * slot_bytes_));
+  const int nt = (int)std::max<int64_t>(1, std::min<int64_t>({8, (int64_t)std::thread::hardware_concurrency(), L_}));
+  std::vector<std::thread> th;
+  for (int t = 0; t < nt; t++)
+    th.emplace_back([&, t] {
+      for (int64_t l = t; l < L_; l += nt)
+        for (int64_t e = 0; e < E_; e++) {
+          uint8_t* dst = host_ + (size_t)(l * E_ + e) * slot_bytes_;
+          for (int p = 0; p < 3; p++) {  // each part, then zeros up to the next region
+            const ExpertMat& em = part_of(w.layers[l].moe, p);
+            const size_t n = em.expert_bytes(), end = p < 2 ? region_[p + 1] : slot_bytes_;
+            std::memcpy(dst + region_[p], em.all.data + (size_t)e * n, n);
+            std::memset(dst + region_[p] + n, 0, end - region_[p] - n);
+          }
+        }
+    });
+  for (auto& x : th) x.join();
+  stage_ = static_cast<int32_t*>(be_.host_alloc((size_t)max_rows_ * k_ * sizeof(int32_t)));
+  selbuf_ = static_cast<int32_t*>(be_.host_alloc((size_t)2 * max_rows_ * k_ * sizeof(int32_t)));
+  st_.slots = (uint64_t)n_slots;
+  st_.slot_bytes = slot_bytes_;
+  st_.experts_total = (uint64_t)(L_ * E_);
+}
+
+BackendExperts::~BackendExperts() {
+  be_.sync();  // no copy still reads the host memory
+  be_.host_release(selbuf_);
+  be_.host_release(stage_);
+  be_.host_release(host_);
+  be_.release(pool_);
+}
+
+void BackendExperts::copy_in(int64_t l, int32_t e, int slot) {
+  const size_t n = copy_bytes_[l];
+  be_.upload_async(static_cast<uint8_t*>(pool_) + (size_t)slot * slot_bytes_, host_ + (size_t)(l * E_ + e) * slot_bytes_, n);
+  cache_->finish_load(slot, true);  // the copy is ordered before every product that reads it (fence_uploads)
+  st_.bytes_read += n;
+  st_.experts_read++;
+}
+
+int BackendExperts::group_end(const int32_t* sel, int r0, int T, int k) const {
+  std::vector<int32_t> uni;
+  int r = r0;
+  for (; r < T; r++) {
+    std::vector<int32_t> next = uni;
+    next.insert(next.end(), sel + (size_t)r * k, sel + (size_t)(r + 1) * k);
+    std::sort(next.begin(), next.end());
+    next.erase(std::unique(next.begin(), next.end()), next.end());
+    if ((int)next.size() > slots() && r > r0) break;  // one row always fits (slots >= k)
+    uni.swap(next);
+  }
+  return r;
+}
+
+BackendExperts::Pins::Pins(BackendExperts& x, int64_t layer, const int32_t* sel, int off, int n, int32_t* dslot)
+    : x_(x) {
+  STRATA_CHECK(off >= 0 && n >= 0 && off + n <= x.max_rows_ * x.k_, "backend experts: slots ", off, "..", off + n,
+               " exceed the staging of ", x.max_rows_, " rows");
+  std::vector<uint32_t> keys;
+  for (int i = 0; i < n; i++) {
+    const int32_t e = sel[off + i];
+    STRATA_CHECK(e >= 0 && e < x.E_, "backend experts: layer ", layer, " routed to expert ", e, " of ", x.E_);
+    keys.push_back(x.key(layer, e));
+  }
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  std::vector<ExpertCache::Pin> pins(keys.size());
+  x.cache_->acquire(keys.data(), (int)keys.size(), pins.data());  // n <= slots (group_end); nothing else holds pins
+  for (size_t i = 0; i < keys.size(); i++) {
+    held_.push_back(pins[i].slot);
+    if (pins[i].load) x.copy_in(layer, (int32_t)(keys[i] - (uint32_t)(layer * x.E_)), pins[i].slot);
+  }
+  for (int i = 0; i < n; i++) {
+    const uint32_t kk = x.key(layer, sel[off + i]);
+    x.stage_[off + i] = pins[std::lower_bound(keys.begin(), keys.end(), kk) - keys.begin()].slot;
+  }
+  x.be_.upload_async(dslot + off, x.stage_ + off, (size_t)n * sizeof(int32_t));
+  x.be_.fence_uploads();
+}
+
+void BackendExperts::note_window(int64_t l, const int32_t* sel, int n) {
+  std::vector<int32_t> uni(sel, sel + n);
+  std::sort(uni.begin(), uni.end());
+  uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
+  st_.union_sum += uni.size();
+  st_.union_layers++;
+  if (pred_layer_ == l) {  // the predictor against this layer's actual union
+    for (int32_t e : uni) st_.pred_hit += std::binary_search(pred_.begin(), pred_.end(), e);
+    st_.pred_actual += uni.size();
+    pred_layer_ = -1;
+  }
+}
+
+BackendExperts::Pins::~Pins() {
+  for (int s : held_) x_.cache_->release(s);
+}
+
+void BackendExperts::prefetch(int64_t l, const int32_t* sel, int n) {
+  if (l >= L_) return;
+  std::vector<int32_t> uni(sel, sel + n);
+  std::sort(uni.begin(), uni.end());
+  uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
+  // a long prompt window predicts nearly every expert: at most 4 rows' worth of copies a layer
+  const size_t cap = (size_t)(4 * k_);
+  size_t issued = 0;
+  for (int32_t e : uni) {
+    if (e < 0 || e >= E_ || issued >= cap) continue;
+    const int s = cache_->try_prefetch(key(l, e));
+    if (s < 0) continue;
+    copy_in(l, e, s);
+    issued++;
+  }
+  st_.pred_size += uni.size();
+  pred_layer_ = l;
+  pred_.swap(uni);
+}
+
+ExpertStats BackendExperts::stats() const {
+  ExpertStats s = st_;
+  s.cache = cache_->counters();
+  return s;
+}
+
+void BackendExperts::reset_stats() {
+  const uint64_t slots = st_.slots, sb = st_.slot_bytes, total = st_.experts_total;
+  st_ = {};
+  st_.slots = slots;
+  st_.slot_bytes = sb;
+  st_.experts_total = total;
+  cache_->reset_counters();
+}
+
+}  // namespace strata
