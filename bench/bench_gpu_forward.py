@@ -11,8 +11,9 @@ host (the sampler's input). Bytes per step: every tensor except the routed exper
 of the routed experts' bytes (the experts one row reads; random routing reads about that). --bw-gbs: the HBM
 bandwidth of the floor (default: the device-to-device copy bandwidth measured here, read + write).
 
---stream FILE:FRAC (repeatable): the same file with the routed experts streamed from pinned host memory into a GPU
-budget of FRAC of their bytes (Model.load(cache_mib=...), csrc/model/backend_experts.h), prefetch on and off: T = 1
+--stream FILE:FRAC[:on|off] (repeatable): the same file with the routed experts streamed from pinned host memory into
+a GPU budget of FRAC of their bytes (Model.load(cache_mib=...), csrc/model/backend_experts.h), prefetch on and off
+(or only the one named): T = 1
 decode tok/s (after a 64-token prompt and 32 warm-up steps, so the cache is in its steady state), C(4) / C(1), the
 bytes copied to the card per token, hit rate and prefetch precision / recall (rows under "streamed").
 """
@@ -137,10 +138,14 @@ def main(argv=None) -> int:
     streams = []
     for spec in a.stream:
         f, _, frac = spec.rpartition(":")
+        pf = (True, False)
+        if frac in ("on", "off"):
+            pf = (frac == "on",)
+            f, _, frac = f.rpartition(":")
         try:
-            streams.append((f, float(frac)))
+            streams.append((f, float(frac), pf))
         except ValueError:
-            ap.error(f"bad option --stream {spec!r}: expected FILE:FRACTION (e.g. model.gguf:0.25)")
+            ap.error(f"bad option --stream {spec!r}: expected FILE:FRACTION[:on|off] (e.g. model.gguf:0.25)")
     if not _core.cuda_available():
         print(f"bench_gpu_forward: no CUDA device ({_core.cuda_info()})", file=sys.stderr)
         return 2
@@ -157,8 +162,8 @@ def main(argv=None) -> int:
             print(f"{p}: {type(e).__name__}: {e}", flush=True)
             res["models"].append({"model": Path(p).name, "error": f"{type(e).__name__}: {e}"})
         write_json(a.json, res)
-    for p, frac in streams:
-        for prefetch in (True, False):
+    for p, frac, pf in streams:
+        for prefetch in pf:
             try:
                 res["streamed"].append(bench_streamed(p, frac, prefetch, a.reps))
             except Exception as e:

@@ -20,7 +20,9 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--mtp", metavar="FILE", help="a separate MTP-only GGUF for --draft mtp / mtp+suffix")
     ap.add_argument("--threads", "-t", type=int, default=None, help="default: physical cores")
     ap.add_argument("--cache-mib", default=None, metavar="N|full",
-                    help="stream routed experts from the file through a cache of N MiB (default: full = all resident)")
+                    help="stream routed experts from the file through a cache of N MiB (default: full = all "
+                         "resident); with --backend cuda: the GPU's budget for routed experts, the rest copied from "
+                         "pinned host memory as windows route to them")
     ap.add_argument("--o-direct", action="store_true", help="expert reads with O_DIRECT (bypass the page cache)")
     ap.add_argument("--io-threads", type=int, default=4, help="expert reader threads (with --cache-mib)")
     ap.add_argument("--no-prefetch", action="store_true", help="do not read the next layer's predicted experts ahead")
