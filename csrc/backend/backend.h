@@ -80,6 +80,9 @@ class Backend {
   virtual void host_release(void* p) { std::free(p); }
   virtual void upload_async(void* dst, const void* host_src, size_t bytes) { upload(dst, host_src, bytes); }
   virtual void fence_uploads() {}
+  // A download in stream order (host_dst: host_alloc memory), allowed inside a recording; the host may read it after
+  // the next sync(). The default downloads at once.
+  virtual void download_async(void* host_dst, const void* src, size_t bytes) { download(host_dst, src, bytes); }
 
   // Independent work side by side (no effect on any value): fork(n) opens n lanes that start after everything
   // issued so far; lane(i) sends the operations issued next to lane i; join() waits for every lane, and later

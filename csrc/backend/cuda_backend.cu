@@ -225,6 +225,10 @@ class CudaBackend final : public Backend {
     if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_), "upload_async");
     copies_ = true;
   }
+  void download_async(void* dst, const void* src, size_t bytes) override {
+    use();
+    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download_async");
+  }
   void fence_uploads() override {
     if (!copies_) return;
     use();
@@ -237,7 +241,6 @@ class CudaBackend final : public Backend {
     check(cudaStreamSynchronize(stream_), "stream synchronize");
     if (stream_ == main_)  // lanes not joined yet finish too
       for (int i = 0; i < n_forked_; i++) check(cudaStreamSynchronize(lanes_[i]), "stream synchronize");
-    if (stream_ == main_ && copy_) check(cudaStreamSynchronize(copy_), "copy stream synchronize");
   }
 
   // Products of int8-activation types reuse the lane's last quantization when it was of the same rows (x, ldx,

@@ -92,7 +92,8 @@ BackendExperts::BackendExperts(Backend& be, const Model& m, const ExpertOptions&
 }
 
 BackendExperts::~BackendExperts() {
-  be_.sync();  // no copy still reads the host memory
+  be_.fence_uploads();  // no copy still reads the host memory or writes the pool
+  be_.sync();
   be_.host_release(selbuf_);
   be_.host_release(stage_);
   be_.host_release(host_);

@@ -9,8 +9,8 @@
 //   backend: `slots` slots of slot_bytes; gate / up / down of slot s at pool + s * slot_bytes + region[part], so one
 //            MatView per part and layer with stride slot_bytes is matmul_sel's W0 over slot numbers
 //
-// Per layer and window (backend_forward.cpp moe_streamed), as expert_stream.h's steps:
-//   1. route every row on the backend; the selection comes back to the host (one small download)
+// Per layer and window (backend_forward.cpp route_part / host_part / expert_part), as expert_stream.h's steps:
+//   1. route every row on the backend; the selection comes back to the host (one small download into pinned memory)
 //   2. acquire(): pin the union's slots (ExpertCache, bookkeeping only), copy each missing expert from host memory
 //      (Backend::upload_async, the copy lane) and the window's slot numbers, then fence: the expert products that
 //      follow wait for those copies only
@@ -22,9 +22,11 @@
 //
 // Exactness: a slot holds the expert's exact bytes and matmul_sel computes each slot's row as a one-row matmul of
 // its expert, so output equals full residency bit for bit at every budget.
-// Hazards: a slot is overwritten only by a copy issued after the host saw every kernel that read it finish: each
-// layer starts with the selection's download, which waits for the routed-expert lane (whose kernels read slots),
-// and a group after the first waits for the previous group (sync) before it takes slots.
+// Hazards: a slot is overwritten only by a copy issued after the host saw every kernel that read it finish: the host
+// acts on a layer's selection only after a sync that follows the previous layer's expert products, and a group
+// after the first waits for the previous group (sync) before it takes slots; prefetches take only unpinned slots,
+// while the layer's own are pinned. The slot numbers' staging and the selection buffer are reused only after the
+// sync that follows their last use.
 #pragma once
 #include <cstdint>
 #include <memory>

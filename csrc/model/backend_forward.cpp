@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -271,8 +272,9 @@ struct BackendSession::Impl {
     int T, first;
     bool in_place;
     int64_t n_cap;
+    int piece = -1;  // a piece of a step with streamed experts (forward_streamed); -1: the whole step
     bool operator<(const GraphKey& o) const {
-      return std::tie(T, first, in_place, n_cap) < std::tie(o.T, o.first, o.in_place, o.n_cap);
+      return std::tie(T, first, in_place, n_cap, piece) < std::tie(o.T, o.first, o.in_place, o.n_cap, o.piece);
     }
   };
   struct Recording {
@@ -513,50 +515,44 @@ struct BackendSession::Impl {
     be->moe_combine(yg.f(), wt.f(), T, (int)k, H, shp, w.gate_inp_shexp, xin, out);
   }
 
-  // moe() with the routed experts streamed (backend_experts.h): the selection comes to the host, which pins the
-  // union's slots, copies the missing experts and the slot numbers (fenced), and predicts layer+1's experts; the
-  // products run over slot numbers. The shared expert's lane overlaps all of it. Same values as moe().
-  void moe_streamed(const BackendModel::Moe& w, int64_t il, const float* xin, int T, float* out) {
+  // moe() with the routed experts streamed (backend_experts.h), in three parts with the host acting between them:
+  //   route_part   the router and routing (and layer+1's router on the same rows: its predicted experts), the
+  //                selection downloaded into pinned host memory
+  //   host_part    waits for it; pins the union's slots, copies the missing experts and the slot numbers (fenced),
+  //                prefetches layer+1's predicted experts; a union larger than the cache runs the routed products
+  //                here, in groups of rows (returns true: done)
+  //   expert_part  the routed products over slot numbers (unless done), the shared expert beside them, the combine
+  // The same values as moe(). On a backend that records steps, the parts between host parts are recorded pieces
+  // (forward_streamed).
+  void route_part(const BackendModel::Moe& w, int64_t il, const float* xin, int T) {
     const HParams& hp = m->hp();
-    BackendExperts& X = *bm->experts;
-    const int64_t H = hp.n_embd, E = hp.n_expert, k = hp.n_expert_used, F = hp.n_ff_exp, S = (int64_t)T * k;
-    const bool predict = X.prefetch_on() && il + 1 < hp.n_layer;
+    const int64_t H = hp.n_embd, E = hp.n_expert, k = hp.n_expert_used, S = (int64_t)T * k;
+    const bool predict = bm->experts->prefetch_on() && il + 1 < hp.n_layer;
     const int np = predict ? 2 : 1;
-    rl.grow(*be, (size_t)np * T * E * 4);
-    sel.grow(*be, (size_t)np * S * 4);
-    wt.grow(*be, (size_t)np * S * 4);
-    dslot.grow(*be, (size_t)S * 4);
-    act.grow(*be, (size_t)S * F * 4);
-    up.grow(*be, (size_t)S * F * 4);
-    yg.grow(*be, (size_t)S * H * 4);
-    const int64_t Fs = hp.n_ff_shexp;
-    if (w.has_shexp) {
-      sa.grow(*be, (size_t)T * Fs * 4);
-      su.grow(*be, (size_t)T * Fs * 4);
-      sh.grow(*be, (size_t)T * H * 4);
-    }
-    STRATA_CHECK(T <= kChunk, "moe_streamed: ", T, " rows exceed a piece of ", kChunk);
-    int32_t* sel_host = X.selection_buffer();  // [T][k], then layer+1's predicted [T][k]
-    const float* shp = nullptr;
-    be->fork(w.has_shexp ? 2 : 1);
-    if (w.has_shexp) {  // lane 1 first: it runs while lane 0 waits for the selection and the copies
-      be->lane(1);
-      be->moe_shared_gate(w.gate_inp_shexp, xin, T, H);
-      be->matmul(w.gate_sh, xin, H, T, sa.f(), Fs);
-      be->matmul(w.up_sh, xin, H, T, su.f(), Fs);
-      be->silu_mul(sa.f(), su.f(), T * Fs);
-      be->matmul(w.down_sh, sa.f(), Fs, T, sh.f(), H);
-      shp = sh.f();
-    }
-    be->lane(0);
+    STRATA_CHECK(T <= kChunk, "moe: ", T, " rows exceed a piece of ", kChunk);
     be->matmul(w.router, xin, H, T, rl.f(), E);
     be->moe_route(rl.f(), T, E, (int)k, sel.i(), wt.f());
     if (predict) {  // layer+1's router on these rows: its likely experts
       be->matmul(bm->layers[il + 1].moe.router, xin, H, T, rl.f() + (size_t)T * E, E);
       be->moe_route(rl.f() + (size_t)T * E, T, E, (int)k, sel.i() + S, wt.f() + S);
     }
-    be->download(sel_host, sel.p, (size_t)np * S * 4);  // waits for lane 0: no kernel reads a slot now
+    be->download_async(bm->experts->selection_buffer(), sel.p, (size_t)np * S * 4);
+  }
+
+  bool host_part(int64_t il, const float* xin, int T) {
+    const HParams& hp = m->hp();
+    BackendExperts& X = *bm->experts;
+    const BackendModel::Moe& w = bm->layers[il].moe;
+    const int64_t H = hp.n_embd, k = hp.n_expert_used, F = hp.n_ff_exp, S = (int64_t)T * k;
+    const bool predict = X.prefetch_on() && il + 1 < hp.n_layer;
+    be->sync();  // the selection is on the host, and no kernel reads a slot now
+    const int32_t* sel_host = X.selection_buffer();  // [T][k], then layer+1's predicted [T][k]
     X.note_window(il, sel_host, (int)S);
+    if (X.group_end(sel_host, 0, T, (int)k) == T) {  // one group: the products run in expert_part
+      BackendExperts::Pins pins(X, il, sel_host, 0, (int)S, dslot.i());
+      if (predict) X.prefetch(il + 1, sel_host + S, (int)S);  // while this window's slots are pinned
+      return false;
+    }
     int groups = 0;
     for (int r0 = 0; r0 < T; groups++) {
       const int r1 = X.group_end(sel_host, r0, T, (int)k);
@@ -567,24 +563,65 @@ struct BackendSession::Impl {
                             xin + (size_t)r0 * H, H, act.f() + (size_t)off * F, up.f() + (size_t)off * F);
       be->matmul_sel(X.view(il, 2), X.slot_bytes(), dslot.i() + off, n, 1, act.f() + (size_t)off * F, F,
                      yg.f() + (size_t)off * H, H);
-      if (predict && r1 == T) X.prefetch(il + 1, sel_host + S, (int)S);  // while this group's slots are pinned
+      if (predict && r1 == T) X.prefetch(il + 1, sel_host + S, (int)S);
       r0 = r1;
     }
     X.note_groups(groups);
+    (void)w;
+    return true;
+  }
+
+  void expert_part(const BackendModel::Moe& w, int64_t il, const float* xin, int T, bool routed_done, float* out) {
+    const HParams& hp = m->hp();
+    BackendExperts& X = *bm->experts;
+    const int64_t H = hp.n_embd, k = hp.n_expert_used, F = hp.n_ff_exp, S = (int64_t)T * k, Fs = hp.n_ff_shexp;
+    const float* shp = nullptr;
+    be->fork(w.has_shexp ? 2 : 1);
+    be->lane(0);
+    if (!routed_done) {
+      be->matmul_sel_swiglu(X.view(il, 0), X.slot_bytes(), X.view(il, 1), X.slot_bytes(), dslot.i(), (int)S, (int)k,
+                            xin, H, act.f(), up.f());
+      be->matmul_sel(X.view(il, 2), X.slot_bytes(), dslot.i(), (int)S, 1, act.f(), F, yg.f(), H);
+    }
+    if (w.has_shexp) {
+      be->lane(1);
+      be->moe_shared_gate(w.gate_inp_shexp, xin, T, H);
+      be->matmul(w.gate_sh, xin, H, T, sa.f(), Fs);
+      be->matmul(w.up_sh, xin, H, T, su.f(), Fs);
+      be->silu_mul(sa.f(), su.f(), T * Fs);
+      be->matmul(w.down_sh, sa.f(), Fs, T, sh.f(), H);
+      shp = sh.f();
+    }
     be->join();
     be->moe_combine(yg.f(), wt.f(), T, (int)k, H, shp, w.gate_inp_shexp, xin, out);
   }
 
-  // qwen3next.cpp forward_qwen3next over rows [0, T) at pos0; logits of rows [first, T) into logits (backend).
-  void forward(const int32_t* tokens, int T, int64_t pos0, bool in_place, int first, float* hid_out, float* lg_out) {
+  // Every buffer the streamed MoE uses, at its size for T rows (before any piece is issued: a recorded piece
+  // grows nothing).
+  void grow_streamed(int T) {
+    const HParams& hp = m->hp();
+    const int64_t H = hp.n_embd, E = hp.n_expert, k = hp.n_expert_used, F = hp.n_ff_exp, S = (int64_t)T * k;
+    rl.grow(*be, (size_t)2 * T * E * 4);
+    sel.grow(*be, (size_t)2 * S * 4);
+    wt.grow(*be, (size_t)2 * S * 4);
+    dslot.grow(*be, (size_t)S * 4);
+    act.grow(*be, (size_t)S * F * 4);
+    up.grow(*be, (size_t)S * F * 4);
+    yg.grow(*be, (size_t)S * H * 4);
+    if (hp.n_ff_shexp > 0) {
+      sa.grow(*be, (size_t)T * hp.n_ff_shexp * 4);
+      su.grow(*be, (size_t)T * hp.n_ff_shexp * 4);
+      sh.grow(*be, (size_t)T * H * 4);
+    }
+  }
+
+  // The embeddings into x (dev: run() uploaded them into inb) and layer 0's norm.
+  void head(const int32_t* tokens, int T) {
     const HParams& hp = m->hp();
     const Weights& W = m->weights();
     const int64_t H = hp.n_embd;
-    x.grow(*be, (size_t)T * H * 4);
-    h.grow(*be, (size_t)T * H * 4);
-    mix.grow(*be, (size_t)T * H * 4);
     if (dev) {
-      be->copy(x.p, inb.f() + kHead, (size_t)T * H * 4);  // run() uploaded them
+      be->copy(x.p, inb.f() + kHead, (size_t)T * H * 4);
     } else {
       emb.resize((size_t)T * H);
       const TypeTraits* et = type_traits(W.token_embd.type);
@@ -594,22 +631,82 @@ struct BackendSession::Impl {
     }
     // each residual add is issued with the norm that follows it (add_rmsnorm: the same operations)
     if (hp.n_layer > 0) be->rmsnorm(x.f(), H, bm->layers[0].attn_norm, H, T, hp.rms_eps, h.f(), H);
+  }
+
+  // Layer il's mixer and the residual add with the MoE's norm: h = rmsnorm(x + mixer(h)).
+  void mixer(int64_t il, int T, int64_t pos0, bool in_place) {
+    const HParams& hp = m->hp();
+    const BackendModel::Layer& L = bm->layers[il];
+    if (L.recurrent) deltanet(L.dn, dn[slot[il]], h.f(), T, in_place, mix.f());
+    else attention(L.attn, kv[slot[il]], h.f(), T, pos0, mix.f());
+    be->add_rmsnorm(x.f(), mix.f(), L.post_norm, hp.n_embd, T, hp.rms_eps, h.f());
+  }
+
+  // After layer il's MoE (in mix): x += mix and the next layer's norm into h, or the output norm into hid_out and
+  // the logits of rows [first, T).
+  void layer_end(int64_t il, int T, int first, float* hid_out, float* lg_out) {
+    const HParams& hp = m->hp();
+    const int64_t H = hp.n_embd;
+    const bool last = il + 1 == hp.n_layer;
+    be->add_rmsnorm(x.f(), mix.f(), last ? bm->output_norm : bm->layers[il + 1].attn_norm, H, T, hp.rms_eps,
+                    last ? hid_out : h.f());
+    if (last && first < T) be->matmul(bm->output, hid_out + (size_t)first * H, H, T - first, lg_out, hp.n_vocab);
+  }
+
+  // qwen3next.cpp forward_qwen3next over rows [0, T) at pos0; logits of rows [first, T) into logits (backend).
+  // key: record it in pieces (streamed experts on a backend that records steps: step_at).
+  void forward(const int32_t* tokens, int T, int64_t pos0, bool in_place, int first, float* hid_out, float* lg_out,
+               const GraphKey* key = nullptr) {
+    const HParams& hp = m->hp();
+    const int64_t H = hp.n_embd;
+    x.grow(*be, (size_t)T * H * 4);
+    h.grow(*be, (size_t)T * H * 4);
+    mix.grow(*be, (size_t)T * H * 4);
+    if (bm->experts) return forward_streamed(tokens, T, pos0, in_place, first, hid_out, lg_out, key);
+    head(tokens, T);
     for (int64_t il = 0; il < hp.n_layer; il++) {
-      const BackendModel::Layer& L = bm->layers[il];
-      if (L.recurrent) {
-        deltanet(L.dn, dn[slot[il]], h.f(), T, in_place, mix.f());
-      } else {
-        attention(L.attn, kv[slot[il]], h.f(), T, pos0, mix.f());
-      }
-      be->add_rmsnorm(x.f(), mix.f(), L.post_norm, H, T, hp.rms_eps, h.f());
-      if (bm->experts) moe_streamed(L.moe, il, h.f(), T, mix.f());
-      else moe(L.moe, h.f(), T, mix.f());
-      const bool last = il + 1 == hp.n_layer;
-      be->add_rmsnorm(x.f(), mix.f(), last ? bm->output_norm : bm->layers[il + 1].attn_norm, H, T, hp.rms_eps,
-                      last ? hid_out : h.f());
+      mixer(il, T, pos0, in_place);
+      moe(bm->layers[il].moe, h.f(), T, mix.f());
+      layer_end(il, T, first, hid_out, lg_out);
     }
-    if (hp.n_layer == 0) be->rmsnorm(x.f(), H, bm->output_norm, H, T, hp.rms_eps, hid_out, H);
-    if (first < T) be->matmul(bm->output, hid_out + (size_t)first * H, H, T - first, lg_out, hp.n_vocab);
+    if (hp.n_layer == 0) {
+      be->rmsnorm(x.f(), H, bm->output_norm, H, T, hp.rms_eps, hid_out, H);
+      if (first < T) be->matmul(bm->output, hid_out + (size_t)first * H, H, T - first, lg_out, hp.n_vocab);
+    }
+  }
+
+  // forward() with streamed experts, as pieces with a host part between each two: piece 0 is the head, layer 0's
+  // mixer and its route_part; piece i > 0 is layer i-1's expert_part and layer_end, then layer i's mixer and
+  // route_part. key != nullptr: each piece is a recorded step of its own (piece i: key->piece = i), except a
+  // piece after a host part that ran the products itself (its content differs: unrecorded).
+  void forward_streamed(const int32_t* tokens, int T, int64_t pos0, bool in_place, int first, float* hid_out,
+                        float* lg_out, const GraphKey* key) {
+    const HParams& hp = m->hp();
+    const int64_t n = hp.n_layer;
+    grow_streamed(T);
+    bool done = false;
+    for (int64_t i = 0; i <= n; i++) {
+      auto issue = [&, i, done] {
+        if (i == 0) {
+          head(tokens, T);
+        } else {
+          expert_part(bm->layers[i - 1].moe, i - 1, h.f(), T, done, mix.f());
+          layer_end(i - 1, T, first, hid_out, lg_out);
+        }
+        if (i < n) {
+          mixer(i, T, pos0, in_place);
+          route_part(bm->layers[i].moe, i, h.f(), T);
+        }
+      };
+      if (key && !done) {
+        GraphKey k = *key;
+        k.piece = (int)i;
+        run_recorded(k, issue);
+      } else {
+        issue();
+      }
+      if (i < n) done = host_part(i, h.f(), T);
+    }
   }
 
   void run(const int32_t* tokens, int T, int64_t pos0, bool in_place, bool last_only, float* logits_host,
@@ -651,7 +748,8 @@ struct BackendSession::Impl {
   // One forward pass on a backend that records steps: the embeddings and the position in one upload, then the
   // step: the first time a (shape, buffers) is seen it runs unrecorded (and grows what it needs), the second time
   // it is recorded, then replayed; the values are the unrecorded forward's (the same operations on the same
-  // addresses, the position read from memory).
+  // addresses, the position read from memory). With streamed experts the step is recorded in pieces, between the
+  // host parts (forward_streamed).
   void step_at(const int32_t* tokens, int T, int64_t pos0, bool in_place, int first) {
     const HParams& hp = m->hp();
     const Weights& W = m->weights();
@@ -666,17 +764,23 @@ struct BackendSession::Impl {
       et->dequant(W.token_embd.data + (size_t)tokens[t] * W.token_embd.row_bytes, emb.data() + kHead + (size_t)t * H, H);
     inb.grow(*be, emb.size() * 4);
     be->upload(inb.p, emb.data(), emb.size() * 4);
-    if (T > kMaxRecordedT || bm->experts) {  // prompt pieces: once each; streamed experts: the host acts mid-step
+    if (T > kMaxRecordedT) {  // prompt pieces: once each
       n_cap = pos0 + 1;
       forward(tokens, T, pos0, in_place, first, hid.f(), logits.f());
       return;
     }
     n_cap = (pos0 + 1 + kCellBucket - 1) / kCellBucket * kCellBucket;
     const GraphKey key{T, first, in_place, n_cap};
+    if (bm->experts) return forward(tokens, T, pos0, in_place, first, hid.f(), logits.f(), &key);
+    run_recorded(key, [&] { forward(tokens, T, pos0, in_place, first, hid.f(), logits.f()); });
+  }
+
+  // issue() (operations only: no upload, download, sync or growing buffer) as a recorded step for key and the
+  // session's buffers: unrecorded the first time, recorded the second, replayed after.
+  void run_recorded(const GraphKey& key, const std::function<void()>& issue) {
     const std::vector<const void*> s = sig();
-    auto& list = recordings[key];
     Recording* r = nullptr;
-    for (auto& e : list)
+    for (auto& e : recordings[key])
       if (e.sig == s) r = &e;
     if (r && r->id >= 0) {
       if (be->replay(r->id)) {
@@ -688,21 +792,23 @@ struct BackendSession::Impl {
     }
     if (!r || r->broken) {
       if (!r) {
-        if (n_recordings >= kMaxRecordings) drop_recordings();
+        // with streamed experts a step is n_layer + 1 pieces: room for 16 steps' pieces
+        const size_t cap = bm->experts ? 16 * ((size_t)m->hp().n_layer + 1) : kMaxRecordings;
+        if (n_recordings >= cap) drop_recordings();
         recordings[key].push_back({s});
         n_recordings++;
       }
-      forward(tokens, T, pos0, in_place, first, hid.f(), logits.f());
+      issue();
       return;
     }
     try {
       be->record_begin();
-      forward(tokens, T, pos0, in_place, first, hid.f(), logits.f());
+      issue();
       r->id = be->record_end();
     } catch (const std::exception&) {  // nothing ran: the step runs unrecorded (any real error raises there)
       be->record_abort();
       r->broken = true;
-      forward(tokens, T, pos0, in_place, first, hid.f(), logits.f());
+      issue();
       return;
     }
     STRATA_CHECK(be->replay(r->id), "backend ", be->name(), ": a step went stale as it was recorded");
