@@ -262,6 +262,9 @@ struct BackendSession::Impl {
   Buf qg, att, kvb;
   Buf rl, sel, wt, act, up, yg, sa, su, sh;
   Buf dslot;  // expert streaming: the window's slot numbers [T][k]
+  std::unique_ptr<BackendExperts::Pins> held_pins;  // ... the window's pins, until the next piece was issued
+  std::vector<int32_t> pending;                // ... and the prediction to prefetch then, for pending_layer
+  int64_t pending_layer = -1;
   // Backends that record steps (CUDA): the step's input in one upload, [kHead int32: pos0, pos0 + 1, 0...][T][H]
   // embeddings; the ops that depend on the position read it there, so a recorded step replays at any position.
   static constexpr size_t kHead = 16;
@@ -549,8 +552,9 @@ struct BackendSession::Impl {
     const int32_t* sel_host = X.selection_buffer();  // [T][k], then layer+1's predicted [T][k]
     X.note_window(il, sel_host, (int)S);
     if (X.group_end(sel_host, 0, T, (int)k) == T) {  // one group: the products run in expert_part
-      BackendExperts::Pins pins(X, il, sel_host, 0, (int)S, dslot.i());
-      if (predict) X.prefetch(il + 1, sel_host + S, (int)S);  // while this window's slots are pinned
+      held_pins = std::make_unique<BackendExperts::Pins>(X, il, sel_host, 0, (int)S, dslot.i());
+      // the prediction is prefetched once the next piece is on its way (after_launch), while these pins hold
+      if (predict) pending.assign(sel_host + S, sel_host + 2 * S), pending_layer = il + 1;
       return false;
     }
     int groups = 0;
@@ -569,6 +573,14 @@ struct BackendSession::Impl {
     X.note_groups(groups);
     (void)w;
     return true;
+  }
+
+  // After the piece that follows host_part was issued: the predicted experts' copies (they overlap it), then the
+  // window's pins released.
+  void after_launch() {
+    if (pending_layer >= 0) bm->experts->prefetch(pending_layer, pending.data(), (int)pending.size());
+    pending_layer = -1;
+    held_pins.reset();
   }
 
   void expert_part(const BackendModel::Moe& w, int64_t il, const float* xin, int T, bool routed_done, float* out) {
@@ -684,6 +696,9 @@ struct BackendSession::Impl {
     const HParams& hp = m->hp();
     const int64_t n = hp.n_layer;
     grow_streamed(T);
+    held_pins.reset();  // after an error half-way through the last pass: nothing may stay pinned
+    pending_layer = -1;
+    const std::vector<const void*> s = key ? sig() : std::vector<const void*>{};  // every buffer is grown by now
     bool done = false;
     for (int64_t i = 0; i <= n; i++) {
       auto issue = [&, i, done] {
@@ -701,10 +716,11 @@ struct BackendSession::Impl {
       if (key && !done) {
         GraphKey k = *key;
         k.piece = (int)i;
-        run_recorded(k, issue);
+        run_recorded(k, issue, &s);
       } else {
         issue();
       }
+      after_launch();
       if (i < n) done = host_part(i, h.f(), T);
     }
   }
@@ -777,8 +793,8 @@ struct BackendSession::Impl {
 
   // issue() (operations only: no upload, download, sync or growing buffer) as a recorded step for key and the
   // session's buffers: unrecorded the first time, recorded the second, replayed after.
-  void run_recorded(const GraphKey& key, const std::function<void()>& issue) {
-    const std::vector<const void*> s = sig();
+  void run_recorded(const GraphKey& key, const std::function<void()>& issue, const std::vector<const void*>* sig_ = nullptr) {
+    const std::vector<const void*> s = sig_ ? *sig_ : sig();
     Recording* r = nullptr;
     for (auto& e : recordings[key])
       if (e.sig == s) r = &e;
