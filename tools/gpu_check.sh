@@ -39,7 +39,7 @@ COMMIT=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 T0=$(date +%s)
 # the call's plan in seconds after its start (the device tool's limit is 600 s a command): llama's runs start by
 # LLAMA_WAIT_S and end by LLAMA_END_S, which leaves time for the JSON and the caller's packing under a 560 s limit
-LLAMA_WAIT_S=455 LLAMA_END_S=540
+LLAMA_WAIT_S=470 LLAMA_END_S=545
 LLAMA_DIR=/tmp/llama-cuda
 LLAMA_PGID=
 if [ -n "$LLAMA_SRC" ]; then
