@@ -53,7 +53,8 @@ if [ -n "$LLAMA_SRC" ]; then
 fi
 llama_building() { [ -n "$LLAMA_SRC" ] && [ ! -f "$LLAMA_DIR/status" ]; }
 llama_signal() { [ -n "$LLAMA_PGID" ] && kill "-$1" -- "-$LLAMA_PGID" 2>/dev/null; }
-llama_pause() { llama_building && llama_signal STOP && echo "llama.cpp build paused"; true; }
+LLAMA_PAUSED=0
+llama_pause() { llama_building && llama_signal STOP && LLAMA_PAUSED=1 && echo "llama.cpp build paused"; true; }
 llama_resume() { llama_signal CONT; true; }
 # a call that ends early (a failed strata build, say) leaves no compiler running on the lent machine
 trap 'if llama_building; then llama_resume; llama_signal TERM; fi' EXIT
@@ -117,7 +118,7 @@ fi
 PYTHONUNBUFFERED=1 timeout 120 $PY bench/bench_spec.py --backend cuda --workloads edit --drafts suffix --repeat 3 \
   --json "$OUT/bench_spec.json" 2>&1 | tail -8 || bench_rc=1
 llama_resume
-paused_s=$(( $(date +%s) - paused_at ))
+paused_s=$(( LLAMA_PAUSED * ($(date +%s) - paused_at) ))  # 0 when the build was done before the benches
 
 if [ -n "$LLAMA_SRC" ]; then
   while llama_building && [ $(( $(date +%s) - T0 )) -lt $LLAMA_WAIT_S ]; do sleep 2; done
