@@ -3,13 +3,16 @@ C(T) / C(1) for T = 1, 2, 4, 8, 16, per model file, on backend="cuda" (weights a
 weight bytes one T = 1 step reads and the fraction of the HBM floor that is (bytes / step time / bandwidth).
 
     python bench/bench_gpu_forward.py MODEL.gguf [MODEL2.gguf ...] [--reps 30] [--bw-gbs 4300] [--json OUT]
-        [--stream MODEL.gguf:0.25 ...]
+        [--stream MODEL.gguf:0.25 ...] [--prompt 512] [--backend cuda]
 
 Each timed step is Session.run(T tokens) + commit(T) after a 64-token prompt (commit(T) keeps every row: no replay),
 wall clock over --reps steps after 3 warm-up steps, median of 3 rounds; run() returns after the logits are on the
 host (the sampler's input). Bytes per step: every tensor except the routed experts, plus n_expert_used / n_expert
 of the routed experts' bytes (the experts one row reads; random routing reads about that). --bw-gbs: the HBM
 bandwidth of the floor (default: the device-to-device copy bandwidth measured here, read + write).
+Prefill: a --prompt-token prompt (512, as llama-bench's pp512) as one prompt window on a new session, the last
+row's logits only (generate's prefill), median of 3 after one warm-up; prefill_tok_s = tokens / that time (0 skips).
+--backend cpu-backend runs the resident rows over the CPU backend (a local check of this bench; give --bw-gbs).
 
 --stream FILE:FRAC[:on|off] (repeatable): the same file with the routed experts streamed from pinned host memory into
 a GPU budget of FRAC of their bytes (Model.load(cache_mib=...), csrc/model/backend_experts.h), prefetch on and off
@@ -60,9 +63,25 @@ def time_steps(s, V, T, reps, rng) -> float:
     return (time.perf_counter() - t0) / reps
 
 
-def bench_model(path: str, reps: int, bw: float) -> dict:
+def time_prefill(m, V: int, n: int, rng) -> float:
+    """Median seconds of an n-token prompt on a new session (one prompt window, last row's logits), 1 warm-up."""
+    times = []
+    for i in range(4):
+        s = m.session(n_ctx=max(4096, n + 1), max_window=16)
+        tokens = rng.integers(0, V, n).tolist()
+        t0 = time.perf_counter()
+        s.run(tokens, last_only=True)
+        s.commit(n)
+        times.append(time.perf_counter() - t0)
+        del s
+        if i == 1 and times[0] > 20:  # a slow prefill: the warm-up and one timed run
+            break
+    return float(np.median(times[1:]))
+
+
+def bench_model(path: str, reps: int, bw: float, prompt: int = 0, backend: str = "cuda") -> dict:
     t0 = time.perf_counter()
-    m = Model.load(path, backend="cuda")
+    m = Model.load(path, backend=backend)
     cfg = m.config
     V = m.n_vocab
     rng = np.random.default_rng(0)
@@ -84,10 +103,15 @@ def bench_model(path: str, reps: int, bw: float) -> dict:
            "step_s": {str(T): med[T] for T in TS}, "decode_tok_s": 1 / med[1],
            "c_over_c1": {str(T): med[T] / med[1] for T in TS}, "step_bytes": nb,
            "hbm_floor_fraction": nb / med[1] / bw, "bw_gbs": bw / 1e9}
+    if prompt:
+        del s
+        res["prefill_tokens"] = prompt
+        res["prefill_tok_s"] = prompt / time_prefill(m, V, prompt, rng)
     print(f"{res['model']}: {res['file_gib']:.2f} GiB, decode {res['decode_tok_s']:.1f} tok/s "
           f"({med[1] * 1e3:.2f} ms/step, {nb / 1e9:.3f} GB/step = {100 * res['hbm_floor_fraction']:.1f} % of the "
           f"{bw / 1e9:.0f} GB/s floor); C(T)/C(1): " +
-          ", ".join(f"T={T} {med[T] / med[1]:.2f}" for T in TS), flush=True)
+          ", ".join(f"T={T} {med[T] / med[1]:.2f}" for T in TS) +
+          (f"; prefill {prompt} tokens {res['prefill_tok_s']:.0f} tok/s" if prompt else ""), flush=True)
     return res
 
 
@@ -134,6 +158,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bw-gbs", type=float, default=None)
     ap.add_argument("--json")
     ap.add_argument("--stream", action="append", default=[], metavar="FILE:FRAC")
+    ap.add_argument("--prompt", type=int, default=512, help="prefill prompt tokens (0: no prefill row)")
+    ap.add_argument("--backend", default="cuda", choices=("cuda", "cpu-backend"))
     a = ap.parse_args(argv)
     streams = []
     for spec in a.stream:
@@ -146,18 +172,23 @@ def main(argv=None) -> int:
             streams.append((f, float(frac), pf))
         except ValueError:
             ap.error(f"bad option --stream {spec!r}: expected FILE:FRACTION[:on|off] (e.g. model.gguf:0.25)")
-    if not _core.cuda_available():
+    if streams and a.backend != "cuda":
+        ap.error(f"bad option --stream with --backend {a.backend}: the streamed rows run on the GPU")
+    if a.backend == "cuda" and not _core.cuda_available():
         print(f"bench_gpu_forward: no CUDA device ({_core.cuda_info()})", file=sys.stderr)
         return 2
     if a.bw_gbs:
         bw = a.bw_gbs * 1e9
+    elif a.backend != "cuda":
+        ap.error(f"--backend {a.backend} needs --bw-gbs (the copy bandwidth is measured on the GPU)")
     else:
         med, _ = _core.cuda_bench_copy(1 << 30, 5)
         bw = 2 * (1 << 30) / med
-    res = {"device": _core.backend_name("cuda"), "bw_gbs": bw / 1e9, "models": [], "streamed": []}
+    device = _core.backend_name("cuda") if a.backend == "cuda" else "cpu-backend (the backend forward on the CPU)"
+    res = {"device": device, "bw_gbs": bw / 1e9, "models": [], "streamed": []}
     for p in a.models:
         try:
-            res["models"].append(bench_model(p, a.reps, bw))
+            res["models"].append(bench_model(p, a.reps, bw, a.prompt, a.backend))
         except Exception as e:  # one file failing must not lose the others' rows
             print(f"{p}: {type(e).__name__}: {e}", flush=True)
             res["models"].append({"model": Path(p).name, "error": f"{type(e).__name__}: {e}"})

@@ -1,6 +1,11 @@
 """Speculative decoding benchmark (issue 6): plain vs suffix-lookup drafting on three workloads, same run.
 
-    python bench/bench_spec.py [--model M.gguf] [--threads N] [--max-tokens 128] [--json OUT.json]
+    python bench/bench_spec.py [--model M.gguf] [--threads N] [--backend cpu|cuda|cpu-backend] [--max-tokens 128]
+                               [--json OUT.json]
+
+--model, --threads, --backend and the other model options are the CLI's (strata_py.cli_options): --backend cuda
+runs every session on the GPU (tools/gpu_check.sh: the edit workload's suffix-drafted vs plain tok/s there);
+the default drafters leave MTP out on a backend that does not run it (every backend but cpu, today).
 
 Workloads:
   edit      code editing: a Python function, then "# same function with `items` renamed to `values`" and
@@ -72,9 +77,10 @@ def run_one(model, ids, cfg: GenerationConfig):
 
 
 def main(argv=None) -> int:
+    from strata_py.cli_options import add_model_args, load_model
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", "-m", help="GGUF (default: the shipped default model)")
-    ap.add_argument("--threads", "-t", type=int, default=None)
+    add_model_args(ap)  # --model (default: the shipped default model), --threads, --backend, ...
     ap.add_argument("--max-tokens", "-n", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--dry-multiplier", type=float, default=0.0, help="DRY strength (0 = off, as this bench ran before issue 20)")
@@ -88,16 +94,13 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="OUT", help="write all results as JSON")
     a = ap.parse_args(argv)
 
-    from strata_py.model import Model, default_model_path
-    path = a.model
-    if path is None:
-        path = default_model_path()
-        if not path.exists():
-            print(f"error: the default model {path} is not installed; pass --model", file=sys.stderr)
-            return 2
-    model = Model.load(path, threads=a.threads)
+    from strata_py.model import default_model_path
+    if a.model is None and not default_model_path().exists():
+        print(f"error: the default model {default_model_path()} is not installed; pass --model", file=sys.stderr)
+        return 2
+    model = load_model(a)
     drafts = ["none"] + (a.drafts.split(",") if a.drafts else
-                         ["suffix", "auto"] + (["mtp", "mtp+suffix"] if model.has_mtp else []))
+                         ["suffix", "auto"] + (["mtp", "mtp+suffix"] if model.has_mtp and a.backend == "cpu" else []))
     base = GenerationConfig(max_tokens=a.max_tokens, temperature=a.temperature, seed=a.seed, stop_at_eos=False,
                             dry_multiplier=a.dry_multiplier,
                             max_draft=a.max_draft)
@@ -136,7 +139,7 @@ def main(argv=None) -> int:
 
     from rich.console import Console
     from rich.table import Table
-    t = Table(title=f"bench_spec: {model.path.name}, {model.threads} threads, {a.max_tokens} tokens, "
+    t = Table(title=f"bench_spec: {model.path.name}, backend {a.backend}, {model.threads} threads, {a.max_tokens} tokens, "
                     f"{'greedy' if a.temperature == 0 else f'sampled t={a.temperature} seed={a.seed}'}, "
                     f"median of {a.repeat}")
     for c in ("workload", "draft", "tok/s", "speedup", "accept", "E[keep]", "T hist", "ms p50/p99", "same"):
@@ -148,7 +151,8 @@ def main(argv=None) -> int:
     Console(width=150).print(t)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"model": str(model.path), "threads": model.threads, "max_tokens": a.max_tokens,
+            json.dump({"model": str(model.path), "backend": a.backend, "threads": model.threads,
+                       "max_tokens": a.max_tokens,
                        "repeat": a.repeat,
                        "temperature": a.temperature, "seed": a.seed, "machine": platform.platform(),
                        "processor": platform.processor(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),

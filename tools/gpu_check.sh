@@ -2,10 +2,11 @@
 # On a machine with an NVIDIA GPU (the lent H200), in one call: build strata with the CUDA backend, run the GPU
 # tests and the GPU benchmark, and write a short table and a JSON (issue 19).
 #
-#   tools/gpu_check.sh OUT [COMMIT] [GGUF_WHEEL] [BENCH_ARGS] [BENCH_CAP_S] [FORWARD]
+#   tools/gpu_check.sh OUT [COMMIT] [GGUF_WHEEL] [BENCH_ARGS] [BENCH_CAP_S] [FORWARD] [LLAMA_SRC]
 #
-# OUT gets build.log, tests.log, junit.xml, bench_cuda.json, nvidia-smi.txt, gpu_check.txt (the table) and
-# gpu-h200.json (the issue's keys, null for what is not measured yet; commit it as docs/results/gpu-h200.json).
+# OUT gets build.log, tests.log, junit.xml, bench_cuda.json, bench_forward.json, bench_spec.json, nvidia-smi.txt,
+# gpu_check.txt (the table) and gpu-h200.json (the issue's keys, null for what is not measured yet; commit it as
+# docs/results/gpu-h200.json); with LLAMA_SRC also bench_llama.json and llama_build.log.
 # COMMIT: the source's commit, for the JSON (default: git rev-parse HEAD, where the tree is a checkout).
 # GGUF_WHEEL: wheels to install (the lent machine has no gguf, no llguidance and no network).
 # BENCH_ARGS: more arguments for bench/bench_cuda.py (e.g. "--types Q4_K,IQ2_XXS" to fit a short call).
@@ -14,14 +15,49 @@
 # (a hung kernel must not eat the whole call).
 # FORWARD: the model files for bench/bench_gpu_forward.py (the whole forward on the GPU: decode tok/s, C(T)), a comma
 # list of "default" (the shipped model), "bench" (`synth bench --type q4_k`, written here), "80b" (`synth 80b --type
-# iq2_xxs`, 19.3 GiB, written here in ~41 s); "" skips the step. Default: "default,bench".
+# iq2_xxs`, 19.3 GiB, written here in ~41 s); "" skips the step. Default: "default,bench". Then the edit workload of
+# bench/bench_spec.py on the GPU (the shipped model, suffix-drafted vs plain: edit_speedup; MTP does not run on the
+# GPU backend yet, so mtp_speedup stays null).
+# LLAMA_SRC: the llama.cpp source tarball of tools/llama_cuda_src.sh (e.g. scratch/dev/llama-cuda-src.tgz; "" or
+# absent: none). At the start of the call tools/llama_cuda_build.sh builds llama-bench with CUDA for sm_90a in the
+# background (its own session, nice 10, 14 jobs: strata's build and tests keep the priority) while strata builds
+# and tests; it is paused (SIGSTOP) while strata's timed benches run, so that they do not share the CPU with the
+# compiler. After them the call waits for the build until LLAMA_WAIT_S after its start; then
+# bench/bench_llama_cuda.py runs llama-bench -ngl 99 pp512 and tg128 (-r 3) on the FORWARD files and -ot exps=CPU
+# tg64 on the 80B file, stopping at LLAMA_END_S. The JSON's llama.cpp ratios use those same-call figures (issue
+# 19's earlier figures only as a labelled fallback: llamacpp_sources). A build not done in time is stopped; every
+# other output is written as without LLAMA_SRC.
 # The compiler is /usr/bin/g++ unless CXX says otherwise: the g++ first on the lent machine's PATH links libstdc++
 # statically and the extension then crashes at its first std::ostringstream (../shared/DEVICE.md).
 set -uo pipefail
 OUT=$(mkdir -p "${1:?usage: tools/gpu_check.sh OUT [COMMIT] [GGUF_WHEEL]}" && cd "$1" && pwd)
+LLAMA_SRC=${7:-}
+[ -z "$LLAMA_SRC" ] || LLAMA_SRC=$(cd "$(dirname "$LLAMA_SRC")" && pwd)/$(basename "$LLAMA_SRC") || exit 1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 COMMIT=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+T0=$(date +%s)
+# the call's plan in seconds after its start (the device tool's limit is 600 s a command): llama's runs start by
+# LLAMA_WAIT_S and end by LLAMA_END_S, which leaves time for the JSON and the caller's packing under a 560 s limit
+LLAMA_WAIT_S=470 LLAMA_END_S=545
+LLAMA_DIR=/tmp/llama-cuda
+LLAMA_PGID=
+if [ -n "$LLAMA_SRC" ]; then
+  [ -f "$LLAMA_SRC" ] || { echo "LLAMA_SRC: no such file: $LLAMA_SRC"; exit 1; }
+  rm -rf "$LLAMA_DIR"; mkdir -p "$LLAMA_DIR"
+  setsid nice -n 10 bash tools/llama_cuda_build.sh "$LLAMA_SRC" "$LLAMA_DIR" 14 90a </dev/null >/dev/null 2>&1 &
+  # under setsid the build script is its session's and process group's leader: its pid is the group's id
+  for _ in $(seq 50); do [ -s "$LLAMA_DIR/pid" ] && break; sleep 0.1; done
+  LLAMA_PGID=$(cat "$LLAMA_DIR/pid" 2>/dev/null)
+  echo "llama.cpp build started in the background (process group ${LLAMA_PGID:-?}, log: llama_build.log)"
+fi
+llama_building() { [ -n "$LLAMA_SRC" ] && [ ! -f "$LLAMA_DIR/status" ]; }
+llama_signal() { [ -n "$LLAMA_PGID" ] && kill "-$1" -- "-$LLAMA_PGID" 2>/dev/null; }
+LLAMA_PAUSED=0
+llama_pause() { llama_building && llama_signal STOP && LLAMA_PAUSED=1 && echo "llama.cpp build paused"; true; }
+llama_resume() { llama_signal CONT; true; }
+# a call that ends early (a failed strata build, say) leaves no compiler running on the lent machine
+trap 'if llama_building; then llama_resume; llama_signal TERM; fi' EXIT
 PY=${PYTHON:-python3}
 SITE=/tmp/strata-gpu-site
 # Not ${CXX:-...}: the lent machine's environment may name its wrapper already.
@@ -59,25 +95,51 @@ tests_rc=$?
 tests_s=$(( $(date +%s) - t0 ))
 tail -15 "$OUT/tests.log"
 
-PYTHONUNBUFFERED=1 timeout ${5:-100000} $PY bench/bench_cuda.py --json "$OUT/bench_cuda.json" ${4:-}
-bench_rc=$?
-
 FORWARD=${6-default,bench}
 models=()
 for f in ${FORWARD//,/ }; do
   case $f in
-    default) models+=("python/strata_py/data/strata-default-q8_0.gguf") ;;
+    default) models+=("$ROOT/python/strata_py/data/strata-default-q8_0.gguf") ;;
     bench) $PY -m strata_py.synth bench /tmp/synth-bench-q4_k.gguf --type q4_k >/dev/null && models+=(/tmp/synth-bench-q4_k.gguf) ;;
     80b) t0=$(date +%s); $PY -m strata_py.synth 80b /tmp/synth-80b-iq2_xxs.gguf --type iq2_xxs >/dev/null && \
            models+=(/tmp/synth-80b-iq2_xxs.gguf); echo "synth 80b: $(( $(date +%s) - t0 )) s" ;;
   esac
 done
+
+# strata's timed benches, with llama's build paused (the forward's host side is part of what is timed)
+paused_at=$(date +%s)
+llama_pause
+PYTHONUNBUFFERED=1 timeout ${5:-100000} $PY bench/bench_cuda.py --json "$OUT/bench_cuda.json" ${4:-}
+bench_rc=$?
 if [ ${#models[@]} -gt 0 ]; then
   PYTHONUNBUFFERED=1 $PY bench/bench_gpu_forward.py "${models[@]}" --json "$OUT/bench_forward.json" || bench_rc=1
 fi
+# edit_speedup: the shipped model on the GPU, suffix drafts vs plain (the same output, else rc 1)
+PYTHONUNBUFFERED=1 timeout 120 $PY bench/bench_spec.py --backend cuda --workloads edit --drafts suffix --repeat 3 \
+  --json "$OUT/bench_spec.json" 2>&1 | tail -8 || bench_rc=1
+llama_resume
+paused_s=$(( LLAMA_PAUSED * ($(date +%s) - paused_at) ))  # 0 when the build was done before the benches
+
+if [ -n "$LLAMA_SRC" ]; then
+  while llama_building && [ $(( $(date +%s) - T0 )) -lt $LLAMA_WAIT_S ]; do sleep 2; done
+  if llama_building; then
+    echo "llama.cpp build not done $(( $(date +%s) - T0 )) s into the call: stopped"
+    llama_signal TERM
+    echo "-1 $(( $(date +%s) - T0 ))" >"$LLAMA_DIR/status"  # -1: stopped unfinished
+  fi
+  cp "$LLAMA_DIR/build.log" "$OUT/llama_build.log" 2>/dev/null
+  [ -f "$LLAMA_DIR/status" ] && echo "llama.cpp build: rc $(cut -d' ' -f1 "$LLAMA_DIR/status") in $(cut -d' ' -f2 "$LLAMA_DIR/status") s"
+  lm=(); ot=()  # the 80B file first (the issue's main figures), then the others; its experts-on-CPU run last
+  for m in "${models[@]}"; do
+    if [[ $m == *synth-80b* ]]; then lm=("$m" "${lm[@]}"); ot=(--experts-on-cpu "$m"); else lm+=("$m"); fi
+  done
+  PYTHONUNBUFFERED=1 $PY bench/bench_llama_cuda.py --bin "$LLAMA_DIR/llama.cpp/build-cuda/bin/llama-bench" \
+    --build-status "$LLAMA_DIR/status" --build-paused-s "$paused_s" --deadline-s $(( LLAMA_END_S - ($(date +%s) - T0) )) \
+    --json "$OUT/bench_llama.json" "${lm[@]}" "${ot[@]}" || bench_rc=1
+fi
 
 $PY - "$OUT" "$COMMIT" "$build_s" "$tests_rc" "$tests_s" <<'PYEOF'
-"""gpu-h200.json (issue 19's keys) and gpu_check.txt from junit.xml and bench_cuda.json."""
+"""gpu-h200.json (issue 19's keys) and gpu_check.txt from junit.xml and the benches' JSON."""
 import json, sys, time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -93,13 +155,50 @@ def passed(prefix):
     sel = [c for name, c in cases.items() if name.startswith(prefix)]
     return bool(sel) and all(len(c) == 0 for c in sel)
 bench = json.loads((out / "bench_cuda.json").read_text()) if (out / "bench_cuda.json").exists() else {}
-fwd = json.loads((out / "bench_forward.json").read_text()) if (out / "bench_forward.json").exists() else {}
-fm = {r["model"]: r for r in fwd.get("models", []) if "error" not in r}
+def load(name):
+    return json.loads((out / name).read_text()) if (out / name).exists() else {}
+fwd, spec, lb = load("bench_forward.json"), load("bench_spec.json"), load("bench_llama.json")
+fm = {r["model"]: r for r in fwd.get("models", []) if "error" not in r}  # every expert resident
+# the experts streamed from pinned host memory into a GPU budget of 25 % of their bytes (bench_gpu_forward.py
+# --stream FILE:0.25 rows; prefetch on, the default, where both ways ran)
+stream25 = {}
+for r in sorted(fwd.get("streamed", []), key=lambda r: r.get("prefetch") is True):
+    if r.get("cache_frac") == 0.25 and "decode_tok_s" in r:
+        stream25[r["model"]] = r
 def fwd_key(model, key, t=None):
     r = fm.get(model)
-    return None if r is None else (r[key] if t is None else r[key][str(t)])
+    if r is None or key not in r:
+        return None
+    return r[key] if t is None else r[key][str(t)]
 R80, RB, RD = "synth-80b-iq2_xxs.gguf", "synth-bench-q4_k.gguf", "strata-default-q8_0.gguf"
-LLAMA = {R80: 189.0, RB: 560.0}  # issue 19's llama.cpp CUDA anchors (its run, 2026-12-01: not this call)
+# llama.cpp CUDA on the same files: this call's llama-bench (bench/bench_llama_cuda.py) where it ran; else, labelled,
+# issue 19's figures from an earlier run on this machine kind (2026-12-01)
+ANCHOR = {R80: {"tg128": 189.0, "pp512": 2966.0, "tg64_experts_on_cpu": 34.0}, RB: {"tg128": 560.0, "pp512": 22250.0}}
+ANCHOR_LABEL = "anchor: issue 19's run on this machine kind (2026-12-01), not this call"
+same = {}
+for r in lb.get("runs", []):
+    f = same.setdefault(r["model"], {})
+    if "-ot exps=CPU" in r["args"]:
+        f["tg64_experts_on_cpu"] = r.get("tg64_tok_s")
+    else:
+        f["tg128"], f["pp512"] = r.get("tg128_tok_s"), r.get("pp512_tok_s")
+def llama(model, key):
+    """(llama.cpp's tok/s, where it comes from)"""
+    v = same.get(model, {}).get(key)
+    if v:
+        return v, "this call"
+    v = ANCHOR.get(model, {}).get(key)
+    return (v, ANCHOR_LABEL) if v else (None, None)
+sources = {}
+def ratio(name, strata, model, key):
+    """strata's tok/s over llama.cpp's on the same file (None where either is missing); notes the source"""
+    v, src = llama(model, key)
+    if strata is None or v is None:
+        return None
+    sources[name] = f"llama.cpp {key} on {model}: {src}"
+    return strata / v
+s25 = stream25.get(R80, {}).get("decode_tok_s")
+edit = {r["draft"]: r for r in spec.get("results", []) if r["workload"] == "edit"}
 prods = bench.get("products", [])
 def c_ratio(shape, typ, t):
     for p in prods:
@@ -109,13 +208,23 @@ def c_ratio(shape, typ, t):
 res = {
     "date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit, "device": bench.get("device"),
     # the issue's keys (bench/bench_gpu_forward.py; null: not measured in this call). decode_ratio_vs_llamacpp: the
-    # 80B IQ2_XXS file's decode tok/s over llama.cpp's 189 tok/s from issue 19's run (not this call)
-    "decode_ratio_vs_llamacpp": (fwd_key(R80, "decode_tok_s") / LLAMA[R80]) if R80 in fm else None,
-    "decode_ratio_vs_llamacpp_bench_q4k": (fwd_key(RB, "decode_tok_s") / LLAMA[RB]) if RB in fm else None,
-    "llamacpp_anchor": "issue 19's run on this machine kind (2026-12-01), not this call",
+    # 80B IQ2_XXS file's decode tok/s over llama.cpp's tg128 on it (llamacpp_sources: this call's or the anchor)
+    "decode_ratio_vs_llamacpp": ratio("decode_ratio_vs_llamacpp", fwd_key(R80, "decode_tok_s"), R80, "tg128"),
+    "decode_ratio_vs_llamacpp_bench_q4k": ratio("decode_ratio_vs_llamacpp_bench_q4k", fwd_key(RB, "decode_tok_s"),
+                                                RB, "tg128"),
+    "decode_ratio_vs_llamacpp_default": ratio("decode_ratio_vs_llamacpp_default", fwd_key(RD, "decode_tok_s"),
+                                              RD, "tg128"),
+    # strata's 512-token prompt (one prompt window) over llama-bench's pp512, on the 80B file
+    "prefill_ratio_vs_llamacpp": ratio("prefill_ratio_vs_llamacpp", fwd_key(R80, "prefill_tok_s"), R80, "pp512"),
     "hbm_floor_fraction": fwd_key(R80, "hbm_floor_fraction"), "c4_over_c1_real80b": fwd_key(R80, "c_over_c1", 4),
     "c4_over_c1_default": fwd_key(RD, "c_over_c1", 4), "c16_over_c1_default": fwd_key(RD, "c_over_c1", 16),
-    "edit_speedup": None, "mtp_speedup": None, "stream25_ratio_vs_llamacpp": None,
+    # the shipped model on the GPU, bench_spec.py's edit workload: suffix-drafted over plain tok/s (the same output:
+    # edit_identical); MTP does not run on the GPU backend yet
+    "edit_speedup": edit["suffix"]["speedup"] if "suffix" in edit else None,
+    "edit_identical": edit["suffix"]["identical"] if "suffix" in edit else None,
+    "mtp_speedup": None,
+    # the 80B file with a GPU expert budget of 25 % (experts streamed from host memory) over llama.cpp -ot exps=CPU
+    "stream25_ratio_vs_llamacpp": ratio("stream25_ratio_vs_llamacpp", s25, R80, "tg64_experts_on_cpu"),
     # the GPU session's logits == the CPU session's bit for bit (T = 1, prompt and verify windows with random keeps,
     # 5 models), and suffix-drafted == plain decoding on the GPU (tests/test_cuda_forward.py)
     "windows_bit_identical": (passed("test_gpu_session_windows") and passed("test_gpu_session_long_prompt")
@@ -125,7 +234,16 @@ res = {
                                                    "test_dn_heads", "test_gated_norm", "test_moe_combine",
                                                    "test_dn_untile", "test_matmul_sel")) if cases else None,
     "forward": {r["model"]: {k: r[k] for k in ("decode_tok_s", "step_s", "c_over_c1", "step_bytes",
-                                                "hbm_floor_fraction", "file_gib", "load_and_prompt_s")} for r in fm.values()},
+                                                "hbm_floor_fraction", "file_gib", "load_and_prompt_s",
+                                                "prefill_tokens", "prefill_tok_s") if k in r} for r in fm.values()},
+    "stream25_decode_tok_s": s25,
+    "edit": {d: {k: r[k] for k in ("decode_tok_s", "speedup", "acceptance", "e_keep", "identical")}
+             for d, r in edit.items()},
+    # llama.cpp's figures: this call's llama-bench (runs) or, where it did not run, nothing here (the anchors above)
+    "llamacpp": {"build_rc": lb.get("build_rc"), "build_seconds": lb.get("build_seconds"),
+                 "build_paused_s": lb.get("build_paused_s"),
+                 "figures": same, "not_run": lb.get("not_run", []),
+                 "runs": [{k: v for k, v in r.items() if not k.endswith("_samples")} for r in lb.get("runs", [])]},
     # what exists now: every backend operation (tests/test_cuda_matmul.py, tests/test_cuda_ops.py)
     "products_equal_cpu_ref": passed("test_product_equals_cpu_ref"),
     "products_t_rows_equal_one_row": passed("test_t_rows_equal_one_row"),
@@ -146,6 +264,7 @@ res = {
     "ops_copy_fraction": {f"{o['op']}/{o['model']}/{o['note']}/T={o['T']}": round(o["copy_fraction"], 4)
                           for o in bench.get("ops", []) if o.get("copy_fraction") is not None},
 }
+res["llamacpp_sources"] = sources  # where each ratio's llama.cpp figure comes from
 (out / "gpu-h200.json").write_text(json.dumps(res, indent=1) + "\n")
 lines = [f"strata gpu_check {res['date']} commit {commit[:12]}", str(res["device"]),
          f"build {build_s} s; tests: {n} run, {fail + err} failed, {skip} skipped ({tests_s} s)",
@@ -162,9 +281,22 @@ if bench:
     lines += [f"{o['op']:10} {o['model']:8} T={o['T']:<3} {o['us']:9.1f} us " +
               (f"{100 * o['copy_fraction']:5.1f} % of copy " if o.get("copy_fraction") is not None else "") + o["note"]
               for o in bench.get("ops", [])]
-lines += [f"forward {r['model']}: {r['decode_tok_s']:.1f} tok/s, {100 * r['hbm_floor_fraction']:.1f} % of the floor, C(T)/C(1) " +
-          " ".join(f"{t}:{c:.2f}" for t, c in r["c_over_c1"].items()) for r in fm.values()]
-(out / "gpu_check.txt").write_text("\n".join(lines) + "\n")
-print("\n".join([l for l in lines if not l.startswith("forward ")][:6] + [l for l in lines if l.startswith("forward ")]))
+tail = [f"forward {r['model']}: {r['decode_tok_s']:.1f} tok/s, {100 * r['hbm_floor_fraction']:.1f} % of the floor, C(T)/C(1) " +
+         " ".join(f"{t}:{c:.2f}" for t, c in r["c_over_c1"].items()) +
+         (f", prefill {r['prefill_tokens']} tokens {r['prefill_tok_s']:.0f} tok/s" if "prefill_tok_s" in r else "")
+         for r in fm.values()]
+if edit:
+    tail.append("edit workload, shipped model: " + ", ".join(f"{d} {r['decode_tok_s']:.0f} tok/s" for d, r in edit.items())
+                + (f"; suffix / plain {res['edit_speedup']:.2f}x, same output: {res['edit_identical']}"
+                   if res["edit_speedup"] is not None else ""))
+if lb:
+    parts = [f"{m}: " + ", ".join(f"{k} {v:.1f}" for k, v in f.items() if v) for m, f in same.items()]
+    if lb.get("not_run"):
+        parts.append(f"{len(lb['not_run'])} runs not run ({'; '.join(sorted({x['why'] for x in lb['not_run']}))})")
+    tail.append(f"llama.cpp CUDA build: rc {lb.get('build_rc')} in {lb.get('build_seconds')} s "
+                f"({lb.get('build_paused_s')} s of it paused); " + "; ".join(parts))
+tail += [f"{k} {res[k]:.3f} ({sources[k]})" for k in sources]
+(out / "gpu_check.txt").write_text("\n".join(lines + tail) + "\n")
+print("\n".join(lines[:6] + tail))
 PYEOF
 [ $tests_rc -eq 0 ] && [ $bench_rc -eq 0 ]
