@@ -15,7 +15,7 @@
 # (a hung kernel must not eat the whole call).
 # FORWARD: the model files for bench/bench_gpu_forward.py (the whole forward on the GPU: decode tok/s, C(T)), a comma
 # list of "default" (the shipped model), "bench" (`synth bench --type q4_k`, written here), "80b" (`synth 80b --type
-# iq2_xxs`, 19.3 GiB, written here in ~41 s); "" skips the step. Default: "default,bench". Then the edit workload of
+# iq2_xxs`, 19.3 GiB, written here in ~41 s; also run with a GPU expert budget of 25 %: stream25); "" skips the step. Default: "default,bench". Then the edit workload of
 # bench/bench_spec.py on the GPU (the shipped model, suffix-drafted vs plain: edit_speedup; MTP does not run on the
 # GPU backend yet, so mtp_speedup stays null).
 # LLAMA_SRC: the llama.cpp source tarball of tools/llama_cuda_src.sh (e.g. scratch/dev/llama-cuda-src.tgz; "" or
@@ -89,7 +89,7 @@ if ! $PY -c "from strata_py import _core; print(_core.cuda_info())"; then  # a c
 fi
 
 t0=$(date +%s)
-timeout 360 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_*.py tests/test_backend.py tests/test_backend_forward.py \
+timeout 360 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_*.py tests/test_backend.py tests/test_backend_forward.py tests/test_backend_experts.py \
   --junitxml="$OUT/junit.xml" >"$OUT/tests.log" 2>&1
 tests_rc=$?
 tests_s=$(( $(date +%s) - t0 ))
@@ -97,12 +97,14 @@ tail -15 "$OUT/tests.log"
 
 FORWARD=${6-default,bench}
 models=()
+streams=()  # the 80B file also with its experts streamed from host memory into a GPU budget of 25 % (prefetch on)
 for f in ${FORWARD//,/ }; do
   case $f in
     default) models+=("$ROOT/python/strata_py/data/strata-default-q8_0.gguf") ;;
     bench) $PY -m strata_py.synth bench /tmp/synth-bench-q4_k.gguf --type q4_k >/dev/null && models+=(/tmp/synth-bench-q4_k.gguf) ;;
     80b) t0=$(date +%s); $PY -m strata_py.synth 80b /tmp/synth-80b-iq2_xxs.gguf --type iq2_xxs >/dev/null && \
-           models+=(/tmp/synth-80b-iq2_xxs.gguf); echo "synth 80b: $(( $(date +%s) - t0 )) s" ;;
+           models+=(/tmp/synth-80b-iq2_xxs.gguf) && streams+=(--stream /tmp/synth-80b-iq2_xxs.gguf:0.25:on); \
+         echo "synth 80b: $(( $(date +%s) - t0 )) s" ;;
   esac
 done
 
@@ -112,7 +114,8 @@ llama_pause
 PYTHONUNBUFFERED=1 timeout ${5:-100000} $PY bench/bench_cuda.py --json "$OUT/bench_cuda.json" ${4:-}
 bench_rc=$?
 if [ ${#models[@]} -gt 0 ]; then
-  PYTHONUNBUFFERED=1 $PY bench/bench_gpu_forward.py "${models[@]}" --json "$OUT/bench_forward.json" || bench_rc=1
+  PYTHONUNBUFFERED=1 $PY bench/bench_gpu_forward.py "${models[@]}" ${streams[@]+"${streams[@]}"} \
+    --json "$OUT/bench_forward.json" || bench_rc=1
 fi
 # edit_speedup: the shipped model on the GPU, suffix drafts vs plain (the same output, else rc 1)
 PYTHONUNBUFFERED=1 timeout 120 $PY bench/bench_spec.py --backend cuda --workloads edit --drafts suffix --repeat 3 \
@@ -173,8 +176,11 @@ def fwd_key(model, key, t=None):
 R80, RB, RD = "synth-80b-iq2_xxs.gguf", "synth-bench-q4_k.gguf", "strata-default-q8_0.gguf"
 # llama.cpp CUDA on the same files: this call's llama-bench (bench/bench_llama_cuda.py) where it ran; else, labelled,
 # issue 19's figures from an earlier run on this machine kind (2026-12-01)
-ANCHOR = {R80: {"tg128": 189.0, "pp512": 2966.0, "tg64_experts_on_cpu": 34.0}, RB: {"tg128": 560.0, "pp512": 22250.0}}
-ANCHOR_LABEL = "anchor: issue 19's run on this machine kind (2026-12-01), not this call"
+# the fallback where this call ran no llama.cpp: its figures from the 345e6b1 call (2026-12-02 05:48 UTC, the same
+# machine kind, llama-cpp-python 0.3.36's llama.cpp built there with CUDA for sm_90a)
+ANCHOR = {R80: {"tg128": 181.5, "pp512": 2857.0, "tg64_experts_on_cpu": 31.3}, RB: {"tg128": 543.5, "pp512": 21596.0},
+          RD: {"tg128": 1901.5, "pp512": 81060.0}}
+ANCHOR_LABEL = "llama.cpp measured in the 345e6b1 call (2026-12-02, the same machine kind), not this call"
 same = {}
 for r in lb.get("runs", []):
     f = same.setdefault(r["model"], {})
