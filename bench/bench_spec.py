@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         return 2
     model = load_model(a)
     drafts = ["none"] + (a.drafts.split(",") if a.drafts else
-                         ["suffix", "auto"] + (["mtp", "mtp+suffix"] if model.has_mtp and a.backend == "cpu" else []))
+                         ["suffix", "auto"] + (["mtp", "mtp+suffix"] if model.has_mtp else []))
     base = GenerationConfig(max_tokens=a.max_tokens, temperature=a.temperature, seed=a.seed, stop_at_eos=False,
                             dry_multiplier=a.dry_multiplier,
                             max_draft=a.max_draft)

@@ -203,11 +203,15 @@ class Session {
   // Per-phase timing of the last run (seconds), for benches.
   double last_fold_seconds() const { return fold_s_; }
 
+  static constexpr int64_t kMtpCells = 16;  // the MTP block's cells past n_ctx (its drafts run ahead)
+
  private:
   friend void forward(const Model&, Session&, const int32_t*, int, int64_t, bool, bool, bool, float*, float*);
   // Feeds the first n backlog rows to the MTP block (in chunks), drops them from the backlog and returns the
   // block's output hidden state of the last one; logits_last (or null) receives that row's logits.
   std::vector<float> mtp_feed(int64_t n, float* logits_last);
+  void mtp_run(const float* hidden, const int32_t* next_tokens, int T, int64_t pos0, float* out_hidden,
+               float* logits_last);
   std::shared_ptr<const Model> model_;
   SessionOptions opt_;
   int64_t pos_ = 0;

@@ -63,7 +63,7 @@ def decode_equal(model, backend, rng, *, temperature, draft, max_tokens=24, labe
     prompt = prompt + prompt[:3] * 3  # repeats give the suffix drafter something to draft
     outs = []
     for b in ("cpu", backend):
-        s = model.session(n_ctx=256, max_window=cfg.max_window, backend=b)
+        s = model.session(n_ctx=256, max_window=cfg.max_window, backend=b, mtp="mtp" in draft)
         outs.append(list(generate_ids(model, prompt, cfg, session=s)))
     assert outs[0] == outs[1], f"{label}: {backend} decoded {outs[1]}, cpu {outs[0]}"
     return outs[0]

@@ -57,8 +57,6 @@ def test_refusals_name_the_option(tiny_q8_model):
     m = tiny_q8_model
     with pytest.raises(ValueError, match="bad option backend='tpu'"):
         m.session(backend="tpu")
-    with pytest.raises(ValueError, match="bad option mtp=True: MTP drafting runs only on backend='cpu'"):
-        m.session(backend=B, mtp=True)
     with pytest.raises(ValueError, match="bad option fold='partial'"):
         m.session(backend=B, fold="partial")
     with pytest.raises(ValueError, match="bad option prefill='chunked'"):

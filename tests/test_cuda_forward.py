@@ -418,5 +418,3 @@ def test_gpu_session_refusals(tiny_q8_model):
     s.commit(2)
     with pytest.raises(RuntimeError, match="checkpoint\\(\\): not supported on backend='cuda'"):
         s._core.checkpoint()
-    with pytest.raises(ValueError, match="bad option mtp=True"):
-        tiny_q8_model.session(backend="cuda", mtp=True)

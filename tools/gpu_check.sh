@@ -4,7 +4,7 @@
 #
 #   tools/gpu_check.sh OUT [COMMIT] [GGUF_WHEEL] [BENCH_ARGS] [BENCH_CAP_S] [FORWARD] [LLAMA_SRC]
 #
-# OUT gets build.log, tests.log, junit.xml, bench_cuda.json, bench_forward.json, bench_spec.json, nvidia-smi.txt,
+# OUT gets build.log, tests.log, junit.xml, bench_cuda.json, bench_forward.json, bench_spec.json, bench_mtp.json, nvidia-smi.txt,
 # gpu_check.txt (the table) and gpu-h200.json (the issue's keys, null for what is not measured yet; commit it as
 # docs/results/gpu-h200.json); with LLAMA_SRC also bench_llama.json and llama_build.log.
 # COMMIT: the source's commit, for the JSON (default: git rev-parse HEAD, where the tree is a checkout).
@@ -16,8 +16,8 @@
 # FORWARD: the model files for bench/bench_gpu_forward.py (the whole forward on the GPU: decode tok/s, C(T)), a comma
 # list of "default" (the shipped model), "bench" (`synth bench --type q4_k`, written here), "80b" (`synth 80b --type
 # iq2_xxs`, 19.3 GiB, written here in ~41 s; also run with a GPU expert budget of 25 %: stream25); "" skips the step. Default: "default,bench". Then the edit workload of
-# bench/bench_spec.py on the GPU (the shipped model, suffix-drafted vs plain: edit_speedup; MTP does not run on the
-# GPU backend yet, so mtp_speedup stays null).
+# bench/bench_spec.py on the GPU (the shipped model, suffix-drafted vs plain: edit_speedup) and its free-form code
+# workload MTP-drafted vs plain (mtp_speedup).
 # LLAMA_SRC: the llama.cpp source tarball of tools/llama_cuda_src.sh (e.g. scratch/dev/llama-cuda-src.tgz; "" or
 # absent: none). At the start of the call tools/llama_cuda_build.sh builds llama-bench with CUDA for sm_90a in the
 # background (its own session, nice 10, 14 jobs: strata's build and tests keep the priority) while strata builds
@@ -120,6 +120,9 @@ fi
 # edit_speedup: the shipped model on the GPU, suffix drafts vs plain (the same output, else rc 1)
 PYTHONUNBUFFERED=1 timeout 120 $PY bench/bench_spec.py --backend cuda --workloads edit --drafts suffix --repeat 3 \
   --json "$OUT/bench_spec.json" 2>&1 | tail -8 || bench_rc=1
+# mtp_speedup: the same, MTP drafts on the free-form code workload
+PYTHONUNBUFFERED=1 timeout 120 $PY bench/bench_spec.py --backend cuda --workloads free --drafts mtp --repeat 3 \
+  --json "$OUT/bench_mtp.json" 2>&1 | tail -8 || bench_rc=1
 llama_resume
 paused_s=$(( LLAMA_PAUSED * ($(date +%s) - paused_at) ))  # 0 when the build was done before the benches
 
@@ -161,6 +164,7 @@ bench = json.loads((out / "bench_cuda.json").read_text()) if (out / "bench_cuda.
 def load(name):
     return json.loads((out / name).read_text()) if (out / name).exists() else {}
 fwd, spec, lb = load("bench_forward.json"), load("bench_spec.json"), load("bench_llama.json")
+mtpb = {r["draft"]: r for r in load("bench_mtp.json").get("results", []) if r["workload"] == "free"}
 fm = {r["model"]: r for r in fwd.get("models", []) if "error" not in r}  # every expert resident
 # the experts streamed from pinned host memory into a GPU budget of 25 % of their bytes (bench_gpu_forward.py
 # --stream FILE:0.25 rows; prefetch on, the default, where both ways ran)
@@ -228,7 +232,9 @@ res = {
     # edit_identical); MTP does not run on the GPU backend yet
     "edit_speedup": edit["suffix"]["speedup"] if "suffix" in edit else None,
     "edit_identical": edit["suffix"]["identical"] if "suffix" in edit else None,
-    "mtp_speedup": None,
+    # the same model and backend, bench_spec.py's free-form code workload: MTP-drafted over plain tok/s
+    "mtp_speedup": mtpb["mtp"]["speedup"] if "mtp" in mtpb else None,
+    "mtp_identical": mtpb["mtp"]["identical"] if "mtp" in mtpb else None,
     # the 80B file with a GPU expert budget of 25 % (experts streamed from host memory) over llama.cpp -ot exps=CPU
     "stream25_ratio_vs_llamacpp": ratio("stream25_ratio_vs_llamacpp", s25, R80, "tg64_experts_on_cpu"),
     # the GPU session's logits == the CPU session's bit for bit (T = 1, prompt and verify windows with random keeps,
@@ -295,6 +301,15 @@ if edit:
     tail.append("edit workload, shipped model: " + ", ".join(f"{d} {r['decode_tok_s']:.0f} tok/s" for d, r in edit.items())
                 + (f"; suffix / plain {res['edit_speedup']:.2f}x, same output: {res['edit_identical']}"
                    if res["edit_speedup"] is not None else ""))
+if mtpb:
+    tail.append("free workload, shipped model: " + ", ".join(f"{d} {r['decode_tok_s']:.0f} tok/s" for d, r in mtpb.items())
+                + (f"; mtp / plain {res['mtp_speedup']:.2f}x, same output: {res['mtp_identical']}"
+                   if res["mtp_speedup"] is not None else ""))
+for r in fwd.get("streamed", []):
+    if "error" not in r:
+        tail.append(f"streamed {r['model']} at {100 * r['cache_frac']:.0f} % (prefetch {'on' if r['prefetch'] else 'off'}): "
+                    f"{r['decode_tok_s']:.1f} tok/s, {r['copied_bytes_per_row'] / 1e6:.0f} MB copied a row, hit rate "
+                    f"{r['hit_rate']:.2f}")
 if lb:
     parts = [f"{m}: " + ", ".join(f"{k} {v:.1f}" for k, v in f.items() if v) for m, f in same.items()]
     if lb.get("not_run"):

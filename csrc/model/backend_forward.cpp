@@ -95,6 +95,12 @@ struct BackendModel {
     Moe moe;
   };
   std::vector<Layer> layers;
+  struct Mtp {  // the multi-token-prediction block (mtp.cpp), every weight resident
+    bool present = false;
+    MatView eh_proj;
+    const float *enorm = nullptr, *hnorm = nullptr, *shared_head_norm = nullptr;
+    Layer layer;
+  } mtp;
   const float* output_norm = nullptr;
   MatView output;
   // routed experts streamed into a bounded cache of backend memory (Model::load's cache_mib with device: true);
@@ -118,6 +124,67 @@ struct BackendModel {
     return static_cast<const float*>(put_bytes(v.data(), v.size() * sizeof(float)));
   }
 
+  // One decoder layer's weights in backend memory (il: its index, for errors); stream: leave the routed experts to
+  // BackendExperts.
+  Layer layer(const LayerWeights& L, int64_t il, bool stream) {
+    const HParams& hp = model->hp();
+    Layer D;
+    D.recurrent = L.recurrent;
+    D.attn_norm = put(L.attn_norm);
+    D.post_norm = put(L.post_attention_norm);
+    if (L.recurrent) {
+      const DeltaNetWeights& w = L.dn;
+      if (w.layout == DnLayout::Legacy)
+        fail<std::invalid_argument>("backend ", be->name(), ": ", model->file().path(), " layer ", il,
+                                    " has the legacy fused ssm_in DeltaNet projection, which only the CPU forward "
+                                    "runs (backend='cpu')");
+      D.dn.wqkv = put(w.wqkv);
+      D.dn.wgate = put(w.wgate);
+      D.dn.ssm_ba = put(w.ssm_ba);
+      D.dn.ssm_beta = put(w.ssm_beta);
+      D.dn.ssm_alpha = put(w.ssm_alpha);
+      D.dn.ssm_out = put(w.ssm_out);
+      D.dn.conv = put(w.conv);
+      D.dn.dt_bias = put(w.dt_bias);
+      D.dn.ssm_a = put(w.ssm_a);
+      D.dn.norm = put(w.norm);
+      D.dn.gate_sigmoid = w.gate_sigmoid;
+      if (w.layout == DnLayout::Split)
+        D.dn.file_head = host ? w.file_head.data()
+                              : static_cast<const int32_t*>(put_bytes(w.file_head.data(), w.file_head.size() * 4));
+    } else {
+      if (L.attn.qsa)
+        fail<std::invalid_argument>("backend ", be->name(), ": layer ", il, " is QSA attention (qwen4exp), which only "
+                                    "the CPU forward runs (backend='cpu')");
+      D.attn = {put(L.attn.wq), put(L.attn.wk), put(L.attn.wv), put(L.attn.wo), put(L.attn.q_norm),
+                put(L.attn.k_norm)};
+    }
+    const MoeWeights& mw = L.moe;
+    const MatView router{reinterpret_cast<const uint8_t*>(mw.gate_inp.data()), GGML_F32, hp.n_expert, hp.n_embd,
+                         (size_t)hp.n_embd * sizeof(float)};
+    Moe& M = D.moe;
+    M.router = put(router);
+    if (!stream) {
+      M.gate = put(mw.gate_exps.all);
+      M.up = put(mw.up_exps.all);
+      M.down = put(mw.down_exps.all);
+    }
+    M.gate.rows = mw.gate_exps.rows;
+    M.up.rows = mw.up_exps.rows;
+    M.down.rows = mw.down_exps.rows;
+    M.gate_bytes = mw.gate_exps.expert_bytes();
+    M.up_bytes = mw.up_exps.expert_bytes();
+    M.down_bytes = mw.down_exps.expert_bytes();
+    M.has_shexp = mw.has_shexp;
+    if (mw.has_shexp) {
+      M.gate_sh = put(mw.gate_shexp);
+      M.up_sh = put(mw.up_shexp);
+      M.down_sh = put(mw.down_shexp);
+      M.gate_inp_shexp = put(mw.gate_inp_shexp);
+    }
+    return D;
+  }
+
   BackendModel(std::shared_ptr<const Model> m, std::unique_ptr<Backend> b) : model(std::move(m)), be(std::move(b)) {
     host = be->name() == "cpu";
     const Weights& W = model->weights();
@@ -125,62 +192,14 @@ struct BackendModel {
     const ExpertOptions& eo = model->expert_options();
     const bool stream = eo.device && eo.cache_mib != -1;
     layers.resize((size_t)hp.n_layer);
-    for (int64_t il = 0; il < hp.n_layer; il++) {
-      const LayerWeights& L = W.layers[il];
-      Layer& D = layers[il];
-      D.recurrent = L.recurrent;
-      D.attn_norm = put(L.attn_norm);
-      D.post_norm = put(L.post_attention_norm);
-      if (L.recurrent) {
-        const DeltaNetWeights& w = L.dn;
-        if (w.layout == DnLayout::Legacy)
-          fail<std::invalid_argument>("backend ", be->name(), ": ", model->file().path(), " layer ", il,
-                                      " has the legacy fused ssm_in DeltaNet projection, which only the CPU forward "
-                                      "runs (backend='cpu')");
-        D.dn.wqkv = put(w.wqkv);
-        D.dn.wgate = put(w.wgate);
-        D.dn.ssm_ba = put(w.ssm_ba);
-        D.dn.ssm_beta = put(w.ssm_beta);
-        D.dn.ssm_alpha = put(w.ssm_alpha);
-        D.dn.ssm_out = put(w.ssm_out);
-        D.dn.conv = put(w.conv);
-        D.dn.dt_bias = put(w.dt_bias);
-        D.dn.ssm_a = put(w.ssm_a);
-        D.dn.norm = put(w.norm);
-        D.dn.gate_sigmoid = w.gate_sigmoid;
-        if (w.layout == DnLayout::Split)
-          D.dn.file_head = host ? w.file_head.data()
-                                : static_cast<const int32_t*>(put_bytes(w.file_head.data(), w.file_head.size() * 4));
-      } else {
-        if (L.attn.qsa)
-          fail<std::invalid_argument>("backend ", be->name(), ": layer ", il, " is QSA attention (qwen4exp), which only "
-                                      "the CPU forward runs (backend='cpu')");
-        D.attn = {put(L.attn.wq), put(L.attn.wk), put(L.attn.wv), put(L.attn.wo), put(L.attn.q_norm),
-                  put(L.attn.k_norm)};
-      }
-      const MoeWeights& mw = L.moe;
-      const MatView router{reinterpret_cast<const uint8_t*>(mw.gate_inp.data()), GGML_F32, hp.n_expert, hp.n_embd,
-                           (size_t)hp.n_embd * sizeof(float)};
-      Moe& M = D.moe;
-      M.router = put(router);
-      if (!stream) {
-        M.gate = put(mw.gate_exps.all);
-        M.up = put(mw.up_exps.all);
-        M.down = put(mw.down_exps.all);
-      }
-      M.gate.rows = mw.gate_exps.rows;
-      M.up.rows = mw.up_exps.rows;
-      M.down.rows = mw.down_exps.rows;
-      M.gate_bytes = mw.gate_exps.expert_bytes();
-      M.up_bytes = mw.up_exps.expert_bytes();
-      M.down_bytes = mw.down_exps.expert_bytes();
-      M.has_shexp = mw.has_shexp;
-      if (mw.has_shexp) {
-        M.gate_sh = put(mw.gate_shexp);
-        M.up_sh = put(mw.up_shexp);
-        M.down_sh = put(mw.down_shexp);
-        M.gate_inp_shexp = put(mw.gate_inp_shexp);
-      }
+    for (int64_t il = 0; il < hp.n_layer; il++) layers[il] = layer(W.layers[il], il, stream);
+    if (W.mtp.present) {  // the MTP block: its layer's experts stay resident (they are not streamed)
+      mtp.present = true;
+      mtp.eh_proj = put(W.mtp.eh_proj);
+      mtp.enorm = put(W.mtp.enorm);
+      mtp.hnorm = put(W.mtp.hnorm);
+      mtp.shared_head_norm = put(W.mtp.shared_head_norm);
+      mtp.layer = layer(W.mtp.layer, hp.n_layer, false);
     }
     output_norm = put(W.output_norm);
     output = put(W.output);
@@ -250,10 +269,12 @@ struct BackendSession::Impl {
     Buf conv_rows, eg_rows, beta_rows, raw_rows;  // replay inputs: [W][cd] (after conv, q k normed), [W][nv] x 2, [W][cd]
   };
   struct KvState {
-    Buf k, v;  // [n_ctx][width]
+    Buf k, v;  // [cells][width]
+    int64_t cells = 0;
   };
   std::deque<DnState> dn;  // deque: Buf does not move
   std::deque<KvState> kv;
+  KvState mtp_kv;  // the MTP block's cells: n_ctx + Session::kMtpCells (session.cpp's mtp_kv_), with opt.mtp
   std::vector<int> slot;
   Buf rope_cs, rope_sn;  // [n_ctx][n_rot / 2]
   // activations (grow-only)
@@ -261,6 +282,7 @@ struct BackendSession::Impl {
   Buf raw, rawf, z, ba, fz, fb, fa, hist, convo, eg, beta, o, y;
   Buf qg, att, kvb;
   Buf rl, sel, wt, act, up, yg, sa, su, sh;
+  Buf mtp_cat;  // the MTP block's [T][enorm(emb) | hnorm(hidden)]
   Buf dslot;  // expert streaming: the window's slot numbers [T][k]
   std::unique_ptr<BackendExperts::Pins> held_pins;  // ... the window's pins, until the next piece was issued
   std::vector<int32_t> pending;                // ... and the prediction to prefetch then, for pending_layer
@@ -310,6 +332,12 @@ struct BackendSession::Impl {
     for (auto& k : kv) {
       k.k.zeros(*be, (size_t)n_ctx * width * 4);
       k.v.zeros(*be, (size_t)n_ctx * width * 4);
+      k.cells = n_ctx;
+    }
+    if (opt.mtp && bm->mtp.present) {
+      mtp_kv.k.zeros(*be, (size_t)(n_ctx + Session::kMtpCells) * width * 4);
+      mtp_kv.v.zeros(*be, (size_t)(n_ctx + Session::kMtpCells) * width * 4);
+      mtp_kv.cells = n_ctx + Session::kMtpCells;
     }
     const int64_t nv = hp.ssm_dt_rank, cd = hp.conv_dim(), K = hp.ssm_d_conv, W = max_window;
     for (auto& d : dn) {
@@ -321,10 +349,10 @@ struct BackendSession::Impl {
       d.beta_rows.alloc(*be, (size_t)W * nv * 4);
       d.raw_rows.alloc(*be, (size_t)W * cd * 4);
     }
-    if (!kv.empty()) {
-      const int64_t half = hp.n_rot / 2;
-      std::vector<float> cs((size_t)n_ctx * half), sn((size_t)n_ctx * half);
-      for (int64_t p = 0; p < n_ctx; p++) rope_angles(hp.n_rot, p, hp.rope_theta, &cs[p * half], &sn[p * half]);
+    if (!kv.empty() || mtp_kv.cells) {  // the angles of every position a cache holds
+      const int64_t half = hp.n_rot / 2, np = std::max(n_ctx, mtp_kv.cells);
+      std::vector<float> cs((size_t)np * half), sn((size_t)np * half);
+      for (int64_t p = 0; p < np; p++) rope_angles(hp.n_rot, p, hp.rope_theta, &cs[p * half], &sn[p * half]);
       rope_cs.alloc(*be, cs.size() * 4);
       rope_sn.alloc(*be, sn.size() * 4);
       be->upload(rope_cs.p, cs.data(), cs.size() * 4);
@@ -419,7 +447,8 @@ struct BackendSession::Impl {
     const HParams& hp = m->hp();
     const int64_t H = hp.n_embd, hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv, group = nh / nkv;
     const int64_t width = nkv * hd;
-    STRATA_CHECK(pos0 + T <= n_ctx, "attention: positions ", pos0, "..", pos0 + T - 1, " exceed the context ", n_ctx);
+    STRATA_CHECK(pos0 + T <= st.cells, "attention: positions ", pos0, "..", pos0 + T - 1, " exceed the cache's ",
+                 st.cells, " cells");
     qg.grow(*be, (size_t)T * nh * hd * 2 * 4);
     att.grow(*be, (size_t)T * nh * hd * 4);
     if (dev) return attention_at(w, st, xin, T, out);
@@ -748,6 +777,64 @@ struct BackendSession::Impl {
     last_in_place = in_place;
   }
 
+  // mtp.cpp mtp_forward over T rows at pos0 (in pieces of kChunk rows: the same values): hidden [T][H] and the
+  // next tokens (host) in; the block's output hidden rows [T][H] (host) and, if logits_last, the last row's logits.
+  // Unrecorded; the inputs travel as a step's do (inb: the position, then the embeddings and the hidden rows).
+  void mtp_forward(const float* hidden_host, const int32_t* next_tokens, int T, int64_t pos0, float* out_hidden_host,
+                   float* logits_last_host) {
+    const HParams& hp = m->hp();
+    const Weights& W = m->weights();
+    const BackendModel::Mtp& M = bm->mtp;
+    STRATA_CHECK(M.present && mtp_kv.cells > 0, "mtp: this backend session has no MTP block");
+    const int64_t H = hp.n_embd, V = hp.n_vocab;
+    const TypeTraits* et = type_traits(W.token_embd.type);
+    for (int t0 = 0; t0 < T; t0 += kChunk) {
+      const int n = std::min(kChunk, T - t0);
+      const int64_t p0 = pos0 + t0;
+      x.grow(*be, (size_t)n * H * 4);
+      h.grow(*be, (size_t)n * H * 4);
+      mix.grow(*be, (size_t)n * H * 4);
+      hid.grow(*be, (size_t)n * H * 4);
+      logits.grow(*be, (size_t)V * 4);
+      mtp_cat.grow(*be, (size_t)n * 2 * H * 4);
+      emb.assign(kHead + (size_t)2 * n * H, 0.f);
+      const int32_t head[2] = {(int32_t)p0, (int32_t)(p0 + 1)};
+      std::memcpy(emb.data(), head, sizeof(head));
+      for (int t = 0; t < n; t++) {
+        const int32_t tok = next_tokens[t0 + t];
+        STRATA_CHECK(tok >= 0 && tok < V, "mtp: token id ", tok, " out of range");
+        et->dequant(W.token_embd.data + (size_t)tok * W.token_embd.row_bytes, emb.data() + kHead + (size_t)t * H, H);
+      }
+      std::memcpy(emb.data() + kHead + (size_t)n * H, hidden_host + (size_t)t0 * H, (size_t)n * H * 4);
+      inb.grow(*be, emb.size() * 4);
+      be->upload(inb.p, emb.data(), emb.size() * 4);
+      n_cap = p0 + 1;
+      const float* e = inb.f() + kHead;
+      be->rmsnorm(e, H, M.enorm, H, n, hp.rms_eps, mtp_cat.f(), 2 * H);  // [emb | hidden], embedding first
+      be->rmsnorm(e + (size_t)n * H, H, M.hnorm, H, n, hp.rms_eps, mtp_cat.f() + H, 2 * H);
+      be->matmul(M.eh_proj, mtp_cat.f(), 2 * H, n, x.f(), H);
+      const BackendModel::Layer& L = M.layer;
+      be->rmsnorm(x.f(), H, L.attn_norm, H, n, hp.rms_eps, h.f(), H);
+      attention(L.attn, mtp_kv, h.f(), n, p0, mix.f());
+      be->add_rmsnorm(x.f(), mix.f(), L.post_norm, H, n, hp.rms_eps, h.f());
+      moe(L.moe, h.f(), n, mix.f());
+      be->add_rmsnorm(x.f(), mix.f(), M.shared_head_norm, H, n, hp.rms_eps, hid.f());
+      const bool last = t0 + n == T;
+      if (last && logits_last_host) be->matmul(bm->output, hid.f() + (size_t)(n - 1) * H, H, 1, logits.f(), V);
+      be->download(out_hidden_host + (size_t)t0 * H, hid.p, (size_t)n * H * 4);
+      if (last && logits_last_host) be->download(logits_last_host, logits.p, (size_t)V * 4);
+    }
+  }
+  // The MTP cells [pos, pos + n) back to zeros (session.cpp: a backlog re-synced from its last rows).
+  void mtp_zero(int64_t pos, int64_t n) {
+    const int64_t width = m->hp().n_head_kv * m->hp().head_dim;
+    STRATA_CHECK(pos >= 0 && n >= 0 && pos + n <= mtp_kv.cells, "mtp: cells ", pos, "..", pos + n, " outside ", mtp_kv.cells);
+    std::vector<float> z((size_t)n * width, 0.f);
+    if (n == 0) return;
+    be->upload(mtp_kv.k.f() + pos * width, z.data(), z.size() * 4);
+    be->upload(mtp_kv.v.f() + pos * width, z.data(), z.size() * 4);
+  }
+
   // Every buffer of the session: the addresses a recorded step was made for.
   std::vector<const void*> sig() const {
     std::vector<const void*> v;
@@ -875,6 +962,15 @@ void BackendSession::run(const int32_t* tokens, int T, int64_t pos0, bool in_pla
 void BackendSession::commit(int keep) {
   std::lock_guard<std::mutex> lk(p_->bm->mu);
   p_->commit(keep);
+}
+void BackendSession::mtp_forward(const float* hidden, const int32_t* next_tokens, int T, int64_t pos0,
+                                 float* out_hidden, float* logits_last) {
+  std::lock_guard<std::mutex> lk(p_->bm->mu);
+  p_->mtp_forward(hidden, next_tokens, T, pos0, out_hidden, logits_last);
+}
+void BackendSession::mtp_zero(int64_t pos, int64_t n) {
+  std::lock_guard<std::mutex> lk(p_->bm->mu);
+  p_->mtp_zero(pos, n);
 }
 void BackendSession::reset() {
   std::lock_guard<std::mutex> lk(p_->bm->mu);

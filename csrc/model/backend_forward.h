@@ -16,7 +16,7 @@
 // equal the CPU backend's (tests/test_cuda_*.py), so a GPU session gives the CPU session's logits.
 // What runs here: qwen3next and qwen35moe graphs (DeltaNet layouts Current and Split), dense attention; every
 // expert resident, or routed experts streamed into a bounded cache of backend memory
-// (backend_experts.h). Session refuses the rest by name (MTP, checkpoints, qwen4exp, ...).
+// (backend_experts.h); the MTP block. Session refuses the rest by name (checkpoints, qwen4exp, ...).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -54,6 +54,11 @@ class BackendSession {
   // The kept rows of the last verify window become DeltaNet history (no-op after an in-place window).
   void commit(int keep);
   void reset();
+  // The MTP block (model/mtp.cpp mtp_forward) on the backend, with its own cells (SessionOptions::mtp): host in and
+  // out, the native function's values.
+  void mtp_forward(const float* hidden, const int32_t* next_tokens, int T, int64_t pos0, float* out_hidden,
+                   float* logits_last);
+  void mtp_zero(int64_t pos, int64_t n);  // cells [pos, pos + n) back to zeros
 
  private:
   struct Impl;

@@ -38,7 +38,6 @@ Session::Session(std::shared_ptr<const Model> model, const SessionOptions& opt) 
     const std::string& b = opt_.backend;
     if (hp.arch == Arch::Qwen4Exp)
       fail<std::invalid_argument>("bad option backend='", b, "': ", arch_name(hp.arch), " runs only on backend='cpu'");
-    if (opt_.mtp) fail<std::invalid_argument>("bad option mtp=True: MTP drafting runs only on backend='cpu' (backend='", b, "')");
     if (opt_.fold == FoldMode::Partial)
       fail<std::invalid_argument>("bad option fold='partial': backend='", b, "' folds eagerly ('lazy' or 'eager')");
     if (opt_.chunked_prefill)
@@ -55,7 +54,7 @@ Session::Session(std::shared_ptr<const Model> model, const SessionOptions& opt) 
   }
   // the state's size, before any of it is allocated: a context far above RAM is an error, not a kill
   check_fits_in_memory(state_bytes(hp, opt_), cat("a session with n_ctx=", opt_.n_ctx, " (KV cache and DeltaNet state)"));
-  if (opt_.mtp) mtp_kv_.init(opt_.n_ctx + 16, hp.n_head_kv * hp.head_dim);
+  if (opt_.mtp) mtp_kv_.init(opt_.n_ctx + kMtpCells, hp.n_head_kv * hp.head_dim);
   layer_slot_.resize(hp.n_layer);
   for (int64_t il = 0; il < hp.n_layer; il++) {
     if (hp.recurrent[il]) {
@@ -88,7 +87,7 @@ uint64_t Session::state_bytes(const HParams& hp, const SessionOptions& opt) {
   const uint64_t dn = 2 * nv * hp.dk() * hp.dv() + (hp.ssm_d_conv - 1) * hp.conv_dim() +
                       (uint64_t)opt.max_window * (nk * hp.dk() + nv * hp.dv() + 2 * nv + hp.conv_dim());
   uint64_t floats = (uint64_t)hp.n_attn_layers() * 2 * opt.n_ctx * width + (uint64_t)hp.n_dn_layers() * dn +
-                    (opt.mtp ? 2 * (opt.n_ctx + 16) * width : 0);
+                    (opt.mtp ? 2 * (opt.n_ctx + kMtpCells) * width : 0);
   for (int64_t il = 0; il < hp.n_layer; il++)  // QSA index keys: raw per cell, pooled per block
     if (hp.is_qsa(il)) floats += (uint64_t)(opt.n_ctx + opt.n_ctx / hp.qsa.ratio + 1) * hp.qsa.head_dim;
   if (hp.ple.layer >= 0) floats += (uint64_t)(hp.ple.history() + opt.max_window) * hp.hc * hp.n_embd;
@@ -299,8 +298,12 @@ std::vector<int32_t> Session::mtp_draft(int32_t root, int k, int64_t max_backlog
     // max_backlog rows instead of running the block over all of them for one probe; the older ones become
     // empty history (zero cells, as after restoring a checkpoint without MTP state).
     const int64_t skip = n - max_backlog;
-    std::fill(mtp_kv_.k_at(mtp_pos_), mtp_kv_.k_at(mtp_pos_ + skip), 0.f);
-    std::fill(mtp_kv_.v_at(mtp_pos_), mtp_kv_.v_at(mtp_pos_ + skip), 0.f);
+    if (bs_) {
+      bs_->mtp_zero(mtp_pos_, skip);
+    } else {
+      std::fill(mtp_kv_.k_at(mtp_pos_), mtp_kv_.k_at(mtp_pos_ + skip), 0.f);
+      std::fill(mtp_kv_.v_at(mtp_pos_), mtp_kv_.v_at(mtp_pos_ + skip), 0.f);
+    }
     mtp_backlog_h_.erase(mtp_backlog_h_.begin(), mtp_backlog_h_.begin() + (size_t)skip * H);
     mtp_backlog_tok_.erase(mtp_backlog_tok_.begin(), mtp_backlog_tok_.begin() + skip);
     mtp_pos_ += skip;
@@ -316,16 +319,23 @@ std::vector<int32_t> Session::mtp_draft(int32_t root, int k, int64_t max_backlog
   std::vector<int32_t> drafts{best()};
   mtp_logits_ = logits;
   // chain: the block's own output hidden state with the token it just drafted, at the next position
-  for (int j = 1; j < k && mtp_pos_ + j - 1 < mtp_kv_.n_ctx; j++) {
+  for (int j = 1; j < k && mtp_pos_ + j - 1 < opt_.n_ctx + kMtpCells; j++) {
     const int32_t tok = drafts.back();
     std::vector<float> nh(H);
-    mtp_forward(*model_, mtp_kv_, h_last.data(), &tok, 1, mtp_pos_ + j - 1, nh.data(), logits.data());
+    mtp_run(h_last.data(), &tok, 1, mtp_pos_ + j - 1, nh.data(), logits.data());
     h_last.swap(nh);
     drafts.push_back(best());
     mtp_logits_.insert(mtp_logits_.end(), logits.begin(), logits.end());
   }
   model_->check_files();  // drafts read from a truncated mapping are discarded (they never touch output)
   return drafts;
+}
+
+// The MTP block's forward on this session's backend (the native function, or the backend session's twin).
+void Session::mtp_run(const float* hidden, const int32_t* next_tokens, int T, int64_t pos0, float* out_hidden,
+                      float* logits_last) {
+  if (bs_) bs_->mtp_forward(hidden, next_tokens, T, pos0, out_hidden, logits_last);
+  else mtp_forward(*model_, mtp_kv_, hidden, next_tokens, T, pos0, out_hidden, logits_last);
 }
 
 void Session::mtp_prefill() {
@@ -344,7 +354,7 @@ std::vector<float> Session::mtp_feed(int64_t n, float* logits_last) {
   for (int64_t c = 0; c < n; c += kChunk) {
     const int64_t m = std::min(kChunk, n - c);
     out_h.resize((size_t)m * H);
-    mtp_forward(*model_, mtp_kv_, mtp_backlog_h_.data() + (size_t)c * H, mtp_backlog_tok_.data() + c, (int)m,
+    mtp_run(mtp_backlog_h_.data() + (size_t)c * H, mtp_backlog_tok_.data() + c, (int)m,
                 mtp_pos_ + c, out_h.data(), c + m == n ? logits_last : nullptr);
   }
   mtp_pos_ += n;
