@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import exactness
-from kquant import q8_reference
+from kquant import act_block, q8_reference
 from strata_py import _core
 from strata_py.model import Model
 from window_util import assert_windows_equal_serial
@@ -86,8 +86,8 @@ def test_llamacpp_blocks_read_exactly(name):
         seen.add(typ)
         x = rng.standard_normal((3, cols)).astype(np.float32)
         y = _core.matmul(raw, typ, rows, cols, x)
-        int8 = typ.endswith("_K") or (typ.startswith("IQ") and typ != "IQ4_NL")  # docs/ARCHITECTURE.md: matmul
-        xr = q8_reference(x)[0] if int8 else x.astype(np.float64)
+        block = act_block(typ)  # matmul.h: float, 256- or 32-block int8 activations
+        xr = q8_reference(x, block)[0] if block else x.astype(np.float64)
         want = xr @ W.astype(np.float64).T
         scale = np.abs(xr) @ np.abs(W.astype(np.float64)).T
         assert np.all(np.abs(y - want) <= 1e-5 * scale + 1e-30), (name, t.name, typ)

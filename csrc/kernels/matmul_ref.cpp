@@ -33,8 +33,40 @@ void rows_generic_ref(const MatView& W, const Act& a, float* y, int64_t ldy, int
   }
 }
 
+// The 32-value block types with int8 activations (matmul.h): the block's integer values and scale, per row the
+// exact 8 lane sums of each block into lanes 8*(b % 2) + k, one fma per lane and block.
+void rows_b32q_ref(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int type_size = type_traits(W.type)->type_size;
+  const int64_t nb = W.cols / 32;
+  thread_local std::vector<int8_t> v;
+  thread_local std::vector<float> s;
+  v.resize(nb * 32);
+  s.resize(nb);
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t* row = W.data + r * W.row_bytes;
+    for (int64_t b = 0; b < nb; b++) s[b] = int_block32(W.type, row + b * type_size, v.data() + b * 32);
+    for (int t = 0; t < a.T; t++) {
+      float L[16] = {0};
+      for (int64_t b = 0; b < nb; b++) {
+        const int8_t* q = a.q32.q + t * a.q32.ldq + b * 32;
+        const int8_t* w = v.data() + b * 32;
+        const float sd = s[b] * a.q32.d[b * 8 + t];
+        for (int k = 0; k < 8; k++) {
+          int32_t P = 0;
+          for (int i = 4 * k; i < 4 * k + 4; i++) P += (int32_t)w[i] * q[i];
+          L[8 * (b % 2) + k] = std::fma(sd, (float)P, L[8 * (b % 2) + k]);
+        }
+      }
+      y[t * ldy + r] = reduce16(L);
+    }
+  }
+}
+
 }  // namespace
 
-RowsFn rows_fn_ref(uint32_t type) { return type_supported(type) && !int_act_type(type) ? rows_generic_ref : nullptr; }
+RowsFn rows_fn_ref(uint32_t type) {
+  if (!type_supported(type) || int_act_type(type)) return nullptr;
+  return act32_type(type) ? rows_b32q_ref : rows_generic_ref;
+}
 
 }  // namespace strata

@@ -1,0 +1,38 @@
+// Activation rows quantized per 32 values (llama.cpp's Q8_0 activations), for the 32-value block types that
+// multiply int8 activations: Q4_0, Q5_0, IQ4_NL and MXFP4 (blocks32.h, contract in matmul.h). Per row t and
+// 32-value block b (deterministic, a function of that row alone; the same formula as quants.h's 256-blocks):
+//   amax = max|x|, iscale = amax > 2^-100 ? 127/amax : 0, q = round_half_even(iscale*x) in [-127, 127], dx = amax/127
+// (a block whose values are all below 2^-100 in magnitude gives q = 0: 127/amax would overflow near 1e-37, and
+// 0 * inf is NaN; the error, < 2^-100 per value, is far below the rounding of any other block).
+// 32-blocks rather than quants.h's 256-blocks: rows of these types need only cols % 32 == 0 (llama.cpp falls back
+// to IQ4_NL / Q5_0 exactly for rows that 256-blocks cannot split), and the rounding error follows the local amax.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "util/common.h"  // Align64
+
+namespace strata {
+
+constexpr float kAct32Tiny = 0x1p-100f;  // amax at or below it: q = 0
+
+// T <= 8 rows, cols % 32 == 0.
+//   q[t*ldq + c]   int8 values (ldq = cols, 32 bytes of padding after the last row)
+//   d[b*8 + t]     dx of block b of row t (rows >= T are 0)
+struct QAct32 {
+  int T = 0;
+  int64_t cols = 0, nb = 0, ldq = 0;
+  const int8_t* q = nullptr;
+  const float* d = nullptr;
+};
+struct QAct32Buf {
+  std::vector<int8_t, Align64<int8_t>> q;
+  std::vector<float, Align64<float>> d;
+  QAct32 view(int T, int64_t cols);  // sizes the buffers, returns a view to fill
+};
+using Quantize32Fn = void (*)(const float* x, int64_t ldx, int T, int64_t cols, QAct32Buf& buf, QAct32& out);
+// The portable quantizer and the AVX2 one (also used by the AVX-512 path): identical bytes (tested).
+void quantize_act32_ref(const float* x, int64_t ldx, int T, int64_t cols, QAct32Buf& buf, QAct32& out);
+void quantize_act32_avx2(const float* x, int64_t ldx, int T, int64_t cols, QAct32Buf& buf, QAct32& out);
+
+}  // namespace strata
