@@ -136,25 +136,6 @@ def test_activation32_quantizer_is_q8_0():
             assert dx[t][b] == np.float32(amax / np.float32(127))
 
 
-@pytest.mark.skipif(_core.best_isa() != "avx512", reason="this CPU has no AVX-512")
-@pytest.mark.parametrize("typ", sorted(ACT32_TYPES))
-def test_avx512_b32_without_vnni_equals_ref(typ):
-    # the AVX-512 kernel's vpmaddubsw + vpmaddwd path for CPUs without VNNI (vpdpbusd otherwise): the same bits
-    rng = fresh_rng()
-    for cols in (96, 512):
-        rows = int(rng.integers(1, 40))
-        raw = _weights(rng, typ, rows, cols)
-        for T in (1, 3, 8, 19):
-            x = rng.standard_normal((T, cols)).astype(np.float32)
-            _core.allow_vnni(False)
-            try:
-                plain = _core.matmul(raw, typ, rows, cols, x, isa="avx512", threads=2)
-            finally:
-                _core.allow_vnni(True)
-            np.testing.assert_array_equal(plain, _core.matmul(raw, typ, rows, cols, x, isa="scalar"),
-                                          err_msg=f"{typ} cols={cols} T={T}")
-
-
 def test_force_isa_refuses_missing():
     if _core.best_isa() == "avx512":
         pytest.skip("this CPU has every path")

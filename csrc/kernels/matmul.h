@@ -23,9 +23,10 @@
 //
 // Q4_0, Q5_0, IQ4_NL, MXFP4 (int8 activations per 32 values, act32.h; llama.cpp's vec_dot_*_q8_0): each
 //   activation row is quantized per 32-block to int8 (q, dx; a function of that row alone). A weight block is its
-//   scale s and 32 int8 values v (blocks32.h: weight = s * v exactly). Per row and block b, 8 exact int32 lane sums
-//   P[k] = sum_{i = 4k..4k+3} v[i]*q[i] go to the canonical lanes j = 8*(b % 2) + k, in increasing b:
-//     L[j] = fma(s*dx, (float)P[k], L[j])      (s*dx: one float32 product)
+//   scale s and 32 int8 values v (blocks32.h: weight = s * v exactly). Per row and block b, 4 exact int32 lane sums
+//   P[i] = sum of v[e]*q[e] over e in 4i..4i+3 and 16+4i..16+4i+3 (i = 0..3: the pairs of a low and a high nibble
+//   byte's quads) go to the canonical lanes j = 4*(b % 4) + i, in increasing b:
+//     L[j] = fma(s*dx, (float)P[i], L[j])      (s*dx: one float32 product)
 //   then y = reduce16(L) with the tree above. The result differs from the float64 product by the activation
 //   rounding (|x - dx*q| <= dx/2 per value, dx per 32 values) plus float32 rounding of the 16-lane sums.
 #pragma once

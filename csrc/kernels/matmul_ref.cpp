@@ -34,7 +34,8 @@ void rows_generic_ref(const MatView& W, const Act& a, float* y, int64_t ldy, int
 }
 
 // The 32-value block types with int8 activations (matmul.h): the block's integer values and scale, per row the
-// exact 8 lane sums of each block into lanes 8*(b % 2) + k, one fma per lane and block.
+// exact 4 lane sums of each block (values 4i..4i+3 and 16+4i..16+4i+3) into lanes 4*(b % 4) + i, one fma per lane
+// and block.
 void rows_b32q_ref(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int type_size = type_traits(W.type)->type_size;
   const int64_t nb = W.cols / 32;
@@ -51,10 +52,10 @@ void rows_b32q_ref(const MatView& W, const Act& a, float* y, int64_t ldy, int64_
         const int8_t* q = a.q32.q + t * a.q32.ldq + b * 32;
         const int8_t* w = v.data() + b * 32;
         const float sd = s[b] * a.q32.d[b * 8 + t];
-        for (int k = 0; k < 8; k++) {
+        for (int i = 0; i < 4; i++) {
           int32_t P = 0;
-          for (int i = 4 * k; i < 4 * k + 4; i++) P += (int32_t)w[i] * q[i];
-          L[8 * (b % 2) + k] = std::fma(sd, (float)P, L[8 * (b % 2) + k]);
+          for (int e = 4 * i; e < 4 * i + 4; e++) P += (int32_t)w[e] * q[e] + (int32_t)w[16 + e] * q[16 + e];
+          L[4 * (b % 4) + i] = std::fma(sd, (float)P, L[4 * (b % 4) + i]);
         }
       }
       y[t * ldy + r] = reduce16(L);

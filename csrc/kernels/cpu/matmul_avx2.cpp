@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/blocks32.h"
+#include "kernels/cpu/b32q_impl.h"
 #include "kernels/cpu/kq_common.h"
 #include "kernels/cpu/reduce16.h"
 #include "kernels/matmul.h"
@@ -159,75 +160,6 @@ void rows_b32_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r
   }
 }
 
-// ---- 32-value blocks with int8 activations (matmul.h: Q4_0, Q5_0, IQ4_NL, MXFP4) -----------------------------
-// values(b): the block's 32 int8 values v in value order (blocks32.h's integer form); scale(b): its s.
-template <const int8_t* kValues, int kScaleAt, int kQsAt, int kSize>  // kScaleAt < 0: MXFP4's e8m0 byte 0
-struct Int4 {
-  static constexpr int kBytes = kSize;
-  static __m256i values(const uint8_t* b) {
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQsAt));
-    const __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(15));
-    const __m256i tab = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kValues)));
-    return _mm256_shuffle_epi8(tab, c);  // pshufb: code -> value, in each 16-byte half
-  }
-  static float scale(const uint8_t* b) { return kScaleAt < 0 ? e8m0_half(b[0]) : f16_at(b + kScaleAt); }
-};
-using IntQ4_0 = Int4<kQ4_0Values, 0, 2, 18>;
-using IntIq4Nl = Int4<kIq4Values, 0, 2, 18>;
-using IntMxfp4 = Int4<kMxfp4Values, -1, 1, 17>;
-struct IntQ5_0 {  // code5 - 16
-  static constexpr int kBytes = 22;
-  static __m256i values(const uint8_t* b) {
-    uint32_t qh;
-    std::memcpy(&qh, b + 2, 4);
-    __m128i lo, hi;
-    codes4(b + 6, lo, hi);
-    const __m128i off = _mm_set1_epi8(-16);
-    lo = _mm_add_epi8(_mm_or_si128(lo, high_bits16(qh, 0)), off);
-    hi = _mm_add_epi8(_mm_or_si128(hi, high_bits16(qh, 16)), off);
-    return _mm256_set_m128i(hi, lo);
-  }
-  static float scale(const uint8_t* b) { return f16_at(b); }
-};
-
-// Block b of a row into the T rows' accumulators (lanes 8*(b % 2) + k: the caller passes the even or odd half).
-// P[k] = sum over values 4k..4k+3 of v*q: vpmaddubsw on |v| and q with v's sign (pairs, |sum| <= 2*127*127: no
-// saturation), then vpmaddwd with ones (quads): exact int32.
-template <class Blk, int T>
-inline void b32q_step(const uint8_t* blk, const QAct32& A, int64_t b, __m256* acc) {
-  const __m256i w = Blk::values(blk), aw = _mm256_sign_epi8(w, w), ones = _mm256_set1_epi16(1);
-  const float s = Blk::scale(blk);
-  for (int t = 0; t < T; t++) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A.q + t * A.ldq + 32 * b));
-    const __m256i P = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(q, w)), ones);
-    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(s * A.d[b * 8 + t]), _mm256_cvtepi32_ps(P), acc[t]);
-  }
-}
-
-template <class Blk, int T>
-void rows_b32q_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const QAct32& A = a.q32;
-  const int64_t nb = W.cols / 32;
-  for (int64_t r = r0; r < r1; r++) {
-    const uint8_t* row = W.data + r * W.row_bytes;
-    __m256 lo[T], hi[T];
-    for (int t = 0; t < T; t++) lo[t] = hi[t] = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-      _mm_prefetch(reinterpret_cast<const char*>(row + b * Blk::kBytes + kq::kAheadBytes), _MM_HINT_T0);
-      b32q_step<Blk, T>(row + b * Blk::kBytes, A, b, lo);
-      b32q_step<Blk, T>(row + (b + 1) * Blk::kBytes, A, b + 1, hi);
-    }
-    if (b < nb) b32q_step<Blk, T>(row + b * Blk::kBytes, A, b, lo);
-    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16(lo[t], hi[t]);
-  }
-}
-
-template <class Blk>
-void rows_b32q(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  with_rows(a.T, [&](auto t) { rows_b32q_t<Blk, decltype(t)::value>(W, a, y, ldy, r0, r1); });
-}
-
 template <class Dec>
 void rows_plain(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   with_rows(a.T, [&](auto t) { rows_plain_t<Dec, decltype(t)::value>(W, a, y, ldy, r0, r1); });
@@ -246,12 +178,12 @@ RowsFn rows_fn_avx2(uint32_t type) {
     case GGML_F16: return rows_plain<DecF16>;
     case GGML_BF16: return rows_plain<DecBF16>;
     case GGML_Q8_0: return rows_b32<BlkQ8_0>;
-    case GGML_Q4_0: return rows_b32q<IntQ4_0>;
+    case GGML_Q4_0: return b32q_rows_fn(type);
     case GGML_Q4_1: return rows_b32<BlkQ4_1>;
-    case GGML_Q5_0: return rows_b32q<IntQ5_0>;
+    case GGML_Q5_0: return b32q_rows_fn(type);
     case GGML_Q5_1: return rows_b32<BlkQ5_1>;
-    case GGML_IQ4_NL: return rows_b32q<IntIq4Nl>;
-    case GGML_MXFP4: return rows_b32q<IntMxfp4>;
+    case GGML_IQ4_NL: return b32q_rows_fn(type);
+    case GGML_MXFP4: return b32q_rows_fn(type);
     default: return nullptr;
   }
 }

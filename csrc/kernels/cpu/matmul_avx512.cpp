@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "kernels/blocks32.h"
+#include "kernels/cpu/b32q_impl.h"
 #include "kernels/cpu/reduce16.h"
 #include "kernels/matmul.h"
 #include "kernels/quants.h"
@@ -233,85 +234,6 @@ void rows_b32_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r
   for (; r < r1; r++) block32<Blk, T, 1>(W, a.x, 32, a.ldx, y, ldy, r);
 }
 
-// ---- 32-value blocks with int8 activations (matmul.h: Q4_0, Q5_0, IQ4_NL, MXFP4) -----------------------------
-// values(b): the block's 32 int8 values v in value order (blocks32.h's integer form); scale(b): its s.
-template <const int8_t* kValues, int kScaleAt, int kQsAt, int kSize>  // kScaleAt < 0: MXFP4's e8m0 byte 0
-struct Int4 {
-  static constexpr int kBytes = kSize;
-  static __m256i values(const uint8_t* b) {
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQsAt));
-    const __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(15));
-    const __m256i tab = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kValues)));
-    return _mm256_shuffle_epi8(tab, c);
-  }
-  static float scale(const uint8_t* b) { return kScaleAt < 0 ? e8m0_half(b[0]) : f16_at(b + kScaleAt); }
-};
-using IntQ4_0 = Int4<kQ4_0Values, 0, 2, 18>;
-using IntIq4Nl = Int4<kIq4Values, 0, 2, 18>;
-using IntMxfp4 = Int4<kMxfp4Values, -1, 1, 17>;
-struct IntQ5_0 {  // code5 - 16: bit 4 of value i from bit i of qh, by mask
-  static constexpr int kBytes = 22;
-  static __m256i values(const uint8_t* b) {
-    uint32_t qh;
-    std::memcpy(&qh, b + 2, 4);
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6));
-    const __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(15));
-    return _mm256_sub_epi8(_mm256_mask_add_epi8(c, (__mmask32)qh, c, _mm256_set1_epi8(16)), _mm256_set1_epi8(16));
-  }
-  static float scale(const uint8_t* b) { return f16_at(b); }
-};
-
-// Blocks b and b + 1 (two: lanes 0-7 and 8-15, matmul.h's lanes 8*(b % 2) + k) into the T rows' accumulators;
-// with `pair` false block b alone (the odd tail: lanes 8-15 untouched, by mask). P[k] = sum over values 4k..4k+3
-// of v*q: |v| times q with v's sign, by vpdpbusd (VNNI) or vpmaddubsw + vpmaddwd: exact int32 either way.
-template <class Blk, int T, bool kVnni>
-inline void b32q_pair(const uint8_t* blk, const QAct32& A, int64_t b, bool pair, __m512* acc) {
-  const __m256i v0 = Blk::values(blk);
-  const __m256i v1 = pair ? Blk::values(blk + Blk::kBytes) : _mm256_setzero_si256();
-  const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(v0), v1, 1), aw = _mm512_abs_epi8(w);
-  const __mmask64 neg = _mm512_movepi8_mask(w);
-  const float s0 = Blk::scale(blk), s1 = pair ? Blk::scale(blk + Blk::kBytes) : 0.f;
-  for (int t = 0; t < T; t++) {
-    // 64 bytes: blocks b and b + 1 of row t (the tail reads the next row's or the buffer's padding: times v = 0)
-    const __m512i q = _mm512_loadu_si512(A.q + t * A.ldq + 32 * b);
-    const __m512i sq = _mm512_mask_sub_epi8(q, neg, _mm512_setzero_si512(), q);
-    __m512i P;
-    if constexpr (kVnni) P = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, sq);
-    else P = _mm512_madd_epi16(_mm512_maddubs_epi16(aw, sq), _mm512_set1_epi16(1));
-    const float sd0 = s0 * A.d[b * 8 + t], sd1 = pair ? s1 * A.d[(b + 1) * 8 + t] : 0.f;
-    const __m512 sc = _mm512_insertf32x8(_mm512_set1_ps(sd0), _mm256_set1_ps(sd1), 1);
-    acc[t] = pair ? _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(P), acc[t])
-                  : _mm512_mask3_fmadd_ps(sc, _mm512_cvtepi32_ps(P), acc[t], (__mmask16)0x00FF);
-  }
-}
-
-template <class Blk, int T, bool kVnni>
-void rows_b32q_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const QAct32& A = a.q32;
-  const int64_t nb = W.cols / 32;
-  for (int64_t r = r0; r < r1; r++) {
-    const uint8_t* row = W.data + r * W.row_bytes;
-    __m512 acc[T];
-    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-      _mm_prefetch(reinterpret_cast<const char*>(row + b * Blk::kBytes + 2048), _MM_HINT_T0);
-      b32q_pair<Blk, T, kVnni>(row + b * Blk::kBytes, A, b, true, acc);
-    }
-    if (b < nb) b32q_pair<Blk, T, kVnni>(row + b * Blk::kBytes, A, b, false, acc);
-    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16(acc[t]);
-  }
-}
-
-template <class Blk>
-void rows_b32q(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const bool vnni = cpu_has_avx512vnni();
-  with_rows(a.T, [&](auto t) {
-    if (vnni) rows_b32q_t<Blk, decltype(t)::value, true>(W, a, y, ldy, r0, r1);
-    else rows_b32q_t<Blk, decltype(t)::value, false>(W, a, y, ldy, r0, r1);
-  });
-}
-
 template <class Dec>
 void rows_plain(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   with_rows(a.T, [&](auto t) { rows_plain_t<Dec, decltype(t)::value>(W, a, y, ldy, r0, r1); });
@@ -330,12 +252,12 @@ RowsFn rows_fn_avx512(uint32_t type) {
     case GGML_F16: return rows_plain<DecF16>;
     case GGML_BF16: return rows_plain<DecBF16>;
     case GGML_Q8_0: return rows_b32<BlkQ8_0>;
-    case GGML_Q4_0: return rows_b32q<IntQ4_0>;
+    case GGML_Q4_0: return b32q_rows_fn(type);
     case GGML_Q4_1: return rows_b32<BlkQ4_1>;
-    case GGML_Q5_0: return rows_b32q<IntQ5_0>;
+    case GGML_Q5_0: return b32q_rows_fn(type);
     case GGML_Q5_1: return rows_b32<BlkQ5_1>;
-    case GGML_IQ4_NL: return rows_b32q<IntIq4Nl>;
-    case GGML_MXFP4: return rows_b32q<IntMxfp4>;
+    case GGML_IQ4_NL: return b32q_rows_fn(type);
+    case GGML_MXFP4: return b32q_rows_fn(type);
     default: return nullptr;
   }
 }

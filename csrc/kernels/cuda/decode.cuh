@@ -88,8 +88,8 @@ struct Q5_1 : Block32<24> {
 };
 
 // ---- int8-activation 32-value blocks (Q4_0, Q5_0, IQ4_NL, MXFP4; blocks32.h's integer form) -------------------
-// vals4(b, k): values 4k..4k+3 of the block as 4 signed bytes of a word (matmul.h's lane sum P[k] by one dp4a);
-// scale(b): s. The codes 4k..4k+3: low nibbles of qs[4k..] for k < 4, high nibbles of qs[4(k-4)..] for k >= 4.
+// vals4(b, k): values 4k..4k+3 of the block as 4 signed bytes of a word (matmul.h's lane sum P[i] is k = i and
+// k = i + 4, by two dp4a); scale(b): s. The codes 4k..4k+3: low nibbles of qs[4k..] for k < 4, high nibbles of qs[4(k-4)..] for k >= 4.
 __device__ __forceinline__ int code4_of4(const uint8_t* qs, int k, int j) { return (qs[4 * (k & 3) + j] >> (4 * (k >> 2))) & 15; }
 template <class F>
 __device__ __forceinline__ int pack4(F&& value) {

@@ -557,8 +557,9 @@ __global__ void __launch_bounds__(256) k_quantize32(const float* __restrict__ x,
 }
 
 // The 32-value block types with int8 activations (matmul.h, rows_b32q_ref's order): 16 threads per weight row,
-// thread j = 8 h + k holds lane j: the blocks b = h, h + 2, ... in increasing order, and of each the values
-// 4k..4k+3: P = dp4a (exact), L = fma(s * dx, P, L); then reduce16's tree. Expert selection as k_float's.
+// thread j = 4 h + i holds lane j: the blocks b = h, h + 4, ... in increasing order, and of each the values 4i..4i+3
+// and 16+4i..16+4i+3: P = two dp4a (exact), L = fma(s * dx, P, L); then reduce16's tree. Expert selection as
+// k_float's.
 template <class D, int TT>
 __global__ void __launch_bounds__(256) k_b32q(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
                                               int64_t nb, const int8_t* __restrict__ q, const float* __restrict__ dx,
@@ -571,21 +572,22 @@ __global__ void __launch_bounds__(256) k_b32q(const uint8_t* __restrict__ W, siz
     dx += (int64_t)(slot / xdiv) * nb;
     y += (int64_t)slot * ldy;
   }
-  const int j = threadIdx.x & 15, h = j >> 3, k = j & 7;
+  const int j = threadIdx.x & 15, h = j >> 2, i = j & 3;
   const int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 4) + (threadIdx.x >> 4);
   const uint8_t* row = W + (r < rows ? r : 0) * row_bytes;  // all threads shuffle
   float L[TT];
 #pragma unroll
   for (int t = 0; t < TT; t++) L[t] = 0.f;
-  for (int64_t b = h; b < nb; b += 2) {
+  for (int64_t b = h; b < nb; b += 4) {
     const uint8_t* blk = row + b * D::kSize;
-    const int w4 = D::vals4(blk, k);
+    const int wlo = D::vals4(blk, i), whi = D::vals4(blk, i + 4);
     const float s = D::scale(blk);
 #pragma unroll
     for (int t = 0; t < TT; t++)
       if (t < T) {
-        const int q4 = __ldg(reinterpret_cast<const int*>(q + t * nb * 32 + b * 32 + 4 * k));
-        L[t] = fmaf(__fmul_rn(s, __ldg(dx + t * nb + b)), (float)__dp4a(w4, q4, 0), L[t]);
+        const int8_t* qb = q + t * nb * 32 + b * 32;
+        const int qlo = __ldg(reinterpret_cast<const int*>(qb + 4 * i)), qhi = __ldg(reinterpret_cast<const int*>(qb + 16 + 4 * i));
+        L[t] = fmaf(__fmul_rn(s, __ldg(dx + t * nb + b)), (float)__dp4a(whi, qhi, __dp4a(wlo, qlo, 0)), L[t]);
       }
   }
 #pragma unroll

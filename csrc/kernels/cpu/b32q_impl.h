@@ -1,0 +1,168 @@
+// The 32-value block types with int8 activations (matmul.h: Q4_0, Q5_0, IQ4_NL, MXFP4) on 256-bit registers, in
+// matmul.h's lane order: included by matmul_avx2.cpp and matmul_avx512.cpp (internal linkage: each file's copy is
+// built with its own flags). Blocks go in pairs (2m, 2m+1), one 8-lane register a pair: lanes 0-3 the first block's
+// 4 lane sums, 4-7 the second's, i.e. canonical lanes 8*(m % 2) + 0..7 (= 4*(b % 4) + i): pairs m even into `lo`,
+// odd into `hi`, reduce16(lo, hi).
+//
+// Per pair and row: A = [2m: v0..15 | 2m+1: v0..15], B = [v16..31 | v16..31] (the low and high nibbles of the two
+// blocks' qs bytes), the activations in QAct32::qp's matching layout as q + 128. vpmaddubsw(q + 128, A) and
+// (q + 128, B) give pair sums |.| <= 2*255*16 (every type but IQ4_NL has |v| <= 16), added as int16 (<= 16320: no
+// overflow), vpmaddwd with ones gives the lane sums of v*(q + 128), minus c = 128 * the lane sums of v (once per
+// pair): P exactly. IQ4_NL (|v| <= 127) takes |v| times q with v's sign instead, its two halves widened apart.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/blocks32.h"
+#include "kernels/cpu/reduce16.h"
+#include "kernels/matmul.h"
+#include "kernels/quants.h"
+
+namespace strata {
+namespace {
+
+inline float b32q_f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// pair(b, two, A, B): the values of blocks b and (two ? b + 1 : none, zeros) as above; scale(b): s.
+template <const int8_t* kValues, int kScaleAt, int kQsAt, int kSize, bool kSmallV>  // kScaleAt < 0: MXFP4's e8m0
+struct B32Int4 {
+  static constexpr int kBytes = kSize;
+  static constexpr bool kSmall = kSmallV;
+  static void pair(const uint8_t* b, bool two, __m256i& A, __m256i& B) {
+    const __m128i x0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQsAt));
+    const __m128i x1 = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kSize + kQsAt)) : _mm_setzero_si128();
+    const __m256i x = _mm256_set_m128i(x1, x0), k15 = _mm256_set1_epi8(15);
+    const __m256i tab = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kValues)));
+    A = _mm256_shuffle_epi8(tab, _mm256_and_si256(x, k15));  // pshufb: code -> value in each 16-byte half
+    B = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(x, 4), k15));
+    if (!two) {
+      A = _mm256_inserti128_si256(A, _mm_setzero_si128(), 1);
+      B = _mm256_inserti128_si256(B, _mm_setzero_si128(), 1);
+    }
+  }
+  static float scale(const uint8_t* b) { return kScaleAt < 0 ? e8m0_half(b[0]) : b32q_f16(b + kScaleAt); }
+};
+using B32Q4_0 = B32Int4<kQ4_0Values, 0, 2, 18, true>;
+using B32Iq4Nl = B32Int4<kIq4Values, 0, 2, 18, false>;
+using B32Mxfp4 = B32Int4<kMxfp4Values, -1, 1, 17, true>;
+struct B32Q5_0 {  // code5 - 16: bit 4 of value i from bit i of qh
+  static constexpr int kBytes = 22;
+  static constexpr bool kSmall = true;
+  // 0x10 in byte i where bit (first + i) of qh is set, i = 0..15
+  static __m128i high16(uint32_t qh, int first) {
+    const __m128i sel = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m128i bit = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+    const __m128i bytes = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(qh >> first)), sel);
+    return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(bytes, bit), bit), _mm_set1_epi8(0x10));
+  }
+  static void pair(const uint8_t* b, bool two, __m256i& A, __m256i& B) {
+    uint32_t qh0, qh1 = 0;
+    std::memcpy(&qh0, b + 2, 4);
+    if (two) std::memcpy(&qh1, b + kBytes + 2, 4);
+    const __m128i x0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6));
+    const __m128i x1 = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kBytes + 6)) : _mm_setzero_si128();
+    const __m256i x = _mm256_set_m128i(x1, x0), k15 = _mm256_set1_epi8(15), k16 = _mm256_set1_epi8(16);
+    const __m256i hA = _mm256_set_m128i(high16(qh1, 0), high16(qh0, 0)), hB = _mm256_set_m128i(high16(qh1, 16), high16(qh0, 16));
+    A = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(x, k15), hA), k16);
+    B = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), k15), hB), k16);
+    if (!two) {
+      A = _mm256_inserti128_si256(A, _mm_setzero_si128(), 1);
+      B = _mm256_inserti128_si256(B, _mm_setzero_si128(), 1);
+    }
+  }
+  static float scale(const uint8_t* b) { return b32q_f16(b); }
+};
+
+// Pair m (blocks b = 2m and b + 1 when `two`) of a row into the T rows' accumulators (acc: lo or hi).
+template <class Blk, int T>
+inline void b32q_pair(const uint8_t* blk, const QAct32& A, int64_t m, bool two, __m256* acc) {
+  const int64_t b = 2 * m;
+  __m256i va, vb;
+  Blk::pair(blk, two, va, vb);
+  const __m256i ones = _mm256_set1_epi16(1);
+  // s*dx of each block and row (rows >= T: dx = 0), one vmulps each; per row the two broadcast into the halves
+  alignas(32) float sd0[8], sd1[8];
+  _mm256_store_ps(sd0, _mm256_mul_ps(_mm256_set1_ps(Blk::scale(blk)), _mm256_loadu_ps(A.d + b * 8)));
+  if (two) _mm256_store_ps(sd1, _mm256_mul_ps(_mm256_set1_ps(Blk::scale(blk + Blk::kBytes)), _mm256_loadu_ps(A.d + b * 8 + 8)));
+  else _mm256_store_ps(sd1, _mm256_setzero_ps());
+  const uint8_t* qp = A.qp + 64 * m;
+  if constexpr (Blk::kSmall) {
+    const __m256i k128 = _mm256_set1_epi8(-128);
+    const __m256i c = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(k128, va), _mm256_maddubs_epi16(k128, vb)), ones);
+    for (int t = 0; t < T; t++) {
+      const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp + t * A.ldqp));
+      const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp + t * A.ldqp + 32));
+      const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(qa, va), _mm256_maddubs_epi16(qb, vb));
+      const __m256i P = _mm256_sub_epi32(_mm256_madd_epi16(s16, ones), c);
+      const __m256 sc = _mm256_set_m128(_mm_broadcast_ss(sd1 + t), _mm_broadcast_ss(sd0 + t));
+      acc[t] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(P), acc[t]);
+    }
+  } else {
+    const __m256i k128 = _mm256_set1_epi8(-128), aa = _mm256_sign_epi8(va, va), ab = _mm256_sign_epi8(vb, vb);
+    for (int t = 0; t < T; t++) {
+      const __m256i qa = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp + t * A.ldqp)), k128);
+      const __m256i qb = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp + t * A.ldqp + 32)), k128);
+      const __m256i pa = _mm256_madd_epi16(_mm256_maddubs_epi16(aa, _mm256_sign_epi8(qa, va)), ones);
+      const __m256i pb = _mm256_madd_epi16(_mm256_maddubs_epi16(ab, _mm256_sign_epi8(qb, vb)), ones);
+      const __m256 sc = _mm256_set_m128(_mm_broadcast_ss(sd1 + t), _mm_broadcast_ss(sd0 + t));
+      acc[t] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(_mm256_add_epi32(pa, pb)), acc[t]);
+    }
+  }
+}
+
+// Up to 4 rows: the even and odd pairs' accumulators side by side (two independent chains at T = 1). From 5 rows
+// (2T registers would spill): the row's even pairs, then its odd ones, T accumulators live at a time; each lane still
+// gets its blocks in increasing order.
+template <class Blk, int T>
+void rows_b32q_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const QAct32& A = a.q32;
+  const int64_t nb = W.cols / 32, np = (nb + 1) / 2;
+  constexpr int64_t kAhead = 2048;  // prefetch distance in bytes (as kq_common.h's)
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t* row = W.data + r * W.row_bytes;
+    __m256 lo[T], hi[T];
+    for (int t = 0; t < T; t++) lo[t] = hi[t] = _mm256_setzero_ps();
+    auto pair = [&](int64_t m, __m256* acc) {
+      const uint8_t* blk = row + 2 * m * Blk::kBytes;
+      _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead), _MM_HINT_T0);
+      b32q_pair<Blk, T>(blk, A, m, 2 * m + 1 < nb, acc);
+    };
+    if constexpr (T <= 4) {
+      int64_t m = 0;
+      for (; m + 2 <= np; m += 2) {
+        pair(m, lo);
+        pair(m + 1, hi);
+      }
+      if (m < np) pair(m, lo);
+    } else {
+      for (int64_t m = 0; m < np; m += 2) pair(m, lo);
+      for (int64_t m = 1; m < np; m += 2) pair(m, hi);
+    }
+    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16(lo[t], hi[t]);
+  }
+}
+
+template <class Blk>
+void rows_b32q(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  STRATA_CHECK(a.q32.qp, "matmul: ", type_name(W.type), " rows not in the SIMD kernels' pair layout");
+  with_rows(a.T, [&](auto t) { rows_b32q_t<Blk, decltype(t)::value>(W, a, y, ldy, r0, r1); });
+}
+
+inline RowsFn b32q_rows_fn(uint32_t type) {
+  switch (type) {
+    case GGML_Q4_0: return rows_b32q<B32Q4_0>;
+    case GGML_Q5_0: return rows_b32q<B32Q5_0>;
+    case GGML_IQ4_NL: return rows_b32q<B32Iq4Nl>;
+    case GGML_MXFP4: return rows_b32q<B32Mxfp4>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+}  // namespace strata
