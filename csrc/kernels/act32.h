@@ -19,21 +19,25 @@ constexpr float kAct32Tiny = 0x1p-100f;  // amax at or below it: q = 0
 // T <= 8 rows, cols % 32 == 0.
 //   q[t*ldq + c]   int8 values (ldq = cols, 32 bytes of padding after the last row)
 //   d[b*8 + t]     dx of block b of row t (rows >= T are 0)
-//   qp[t*ldqp + 64m + ...]  the SIMD kernels' layout (the AVX2 quantizer only; null from the portable one): q + 128
-//                  as unsigned bytes (vpmaddubsw's unsigned operand: v*q = v*(q + 128) - 128*v exactly), blocks in
-//                  pairs m = (2m, 2m+1), 64 bytes a pair: [2m: q0..15][2m+1: q0..15][2m: q16..31][2m+1: q16..31]
-//                  (an odd last block's partner: 128, i.e. q = 0); ldqp = 64 * ceil(nb / 2)
+// The SIMD kernels' layout (cpu/b32q_impl.h; the AVX2 quantizer only, null from the portable one): blocks in
+// pairs m = (2m, 2m+1), np = ceil(nb / 2) pairs a row (an odd last block's partner: q = 0, dx = 0):
+//   qp[(t*np + m)*64 + ...]  the pair's q: [2m: q0..15][2m+1: q0..15][2m: q16..31][2m+1: q16..31]
+//   cq[(t*np + m)*8 + j]     16 * the lane sums of q (lane j: block 2m + j/4, values 4i..4i+3, 16+4i..16+4i+3,
+//                            i = j % 4): the correction of the kernels' unsigned weights v + 16
+//   dp[(t*np + m)*8 + j]     dx of block 2m + j/4
 struct QAct32 {
   int T = 0;
-  int64_t cols = 0, nb = 0, ldq = 0, ldqp = 0;
+  int64_t cols = 0, nb = 0, ldq = 0, np = 0;
   const int8_t* q = nullptr;
   const float* d = nullptr;
-  const uint8_t* qp = nullptr;
+  const int8_t* qp = nullptr;
+  const int32_t* cq = nullptr;
+  const float* dp = nullptr;
 };
 struct QAct32Buf {
-  std::vector<int8_t, Align64<int8_t>> q;
-  std::vector<uint8_t, Align64<uint8_t>> qp;
-  std::vector<float, Align64<float>> d;
+  std::vector<int8_t, Align64<int8_t>> q, qp;
+  std::vector<int32_t, Align64<int32_t>> cq;
+  std::vector<float, Align64<float>> d, dp;
   QAct32 view(int T, int64_t cols);  // sizes the buffers, returns a view to fill
 };
 using Quantize32Fn = void (*)(const float* x, int64_t ldx, int T, int64_t cols, QAct32Buf& buf, QAct32& out);

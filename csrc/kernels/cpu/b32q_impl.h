@@ -4,11 +4,11 @@
 // 4 lane sums, 4-7 the second's, i.e. canonical lanes 8*(m % 2) + 0..7 (= 4*(b % 4) + i): pairs m even into `lo`,
 // odd into `hi`, reduce16(lo, hi).
 //
-// Per pair and row: A = [2m: v0..15 | 2m+1: v0..15], B = [v16..31 | v16..31] (the low and high nibbles of the two
-// blocks' qs bytes), the activations in QAct32::qp's matching layout as q + 128. vpmaddubsw(q + 128, A) and
-// (q + 128, B) give pair sums |.| <= 2*255*16 (every type but IQ4_NL has |v| <= 16), added as int16 (<= 16320: no
-// overflow), vpmaddwd with ones gives the lane sums of v*(q + 128), minus c = 128 * the lane sums of v (once per
-// pair): P exactly. IQ4_NL (|v| <= 127) takes |v| times q with v's sign instead, its two halves widened apart.
+// Per pair and row: A = [2m: u0..15 | 2m+1: u0..15], B = [u16..31 | u16..31] (the low and high nibbles of the two
+// blocks' qs bytes) with u = v + 16 unsigned (every type but IQ4_NL: 0 <= u <= 31), the activations q in
+// QAct32::qp's matching layout. vpmaddubsw(A, q) and (B, q) give pair sums |.| <= 2*31*127, added as int16
+// (<= 15748: no overflow), vpmaddwd with ones the lane sums of u*q, minus QAct32::cq (16 * the lane sums of q): P
+// exactly. IQ4_NL (|v| <= 127) takes |v| times q with v's sign instead, its two halves widened apart.
 #pragma once
 #include <immintrin.h>
 
@@ -30,6 +30,17 @@ inline float b32q_f16(const uint8_t* p) {
 }
 
 // pair(b, two, A, B): the values of blocks b and (two ? b + 1 : none, zeros) as above; scale(b): s.
+// The table of u = v + 16 (kSmall types) or of v (IQ4_NL).
+template <const int8_t* kValues, bool kSmall>
+struct B32Table {
+  alignas(16) static constexpr int8_t t[16] = {
+      (int8_t)(kValues[0] + 16 * kSmall),  (int8_t)(kValues[1] + 16 * kSmall),  (int8_t)(kValues[2] + 16 * kSmall),
+      (int8_t)(kValues[3] + 16 * kSmall),  (int8_t)(kValues[4] + 16 * kSmall),  (int8_t)(kValues[5] + 16 * kSmall),
+      (int8_t)(kValues[6] + 16 * kSmall),  (int8_t)(kValues[7] + 16 * kSmall),  (int8_t)(kValues[8] + 16 * kSmall),
+      (int8_t)(kValues[9] + 16 * kSmall),  (int8_t)(kValues[10] + 16 * kSmall), (int8_t)(kValues[11] + 16 * kSmall),
+      (int8_t)(kValues[12] + 16 * kSmall), (int8_t)(kValues[13] + 16 * kSmall), (int8_t)(kValues[14] + 16 * kSmall),
+      (int8_t)(kValues[15] + 16 * kSmall)};
+};
 template <const int8_t* kValues, int kScaleAt, int kQsAt, int kSize, bool kSmallV>  // kScaleAt < 0: MXFP4's e8m0
 struct B32Int4 {
   static constexpr int kBytes = kSize;
@@ -38,7 +49,7 @@ struct B32Int4 {
     const __m128i x0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQsAt));
     const __m128i x1 = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kSize + kQsAt)) : _mm_setzero_si128();
     const __m256i x = _mm256_set_m128i(x1, x0), k15 = _mm256_set1_epi8(15);
-    const __m256i tab = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kValues)));
+    const __m256i tab = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(B32Table<kValues, kSmallV>::t)));
     A = _mm256_shuffle_epi8(tab, _mm256_and_si256(x, k15));  // pshufb: code -> value in each 16-byte half
     B = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(x, 4), k15));
     if (!two) {
@@ -67,10 +78,10 @@ struct B32Q5_0 {  // code5 - 16: bit 4 of value i from bit i of qh
     if (two) std::memcpy(&qh1, b + kBytes + 2, 4);
     const __m128i x0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6));
     const __m128i x1 = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kBytes + 6)) : _mm_setzero_si128();
-    const __m256i x = _mm256_set_m128i(x1, x0), k15 = _mm256_set1_epi8(15), k16 = _mm256_set1_epi8(16);
+    const __m256i x = _mm256_set_m128i(x1, x0), k15 = _mm256_set1_epi8(15);
     const __m256i hA = _mm256_set_m128i(high16(qh1, 0), high16(qh0, 0)), hB = _mm256_set_m128i(high16(qh1, 16), high16(qh0, 16));
-    A = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(x, k15), hA), k16);
-    B = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), k15), hB), k16);
+    A = _mm256_or_si256(_mm256_and_si256(x, k15), hA);  // u = code5 = v + 16
+    B = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), k15), hB);
     if (!two) {
       A = _mm256_inserti128_si256(A, _mm_setzero_si128(), 1);
       B = _mm256_inserti128_si256(B, _mm_setzero_si128(), 1);
@@ -82,36 +93,31 @@ struct B32Q5_0 {  // code5 - 16: bit 4 of value i from bit i of qh
 // Pair m (blocks b = 2m and b + 1 when `two`) of a row into the T rows' accumulators (acc: lo or hi).
 template <class Blk, int T>
 inline void b32q_pair(const uint8_t* blk, const QAct32& A, int64_t m, bool two, __m256* acc) {
-  const int64_t b = 2 * m;
   __m256i va, vb;
   Blk::pair(blk, two, va, vb);
   const __m256i ones = _mm256_set1_epi16(1);
-  // s*dx of each block and row (rows >= T: dx = 0), one vmulps each; per row the two broadcast into the halves
-  alignas(32) float sd0[8], sd1[8];
-  _mm256_store_ps(sd0, _mm256_mul_ps(_mm256_set1_ps(Blk::scale(blk)), _mm256_loadu_ps(A.d + b * 8)));
-  if (two) _mm256_store_ps(sd1, _mm256_mul_ps(_mm256_set1_ps(Blk::scale(blk + Blk::kBytes)), _mm256_loadu_ps(A.d + b * 8 + 8)));
-  else _mm256_store_ps(sd1, _mm256_setzero_ps());
-  const uint8_t* qp = A.qp + 64 * m;
+  // the blocks' s in their 4 lanes each; times QAct32::dp: s*dx, one product per lane
+  const __m256 s = _mm256_set_m128(_mm_set1_ps(two ? Blk::scale(blk + Blk::kBytes) : 0.f), _mm_set1_ps(Blk::scale(blk)));
+  const int64_t at = m;  // (t*np + m): row t's pairs np apart
   if constexpr (Blk::kSmall) {
-    const __m256i k128 = _mm256_set1_epi8(-128);
-    const __m256i c = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(k128, va), _mm256_maddubs_epi16(k128, vb)), ones);
     for (int t = 0; t < T; t++) {
-      const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp + t * A.ldqp));
-      const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp + t * A.ldqp + 32));
-      const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(qa, va), _mm256_maddubs_epi16(qb, vb));
-      const __m256i P = _mm256_sub_epi32(_mm256_madd_epi16(s16, ones), c);
-      const __m256 sc = _mm256_set_m128(_mm_broadcast_ss(sd1 + t), _mm_broadcast_ss(sd0 + t));
-      acc[t] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(P), acc[t]);
+      const int64_t k = at + t * A.np;
+      const int8_t* q = A.qp + k * 64;
+      const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(va, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q))),
+                                           _mm256_maddubs_epi16(vb, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32))));
+      const __m256i P = _mm256_sub_epi32(_mm256_madd_epi16(s16, ones), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A.cq + k * 8)));
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(s, _mm256_loadu_ps(A.dp + k * 8)), _mm256_cvtepi32_ps(P), acc[t]);
     }
   } else {
-    const __m256i k128 = _mm256_set1_epi8(-128), aa = _mm256_sign_epi8(va, va), ab = _mm256_sign_epi8(vb, vb);
+    const __m256i aa = _mm256_sign_epi8(va, va), ab = _mm256_sign_epi8(vb, vb);
     for (int t = 0; t < T; t++) {
-      const __m256i qa = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp + t * A.ldqp)), k128);
-      const __m256i qb = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp + t * A.ldqp + 32)), k128);
+      const int64_t k = at + t * A.np;
+      const int8_t* q = A.qp + k * 64;
+      const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+      const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32));
       const __m256i pa = _mm256_madd_epi16(_mm256_maddubs_epi16(aa, _mm256_sign_epi8(qa, va)), ones);
       const __m256i pb = _mm256_madd_epi16(_mm256_maddubs_epi16(ab, _mm256_sign_epi8(qb, vb)), ones);
-      const __m256 sc = _mm256_set_m128(_mm_broadcast_ss(sd1 + t), _mm_broadcast_ss(sd0 + t));
-      acc[t] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(_mm256_add_epi32(pa, pb)), acc[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(s, _mm256_loadu_ps(A.dp + k * 8)), _mm256_cvtepi32_ps(_mm256_add_epi32(pa, pb)), acc[t]);
     }
   }
 }
