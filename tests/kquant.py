@@ -35,12 +35,12 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     return out.reshape(rows, cols // 256 * 144)
 
 
-ACT32_TYPES = {"Q4_0", "Q5_0", "IQ4_NL", "MXFP4"}  # int8 activations per 32 values (csrc/kernels/act32.h)
+ACT32_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4"}  # int8 activations per 32 values (kernels/act32.h)
 
 
 def act_block(typ: str) -> int:
     """The activation block a weight type's kernels quantize per: 256 (K and IQ quants), 32 (ACT32_TYPES), or 0
-    (float activations: F32, F16, BF16, Q8_0, Q4_1, Q5_1)."""
+    (float activations: F32, F16, BF16, Q8_0)."""
     if typ in ACT32_TYPES:
         return 32
     return 256 if typ.endswith("_K") or typ.startswith("IQ") else 0

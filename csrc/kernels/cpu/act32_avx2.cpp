@@ -13,6 +13,8 @@ void quantize_act32_avx2(const float* x, int64_t ldx, int T, int64_t cols, QAct3
   if ((int64_t)buf.qp.size() < pairs * 64) buf.qp.resize(pairs * 64);
   if ((int64_t)buf.cq.size() < pairs * 8) buf.cq.resize(pairs * 8);
   if ((int64_t)buf.dp.size() < pairs * 8) buf.dp.resize(pairs * 8);
+  if ((int64_t)buf.sq.size() < pairs * 8) buf.sq.resize(pairs * 8);
+  out.sq = buf.sq.data();
   out.qp = buf.qp.data();
   out.cq = buf.cq.data();
   out.dp = buf.dp.data();
@@ -47,6 +49,7 @@ void quantize_act32_avx2(const float* x, int64_t ldx, int T, int64_t cols, QAct3
       const __m128i lanes = _mm_add_epi32(_mm256_castsi256_si128(quads), _mm256_extracti128_si256(quads, 1));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(buf.cq.data() + at * 8 + 4 * h), _mm_slli_epi32(lanes, 4));
       _mm_storeu_ps(buf.dp.data() + at * 8 + 4 * h, _mm_set1_ps(dx));
+      _mm_storeu_ps(buf.sq.data() + at * 8 + 4 * h, _mm_cvtepi32_ps(lanes));
     }
   if (out.nb % 2)  // the odd last block's partner: q = 0, dx = 0
     for (int t = 0; t < T; t++) {
@@ -55,6 +58,7 @@ void quantize_act32_avx2(const float* x, int64_t ldx, int T, int64_t cols, QAct3
       _mm_storeu_si128(reinterpret_cast<__m128i*>(buf.qp.data() + at * 64 + 48), _mm_setzero_si128());
       _mm_storeu_si128(reinterpret_cast<__m128i*>(buf.cq.data() + at * 8 + 4), _mm_setzero_si128());
       _mm_storeu_ps(buf.dp.data() + at * 8 + 4, _mm_setzero_ps());
+      _mm_storeu_ps(buf.sq.data() + at * 8 + 4, _mm_setzero_ps());
     }
 }
 

@@ -1,14 +1,15 @@
-// The 32-value block types with int8 activations (matmul.h: Q4_0, Q5_0, IQ4_NL, MXFP4) on 256-bit registers, in
+// The 32-value block types with int8 activations (matmul.h: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4) on 256-bit registers, in
 // matmul.h's lane order: included by matmul_avx2.cpp and matmul_avx512.cpp (internal linkage: each file's copy is
 // built with its own flags). Blocks go in pairs (2m, 2m+1), one 8-lane register a pair: lanes 0-3 the first block's
 // 4 lane sums, 4-7 the second's, i.e. canonical lanes 8*(m % 2) + 0..7 (= 4*(b % 4) + i): pairs m even into `lo`,
 // odd into `hi`, reduce16(lo, hi).
 //
 // Per pair and row: A = [2m: u0..15 | 2m+1: u0..15], B = [u16..31 | u16..31] (the low and high nibbles of the two
-// blocks' qs bytes) with u = v + 16 unsigned (every type but IQ4_NL: 0 <= u <= 31), the activations q in
-// QAct32::qp's matching layout. vpmaddubsw(A, q) and (B, q) give pair sums |.| <= 2*31*127, added as int16
-// (<= 15748: no overflow), vpmaddwd with ones the lane sums of u*q, minus QAct32::cq (16 * the lane sums of q): P
-// exactly. IQ4_NL (|v| <= 127) takes |v| times q with v's sign instead, its two halves widened apart.
+// blocks' qs bytes) with u unsigned, the activations q in QAct32::qp's matching layout. vpmaddubsw(A, q) and (B, q)
+// give pair sums |.| <= 2*31*127, added as int16 (<= 15748: no overflow), vpmaddwd with ones the lane sums of u*q:
+//   Offset16 (Q4_0, Q5_0, MXFP4: |v| <= 16): u = v + 16, P = that minus QAct32::cq (16 * the lane sums of q);
+//   Unsigned (Q4_1, Q5_1: v = the code, 0..31): u = v, P = that; the min term m*dx times QAct32::sq after;
+//   Sign (IQ4_NL, |v| <= 127): |v| times q with v's sign, the two halves widened apart.
 #pragma once
 #include <immintrin.h>
 
@@ -29,27 +30,29 @@ inline float b32q_f16(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-// pair(b, two, A, B): the values of blocks b and (two ? b + 1 : none, zeros) as above; scale(b): s.
-// The table of u = v + 16 (kSmall types) or of v (IQ4_NL).
-template <const int8_t* kValues, bool kSmall>
+enum class B32Mode { Offset16, Unsigned, Sign };
+
+// pair(b, two, A, B): the u (Sign: v) of blocks b and (two ? b + 1 : none, zeros) as above; scale(b): s; min(b): m.
+// The pshufb table of code -> u (Offset16: v + 16) or v.
+template <const int8_t* kValues, int kAdd>
 struct B32Table {
   alignas(16) static constexpr int8_t t[16] = {
-      (int8_t)(kValues[0] + 16 * kSmall),  (int8_t)(kValues[1] + 16 * kSmall),  (int8_t)(kValues[2] + 16 * kSmall),
-      (int8_t)(kValues[3] + 16 * kSmall),  (int8_t)(kValues[4] + 16 * kSmall),  (int8_t)(kValues[5] + 16 * kSmall),
-      (int8_t)(kValues[6] + 16 * kSmall),  (int8_t)(kValues[7] + 16 * kSmall),  (int8_t)(kValues[8] + 16 * kSmall),
-      (int8_t)(kValues[9] + 16 * kSmall),  (int8_t)(kValues[10] + 16 * kSmall), (int8_t)(kValues[11] + 16 * kSmall),
-      (int8_t)(kValues[12] + 16 * kSmall), (int8_t)(kValues[13] + 16 * kSmall), (int8_t)(kValues[14] + 16 * kSmall),
-      (int8_t)(kValues[15] + 16 * kSmall)};
+      (int8_t)(kValues[0] + kAdd),  (int8_t)(kValues[1] + kAdd),  (int8_t)(kValues[2] + kAdd),  (int8_t)(kValues[3] + kAdd),
+      (int8_t)(kValues[4] + kAdd),  (int8_t)(kValues[5] + kAdd),  (int8_t)(kValues[6] + kAdd),  (int8_t)(kValues[7] + kAdd),
+      (int8_t)(kValues[8] + kAdd),  (int8_t)(kValues[9] + kAdd),  (int8_t)(kValues[10] + kAdd), (int8_t)(kValues[11] + kAdd),
+      (int8_t)(kValues[12] + kAdd), (int8_t)(kValues[13] + kAdd), (int8_t)(kValues[14] + kAdd), (int8_t)(kValues[15] + kAdd)};
 };
-template <const int8_t* kValues, int kScaleAt, int kQsAt, int kSize, bool kSmallV>  // kScaleAt < 0: MXFP4's e8m0
+// kScaleAt < 0: MXFP4's e8m0 byte 0; kMinAt < 0: no min
+template <const int8_t* kValues, int kScaleAt, int kMinAt, int kQsAt, int kSize, B32Mode kModeV>
 struct B32Int4 {
   static constexpr int kBytes = kSize;
-  static constexpr bool kSmall = kSmallV;
+  static constexpr B32Mode kMode = kModeV;
   static void pair(const uint8_t* b, bool two, __m256i& A, __m256i& B) {
     const __m128i x0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQsAt));
     const __m128i x1 = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kSize + kQsAt)) : _mm_setzero_si128();
     const __m256i x = _mm256_set_m128i(x1, x0), k15 = _mm256_set1_epi8(15);
-    const __m256i tab = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(B32Table<kValues, kSmallV>::t)));
+    constexpr int kAdd = kModeV == B32Mode::Offset16 ? 16 : 0;
+    const __m256i tab = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(B32Table<kValues, kAdd>::t)));
     A = _mm256_shuffle_epi8(tab, _mm256_and_si256(x, k15));  // pshufb: code -> value in each 16-byte half
     B = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(x, 4), k15));
     if (!two) {
@@ -58,37 +61,50 @@ struct B32Int4 {
     }
   }
   static float scale(const uint8_t* b) { return kScaleAt < 0 ? e8m0_half(b[0]) : b32q_f16(b + kScaleAt); }
+  static float min(const uint8_t* b) { return kMinAt < 0 ? 0.f : b32q_f16(b + kMinAt); }
 };
-using B32Q4_0 = B32Int4<kQ4_0Values, 0, 2, 18, true>;
-using B32Iq4Nl = B32Int4<kIq4Values, 0, 2, 18, false>;
-using B32Mxfp4 = B32Int4<kMxfp4Values, -1, 1, 17, true>;
-struct B32Q5_0 {  // code5 - 16: bit 4 of value i from bit i of qh
-  static constexpr int kBytes = 22;
-  static constexpr bool kSmall = true;
-  // 0x10 in byte i where bit (first + i) of qh is set, i = 0..15
-  static __m128i high16(uint32_t qh, int first) {
-    const __m128i sel = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m128i bit = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
-    const __m128i bytes = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(qh >> first)), sel);
-    return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(bytes, bit), bit), _mm_set1_epi8(0x10));
+using B32Q4_0 = B32Int4<kQ4_0Values, 0, -1, 2, 18, B32Mode::Offset16>;
+using B32Q4_1 = B32Int4<kQ4_1Values, 0, 2, 4, 20, B32Mode::Unsigned>;
+using B32Iq4Nl = B32Int4<kIq4Values, 0, -1, 2, 18, B32Mode::Sign>;
+using B32Mxfp4 = B32Int4<kMxfp4Values, -1, -1, 1, 17, B32Mode::Offset16>;
+// Q5_0 (code5 - 16, u = code5) and Q5_1 (code5, + m): bit 4 of value i from bit i of qh
+template <bool kMin>
+struct B32Q5 {
+  static constexpr int kBytes = kMin ? 24 : 22;
+  static constexpr B32Mode kMode = kMin ? B32Mode::Unsigned : B32Mode::Offset16;
+  static constexpr int kQhAt = kMin ? 4 : 2;
+  // 0x10 in byte i of each 16-byte half where bit i (kHalf 0) or 16 + i (kHalf 1) of that half's qh is set
+  template <int kHalf>
+  static __m256i high(__m256i qh) {
+    const __m256i sel = _mm256_setr_epi8(2 * kHalf, 2 * kHalf, 2 * kHalf, 2 * kHalf, 2 * kHalf, 2 * kHalf, 2 * kHalf, 2 * kHalf,
+                                         2 * kHalf + 1, 2 * kHalf + 1, 2 * kHalf + 1, 2 * kHalf + 1, 2 * kHalf + 1, 2 * kHalf + 1,
+                                         2 * kHalf + 1, 2 * kHalf + 1, 2 * kHalf, 2 * kHalf, 2 * kHalf, 2 * kHalf, 2 * kHalf,
+                                         2 * kHalf, 2 * kHalf, 2 * kHalf, 2 * kHalf + 1, 2 * kHalf + 1, 2 * kHalf + 1,
+                                         2 * kHalf + 1, 2 * kHalf + 1, 2 * kHalf + 1, 2 * kHalf + 1, 2 * kHalf + 1);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    const __m256i bytes = _mm256_and_si256(_mm256_shuffle_epi8(qh, sel), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(bytes, bit), _mm256_set1_epi8(0x10));
   }
   static void pair(const uint8_t* b, bool two, __m256i& A, __m256i& B) {
     uint32_t qh0, qh1 = 0;
-    std::memcpy(&qh0, b + 2, 4);
-    if (two) std::memcpy(&qh1, b + kBytes + 2, 4);
-    const __m128i x0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6));
-    const __m128i x1 = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kBytes + 6)) : _mm_setzero_si128();
+    std::memcpy(&qh0, b + kQhAt, 4);
+    if (two) std::memcpy(&qh1, b + kBytes + kQhAt, 4);
+    const __m128i x0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQhAt + 4));
+    const __m128i x1 = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kBytes + kQhAt + 4)) : _mm_setzero_si128();
     const __m256i x = _mm256_set_m128i(x1, x0), k15 = _mm256_set1_epi8(15);
-    const __m256i hA = _mm256_set_m128i(high16(qh1, 0), high16(qh0, 0)), hB = _mm256_set_m128i(high16(qh1, 16), high16(qh0, 16));
-    A = _mm256_or_si256(_mm256_and_si256(x, k15), hA);  // u = code5 = v + 16
-    B = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), k15), hB);
+    const __m256i qh = _mm256_set_m128i(_mm_cvtsi32_si128((int)qh1), _mm_cvtsi32_si128((int)qh0));
+    A = _mm256_or_si256(_mm256_and_si256(x, k15), high<0>(qh));  // u = code5 (Q5_0: = v + 16)
+    B = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), k15), high<1>(qh));
     if (!two) {
       A = _mm256_inserti128_si256(A, _mm_setzero_si128(), 1);
       B = _mm256_inserti128_si256(B, _mm_setzero_si128(), 1);
     }
   }
   static float scale(const uint8_t* b) { return b32q_f16(b); }
+  static float min(const uint8_t* b) { return kMin ? b32q_f16(b + 2) : 0.f; }
 };
+using B32Q5_0 = B32Q5<false>;
+using B32Q5_1 = B32Q5<true>;
 
 // Pair m (blocks b = 2m and b + 1 when `two`) of a row into the T rows' accumulators (acc: lo or hi).
 template <class Blk, int T>
@@ -99,14 +115,22 @@ inline void b32q_pair(const uint8_t* blk, const QAct32& A, int64_t m, bool two, 
   // the blocks' s in their 4 lanes each; times QAct32::dp: s*dx, one product per lane
   const __m256 s = _mm256_set_m128(_mm_set1_ps(two ? Blk::scale(blk + Blk::kBytes) : 0.f), _mm_set1_ps(Blk::scale(blk)));
   const int64_t at = m;  // (t*np + m): row t's pairs np apart
-  if constexpr (Blk::kSmall) {
+  if constexpr (Blk::kMode != B32Mode::Sign) {
+    __m256 mn = _mm256_setzero_ps();
+    if constexpr (Blk::kMode == B32Mode::Unsigned)
+      mn = _mm256_set_m128(_mm_set1_ps(two ? Blk::min(blk + Blk::kBytes) : 0.f), _mm_set1_ps(Blk::min(blk)));
     for (int t = 0; t < T; t++) {
       const int64_t k = at + t * A.np;
       const int8_t* q = A.qp + k * 64;
       const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(va, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q))),
                                            _mm256_maddubs_epi16(vb, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32))));
-      const __m256i P = _mm256_sub_epi32(_mm256_madd_epi16(s16, ones), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A.cq + k * 8)));
-      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(s, _mm256_loadu_ps(A.dp + k * 8)), _mm256_cvtepi32_ps(P), acc[t]);
+      __m256i P = _mm256_madd_epi16(s16, ones);
+      if constexpr (Blk::kMode == B32Mode::Offset16)
+        P = _mm256_sub_epi32(P, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A.cq + k * 8)));
+      const __m256 dx = _mm256_loadu_ps(A.dp + k * 8);
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(s, dx), _mm256_cvtepi32_ps(P), acc[t]);
+      if constexpr (Blk::kMode == B32Mode::Unsigned)
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(mn, dx), _mm256_loadu_ps(A.sq + k * 8), acc[t]);
     }
   } else {
     const __m256i aa = _mm256_sign_epi8(va, va), ab = _mm256_sign_epi8(vb, vb);
@@ -163,7 +187,9 @@ void rows_b32q(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0
 inline RowsFn b32q_rows_fn(uint32_t type) {
   switch (type) {
     case GGML_Q4_0: return rows_b32q<B32Q4_0>;
+    case GGML_Q4_1: return rows_b32q<B32Q4_1>;
     case GGML_Q5_0: return rows_b32q<B32Q5_0>;
+    case GGML_Q5_1: return rows_b32q<B32Q5_1>;
     case GGML_IQ4_NL: return rows_b32q<B32Iq4Nl>;
     case GGML_MXFP4: return rows_b32q<B32Mxfp4>;
     default: return nullptr;

@@ -558,8 +558,8 @@ __global__ void __launch_bounds__(256) k_quantize32(const float* __restrict__ x,
 
 // The 32-value block types with int8 activations (matmul.h, rows_b32q_ref's order): 16 threads per weight row,
 // thread j = 4 h + i holds lane j: the blocks b = h, h + 4, ... in increasing order, and of each the values 4i..4i+3
-// and 16+4i..16+4i+3: P = two dp4a (exact), L = fma(s * dx, P, L); then reduce16's tree. Expert selection as
-// k_float's.
+// and 16+4i..16+4i+3: P = two dp4a (exact), L = fma(s * dx, P, L) (Q4_1 / Q5_1: then fma(m * dx, S, L), S the
+// lane's sum of q); then reduce16's tree. Expert selection as k_float's.
 template <class D, int TT>
 __global__ void __launch_bounds__(256) k_b32q(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
                                               int64_t nb, const int8_t* __restrict__ q, const float* __restrict__ dx,
@@ -581,13 +581,16 @@ __global__ void __launch_bounds__(256) k_b32q(const uint8_t* __restrict__ W, siz
   for (int64_t b = h; b < nb; b += 4) {
     const uint8_t* blk = row + b * D::kSize;
     const int wlo = D::vals4(blk, i), whi = D::vals4(blk, i + 4);
-    const float s = D::scale(blk);
+    const float s = D::scale(blk), m = D::min(blk);
 #pragma unroll
     for (int t = 0; t < TT; t++)
       if (t < T) {
         const int8_t* qb = q + t * nb * 32 + b * 32;
         const int qlo = __ldg(reinterpret_cast<const int*>(qb + 4 * i)), qhi = __ldg(reinterpret_cast<const int*>(qb + 16 + 4 * i));
-        L[t] = fmaf(__fmul_rn(s, __ldg(dx + t * nb + b)), (float)__dp4a(whi, qhi, __dp4a(wlo, qlo, 0)), L[t]);
+        const float dxb = __ldg(dx + t * nb + b);
+        L[t] = fmaf(__fmul_rn(s, dxb), (float)__dp4a(whi, qhi, __dp4a(wlo, qlo, 0)), L[t]);
+        if constexpr (D::kMin)  // the min term: m * dx times the lane's sum of q
+          L[t] = fmaf(__fmul_rn(m, dxb), (float)__dp4a(0x01010101, qhi, __dp4a(0x01010101, qlo, 0)), L[t]);
       }
   }
 #pragma unroll
@@ -769,9 +772,9 @@ bool with_decoder(uint32_t type, F&& f) {
     case GGML_BF16: f(BF16{}, kFloat{}); return true;
     case GGML_Q8_0: f(Q8_0{}, kFloat{}); return true;
     case GGML_Q4_0: f(Q4_0{}, kQ8_32{}); return true;
-    case GGML_Q4_1: f(Q4_1{}, kFloat{}); return true;
+    case GGML_Q4_1: f(Q4_1{}, kQ8_32{}); return true;
     case GGML_Q5_0: f(Q5_0{}, kQ8_32{}); return true;
-    case GGML_Q5_1: f(Q5_1{}, kFloat{}); return true;
+    case GGML_Q5_1: f(Q5_1{}, kQ8_32{}); return true;
     case GGML_IQ4_NL: f(IQ4_NL{}, kQ8_32{}); return true;
     case GGML_MXFP4: f(MXFP4{}, kQ8_32{}); return true;
     case GGML_Q2_K: f(Q2_K{}, kQ8_256{}); return true;

@@ -5,7 +5,7 @@
 // with fmaf, then the fixed tree of matmul.h through warp shuffles. No atomics, no reduction that depends on the
 // launch shape, so a T-row call equals T one-row calls and the CPU result, bit for bit.
 // Int8-activation types first quantize x on the card, exactly as the CPU does: per 256-block (quantize_act_ref) for
-// the K and IQ quants, per 32-block (quantize_act32_ref) for Q4_0, Q5_0, IQ4_NL and MXFP4.
+// the K and IQ quants, per 32-block (quantize_act32_ref) for Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4.
 // Plain C++ header (no CUDA types): included by the backend and nothing else.
 #pragma once
 #include <cstddef>
