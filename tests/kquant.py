@@ -35,12 +35,23 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     return out.reshape(rows, cols // 256 * 144)
 
 
-def q8_reference(x):
-    """The activation quantization of csrc/kernels/quants.h in numpy (float32 steps as in quantize_act_ref):
-    per row and 256-block amax, iscale = 127/amax, q = round-half-even(iscale*x), dx = amax/127. Returns the
-    dequantized activations dx*q in float64 and dx [rows, blocks]."""
+ACT32_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4"}  # int8 activations per 32 values (kernels/act32.h)
+
+
+def act_block(typ: str) -> int:
+    """The activation block a weight type's kernels quantize per: 256 (K and IQ quants), 32 (ACT32_TYPES), or 0
+    (float activations: F32, F16, BF16, Q8_0)."""
+    if typ in ACT32_TYPES:
+        return 32
+    return 256 if typ.endswith("_K") or typ.startswith("IQ") else 0
+
+
+def q8_reference(x, block=256):
+    """The activation quantization of csrc/kernels/quants.h (block 256) or act32.h (block 32) in numpy (float32
+    steps as in quantize_act_ref): per row and block amax, iscale = 127/amax, q = round-half-even(iscale*x),
+    dx = amax/127. Returns the dequantized activations dx*q in float64 and dx [rows, blocks]."""
     T, cols = x.shape
-    xb = x.reshape(T, cols // 256, 256).astype(np.float32)
+    xb = x.reshape(T, cols // block, block).astype(np.float32)
     amax = np.max(np.abs(xb), axis=-1)
     with np.errstate(divide="ignore"):
         iscale = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)

@@ -239,6 +239,19 @@ def test_products_reuse_a_quantization_only_of_unchanged_rows(typ):
             assert np.array_equal(bits(out[1]), bits(out[2]))
 
 
+@pytest.mark.parametrize("pair", [("Q4_K", "Q4_0"), ("MXFP4", "IQ2_XXS"), ("Q4_0", "MXFP4")])
+def test_products_of_other_activation_kinds_quantize_again(pair):
+    """Products of the same rows by a 256-block and a 32-block int8-activation type (or two of the same kind, which
+    share the quantization) give the CPU's bits: the quantization cache is keyed by the activation kind."""
+    rng = fresh_rng()
+    rows, cols, T = int(rng.integers(1, 70)), 512, int(rng.integers(1, 17))
+    gt = {t.name: int(t) for t in __import__("gguf").GGMLQuantizationType}
+    ws = [weights(rng, typ, rows, cols) for typ in pair]
+    words = [np.concatenate([w, np.zeros((-w.size) % 4, np.uint8)]).view(np.int32) for w in ws]
+    x = rng.standard_normal((T, cols)).astype(np.float32)
+    both("matmul_pair", [x, nan(T, rows), nan(T, rows)], i=words, n=[gt[pair[0]], gt[pair[1]], rows, cols, T])
+
+
 def test_dn_untile_retile_equal_cpu():
     rng = fresh_rng()
     T, nk, r, dk, dv = int(rng.integers(1, 9)), 2, 3, 16, 8

@@ -1,6 +1,6 @@
 """CUDA T-row products and norms (csrc/kernels/cuda/) on the device, against the CPU: every type's product equals the
 CPU's scalar `_ref` twin bit for bit (the kernels compute matmul.h's lane order with the same float32 operations;
-int8-activation types quantize the rows on the card exactly as quantize_act_ref), so the tolerance is zero; a T-row
+int8-activation types quantize the rows on the card exactly as quantize_act_ref / quantize_act32_ref), so the tolerance is zero; a T-row
 call equals T one-row calls bit for bit, for T across the 16-row pass boundary; rmsnorm equals ops.h's. Fresh random
 inputs on every run, outputs compared as bit patterns. Skipped where no CUDA device is usable (CI)."""
 from __future__ import annotations
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from cuda_util import CUDA_TYPES, NOT_ON_CUDA, bits, needs_cuda, weights
+from kquant import ACT32_TYPES
 from strata_py import _core
 
 pytestmark = needs_cuda
@@ -17,9 +18,12 @@ FLOAT = {"F32", "F16", "BF16"}
 
 
 def _shape(rng, typ):
-    """Rows not a multiple of the 16 rows of a thread block; float types also with a column tail (cols % 16 != 0)."""
+    """Rows not a multiple of the 16 rows of a thread block; float types also with a column tail (cols % 16 != 0);
+    the 32-block int8-activation types also with an odd number of blocks (96 columns)."""
     rows = int(rng.integers(1, 70))
     cols = int(rng.choice([16 * 37 + 5, 2048])) if typ in FLOAT else int(rng.choice([256, 768, 2048]))
+    if typ in ACT32_TYPES and rng.integers(0, 2):
+        cols = 96
     return rows, cols
 
 

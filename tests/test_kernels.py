@@ -1,6 +1,7 @@
 """Row-product kernels: every fast path bit-identical to its scalar `_ref` twin on fresh random inputs,
 T-row results identical to 1-row results, dequantization bit-exact against gguf.quants, and dot products
-within the float32 bound of a float64 reference."""
+within the float32 bound of a float64 reference (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4: within the bound of their
+int8 activations per 32 values, act32.h)."""
 from __future__ import annotations
 
 import gguf
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
+from kquant import ACT32_TYPES, q8_reference
 from seeds import fresh_rng
 from strata_py import _core, synth
 from window_util import assert_windows_equal_serial
@@ -43,7 +45,7 @@ def test_fast_paths_equal_ref(typ, isa):
     for cols in ((64, 96, 256, 1024) if typ in BLOCK32 else (16, 40, 100, 256, 1000)):
         rows = int(rng.integers(1, 70))
         raw = _weights(rng, typ, rows, cols)
-        for T in (1, 2, 3, 5, 8, 11):
+        for T in (1, 2, 3, 5, 8, 11, 19):  # 11, 19: several passes, a partial last one
             x = rng.standard_normal((T, cols)).astype(np.float32)
             ref = _core.matmul(raw, typ, rows, cols, x, isa="scalar")
             fast = _core.matmul(raw, typ, rows, cols, x, isa=isa, threads=2)
@@ -56,13 +58,14 @@ def test_rows_independent_of_T(typ):
     rows, cols = 37, 256
     raw = _weights(rng, typ, rows, cols)
     x = rng.standard_normal((8, cols)).astype(np.float32)
-    full = _core.matmul(raw, typ, rows, cols, x, isa=_core.best_isa(), threads=2)
-    for t in range(8):
-        one = _core.matmul(raw, typ, rows, cols, x[t:t + 1], isa=_core.best_isa(), threads=1)
-        np.testing.assert_array_equal(full[t], one[0])
+    for isa in PATHS:
+        full = _core.matmul(raw, typ, rows, cols, x, isa=isa, threads=2)
+        for t in range(8):
+            one = _core.matmul(raw, typ, rows, cols, x[t:t + 1], isa=isa, threads=1)
+            np.testing.assert_array_equal(full[t], one[0], err_msg=f"{isa} row {t}")
 
 
-@pytest.mark.parametrize("typ", list(TYPES))
+@pytest.mark.parametrize("typ", [t for t in TYPES if t not in ACT32_TYPES])
 def test_dot_within_float32_bound(typ):
     """|y - y64| <= gamma_n * sum|w x| with gamma_n = n*u/(1-n*u), u = 2^-24 (Higham's bound for any summation
     order; our order sums n/16 + 4 terms per lane path, well inside it) plus the weight decoding being exact."""
@@ -77,6 +80,62 @@ def test_dot_within_float32_bound(typ):
     n = cols // 16 + 4
     bound = n * u / (1 - n * u) * (np.abs(x.astype(np.float64)) @ np.abs(W).T)
     assert np.all(np.abs(y - y64) <= bound + 1e-30)
+
+
+@pytest.mark.parametrize("typ", sorted(ACT32_TYPES))
+def test_dot_within_int8_activation_bound(typ):
+    """Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 multiply int8 activations per 32 values (matmul.h). With w the decoded
+    weights (gguf dequantize, float64) and x the float activations:
+        |y - w.x| <= sum_i |w_i| * dx_b(i) * (1/2 + 2^-20)       activation rounding, |x - dx*q| <= dx/2
+                   + gamma_n * sum_i |w_i| * |x_i| * (1 + 1/254)   float32 rounding of the lane sums
+                   + 2^-23 * sum_i |w_i x_i|                       dequantize's own rounding of s*v + m (Q4_1, Q5_1)
+    with gamma_n = n*u/(1-n*u), u = 2^-24, n = blocks/4 * 2 + 6 (products s*dx, m*dx, one or two fma per block of
+    the lane, the 4-level tree) taken generously as 2*blocks + 8. And the kernel equals the float64 product with the
+    activations quantized as act32.h states up to float32 rounding."""
+    rng = fresh_rng()
+    rows, cols = 24, 1024
+    raw = _weights(rng, typ, rows, cols)
+    W = gguf.quants.dequantize(raw.reshape(rows, -1), TYPES[typ]).astype(np.float64)
+    x = (rng.standard_normal((4, cols)) * rng.uniform(0.01, 10)).astype(np.float32)
+    xq, dx = q8_reference(x, 32)
+    absW = np.abs(W).T
+    for isa in PATHS:
+        y = _core.matmul(raw, typ, rows, cols, x, isa=isa)
+        assert np.all(np.abs(y - xq @ W.T) <= 1e-5 * (np.abs(xq) @ absW) + 1e-30), isa
+    y64 = x.astype(np.float64) @ W.T
+    u, n = 2.0 ** -24, 2 * cols // 32 + 8
+    absWx = np.abs(x.astype(np.float64)) @ absW
+    bound = ((np.repeat(dx, 32, axis=1) * (0.5 + 2.0 ** -20)) @ absW + n * u / (1 - n * u) * absWx * (1 + 1 / 254)
+             + 2.0 ** -23 * absWx)
+    err = np.abs(y - y64)
+    assert np.all(err <= bound), f"worst err/bound {np.max(err / bound):.3f}"
+    assert np.max(err / bound) > 0.01  # the bound is not vacuous: the activation term dominates
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_activation32_quantizers_agree(isa):
+    rng = fresh_rng()
+    x = (rng.standard_normal((5, 1024)) * rng.uniform(1e-3, 1e3, (5, 1))).astype(np.float32)
+    x[1, :32] = 0.0   # an all-zero block
+    x[2, 3] = 1e30    # a huge outlier
+    x[3, 40] = -1e-38  # a block of one tiny value
+    x[3, 32:40] = 0.0
+    x[3, 41:64] = 0.0
+    assert _core.quantize_act32(x, isa) == _core.quantize_act32(x, "scalar")
+
+
+def test_activation32_quantizer_is_q8_0():
+    """q = round_half_even(x * 127/amax) per 32-block, dx = amax/127 (act32.h)."""
+    rng = fresh_rng()
+    x = rng.standard_normal((3, 96)).astype(np.float32)
+    q, dx = _core.quantize_act32(x)
+    q = np.array(q)
+    for t in range(3):
+        for b in range(3):
+            xb = x[t, 32 * b:32 * (b + 1)]
+            amax = np.abs(xb).max()
+            np.testing.assert_array_equal(q[t, 32 * b:32 * (b + 1)], np.rint(xb * (np.float32(127) / amax)).astype(int))
+            assert dx[t][b] == np.float32(amax / np.float32(127))
 
 
 def test_force_isa_refuses_missing():

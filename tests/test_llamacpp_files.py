@@ -11,11 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 import torch
 
 from hf_tiny import make_tiny_hf
+from kquant import act_block
 from strata_py.convert import convert
 from strata_py.model import Model
 
@@ -151,9 +153,15 @@ def test_llamacpp_quantizer_output(tmp_path, ftype):
     with torch.no_grad():
         ref = ref_model(torch.tensor([ids])).logits[0].float().numpy()
     ours = model.session(n_ctx=64).run(ids)
-    rel = np.max(np.linalg.norm(ours - ref, axis=-1) / np.linalg.norm(ref, axis=-1))
-    # float-activation types compute with exactly those weights; K/IQ types quantize activations to int8
-    assert rel <= (1e-4 if "_K" not in ftype and ftype != "IQ4_XS" else 5e-2), rel
+    rel = np.linalg.norm(ours - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
+    if not any(act_block(t.tensor_type.name) for t in gguf.GGUFReader(str(out)).tensors):
+        assert rel.max() <= 1e-4, rel.max()  # float activations only (F32, Q8_0): exactly those weights
+    else:
+        # int8 activations (this 64-wide model's Q4_K_M and IQ4_XS fall back to Q5_0 / IQ4_NL rows: 32-blocks): on a
+        # random tiny model the rounding flips expert choices, as in test_llamacpp_fixtures.py (median 0.018-0.108,
+        # max 0.33-0.80 when this was written; a misread block layout gives ~1); tests/test_act32_model.py checks the
+        # trained model
+        assert np.median(rel) <= 0.15, (np.median(rel), rel.max())
 
 
 @needs_llama_cpp
@@ -221,8 +229,12 @@ def test_llamacpp_quantizer_output_next_archs(tmp_path, arch, ftype):
     rel = np.linalg.norm(ours - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
     if ftype == "Q8_0":
         assert rel.max() <= 1e-4, rel.max()
-    else:  # int8 activations (the 256-wide HC / PLE rows are K-quants): the tolerances of test_kquant_model.py
-        assert np.median(rel) <= 5e-2 and rel.max() <= 0.25, (np.median(rel), rel.max())
+    else:
+        # int8 activations (the 256-wide HC / PLE rows are K-quants, the 64-wide ones fall back to Q5_0 / IQ4_NL,
+        # int8 per 32 values since they left float activations): on these random tiny models the rounding flips
+        # expert choices, the tolerance of test_llamacpp_fixtures.py (qwen35moe median 0.075, max 0.50 when this
+        # was written; a misread block layout gives ~1)
+        assert np.median(rel) <= 0.15, (np.median(rel), rel.max())
     assert_windows_equal_serial(model, windows=(3, 9), label=f"{arch} {ftype}")
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import exactness
-from kquant import q8_reference
+from kquant import act_block, q8_reference
 from strata_py import _core
 from strata_py.model import Model
 from window_util import assert_windows_equal_serial
@@ -56,9 +56,10 @@ def test_llamacpp_fixture_matches_transformers(name):
     if m["tolerance"] == "float":  # float activations: the file's weights, exactly
         assert rel.max() <= 1e-4, (name, rel.max())
     else:
-        # int8 activations (K / IQ types): on a random tiny model their rounding flips expert choices (median
-        # 0.08-0.11, max 0.36-0.71 relative when this was written; a misread block layout gives ~1). The exact
-        # checks are per tensor: test_llamacpp_blocks_read_exactly.
+        # int8 activations (K / IQ types per 256 values; MXFP4, Q4_0, Q5_0, IQ4_NL per 32): on a random tiny model
+        # their rounding flips expert choices (median 0.08-0.14, max 0.36-0.71 relative for the K / IQ mixes when
+        # this was written; the MXFP4_MOE file's experts median 0.020, max 0.29; a misread block layout gives ~1).
+        # The exact checks are per tensor: test_llamacpp_blocks_read_exactly.
         assert np.median(rel) <= 0.15, (name, np.median(rel), rel.max())
     assert_windows_equal_serial(model, windows=(3, 9), label=name)
     block = ids[:7]
@@ -86,8 +87,8 @@ def test_llamacpp_blocks_read_exactly(name):
         seen.add(typ)
         x = rng.standard_normal((3, cols)).astype(np.float32)
         y = _core.matmul(raw, typ, rows, cols, x)
-        int8 = typ.endswith("_K") or (typ.startswith("IQ") and typ != "IQ4_NL")  # docs/ARCHITECTURE.md: matmul
-        xr = q8_reference(x)[0] if int8 else x.astype(np.float64)
+        block = act_block(typ)  # matmul.h: float, 256- or 32-block int8 activations
+        xr = q8_reference(x, block)[0] if block else x.astype(np.float64)
         want = xr @ W.astype(np.float64).T
         scale = np.abs(xr) @ np.abs(W.astype(np.float64)).T
         assert np.all(np.abs(y - want) <= 1e-5 * scale + 1e-30), (name, t.name, typ)

@@ -63,10 +63,13 @@ def test_greedy_continuation_identical(hf, tmp_path):
     assert ours == ref
 
 
-@pytest.mark.parametrize("typ", ["q8_0", "bf16", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4"])
+@pytest.mark.parametrize("typ", ["q8_0", "bf16", "f16"])
 def test_quantized_matches_transformers_on_dequantized_weights(hf, tmp_path, typ):
-    """A quantized GGUF against transformers run on the same (dequantized) weights: the engine computes with
-    exactly those weight values in float32, so the float32 tolerance applies."""
+    """A quantized GGUF against transformers run on the same (dequantized) weights: the float-activation types
+    compute with exactly those weight values in float32, so the float32 tolerance applies. (Q4_0, Q4_1, Q5_0, Q5_1,
+    IQ4_NL and MXFP4 quantize the activations to int8 per 32 values, matmul.h: on this random tiny model that
+    rounding flips expert choices, median 0.10-0.20 relative; they are checked on the trained model in
+    tests/test_act32_model.py, and for exact windows in tests/test_kernels.py.)"""
     from strata_py.convert import gguf_to_hf
     from transformers import Qwen3NextForCausalLM
     d, _ = hf

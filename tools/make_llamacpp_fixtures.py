@@ -10,8 +10,8 @@ of tests/hf_tiny.py / tests/hf_tiny_next.py with fixed seeds.
 
 For each fixture NAME: NAME.gguf and NAME.npz (`ids` int32 [48], `logits` float32 [48, vocab]: transformers run
 on the file's own weights, dequantized by gguf-py, so the reference is the model the file holds; `tol`: the
-tolerance class, "float" (float activations: 1e-4) or "int8" (K/IQ types quantize activations: median 5e-2, max
-0.25 per position, as tests/test_kquant_model.py)). manifest.json lists them with their tensor types and sizes.
+tolerance class, "float" (float activations: 1e-4) or "int8" (K/IQ types, and Q4_0 / Q5_0 / IQ4_NL / MXFP4,
+quantize activations: tests/test_llamacpp_fixtures.py states the tolerance)). manifest.json lists them with their tensor types and sizes.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "python")]
 WIDE = dict(hidden_size=256, num_experts=4)
 FIXTURES = {
     "qwen3next-q8_0": ("qwen3next", 3, "q8_0", None, "float"),           # the converter's own Q8_0
-    "qwen3next-mxfp4_moe": ("qwen3next", 3, "f32", "MXFP4_MOE", "float"),
+    "qwen3next-mxfp4_moe": ("qwen3next", 3, "f32", "MXFP4_MOE", "int8"),  # MXFP4 experts: int8 activations per 32
     "qwen3next-wide-q4_k_m": ("qwen3next-wide", 5, "f32", "Q4_K_M", "int8"),  # the quantizer's mixes
     "qwen3next-wide-iq4_xs": ("qwen3next-wide", 5, "f32", "IQ4_XS", "int8"),
     "qwen35moe-q8_0": ("qwen35moe", 8, "q8_0", None, "float"),           # the split DeltaNet layout, MTP block

@@ -248,10 +248,11 @@ class CudaBackend final : public Backend {
   void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy) override {
     use_keep();
     void* sc = scratch(cuda::matmul_scratch_bytes(W.type, T, W.cols));
-    const bool intq = int_act_type(W.type);
-    const bool hit = intq && T <= 16 && q_hit(x, ldx, T, W.cols);
+    const ActKind kind = act_kind(W.type);
+    const bool intq = kind != ActKind::Float;
+    const bool hit = intq && T <= 16 && q_hit(kind, x, ldx, T, W.cols);
     cuda::matmul(W, x, ldx, T, y, ldy, sc, stream_, hit);
-    if (intq) qc_[cur_] = T <= 16 ? QCache{x, ldx, T, W.cols} : QCache{};
+    if (intq) qc_[cur_] = T <= 16 ? QCache{kind, x, ldx, T, W.cols} : QCache{};
     written(y, (int64_t)(T - 1) * ldy + W.rows);
   }
   void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y,
@@ -280,10 +281,11 @@ class CudaBackend final : public Backend {
     use_keep();
     const int n_x = (n + xdiv - 1) / xdiv;
     void* sc = scratch(cuda::matmul_sel_scratch_bytes(W0.type, n, xdiv, W0.cols));
-    const bool intq = int_act_type(W0.type);
-    const bool hit = intq && q_hit(x, ldx, n_x, W0.cols);
+    const ActKind kind = act_kind(W0.type);
+    const bool intq = kind != ActKind::Float;
+    const bool hit = intq && q_hit(kind, x, ldx, n_x, W0.cols);
     cuda::matmul_sel(W0, expert_bytes, sel, n, xdiv, x, ldx, y, ldy, sc, stream_, hit);
-    if (intq) qc_[cur_] = QCache{x, ldx, n_x, W0.cols};
+    if (intq) qc_[cur_] = QCache{kind, x, ldx, n_x, W0.cols};
     written(y, (int64_t)(n - 1) * ldy + W0.rows);
   }
   void matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, size_t up_bytes, const int32_t* sel,
@@ -291,12 +293,12 @@ class CudaBackend final : public Backend {
     use_keep();
     const int n_x = (n + xdiv - 1) / xdiv;
     void* sc = scratch(cuda::matmul_sel_scratch_bytes(Wg.type, n, xdiv, Wg.cols));
-    const bool hit = int_act_type(Wg.type) && q_hit(x, ldx, n_x, Wg.cols);
+    const bool hit = int_act_type(Wg.type) && q_hit(ActKind::Q8_256, x, ldx, n_x, Wg.cols);
     if (!cuda::matmul_sel_swiglu(Wg, gate_bytes, Wu, up_bytes, sel, n, xdiv, x, ldx, g, u, sc, stream_, hit)) {
       Backend::matmul_sel_swiglu(Wg, gate_bytes, Wu, up_bytes, sel, n, xdiv, x, ldx, g, u);
       return;
     }
-    qc_[cur_] = QCache{x, ldx, n_x, Wg.cols};
+    qc_[cur_] = QCache{ActKind::Q8_256, x, ldx, n_x, Wg.cols};
     written(g, (int64_t)n * Wg.rows);
     written(u, (int64_t)n * Wu.rows);
   }
@@ -403,14 +405,16 @@ class CudaBackend final : public Backend {
   // Grow-only device scratch (the quantized activation rows), one per lane (0: the main stream). Only grown
   // between operations: its stream is synchronized first, so no running kernel still reads the old buffer.
   void* scratch(size_t bytes) { return grow(scratch_[cur_], bytes); }
-  // The lane's last quantized activation rows (in its scratch): x, ldx, rows, cols.
+  // The lane's last quantized activation rows (in its scratch): their kind (256- or 32-value blocks), x, ldx, rows,
+  // cols.
   struct QCache {
+    ActKind kind = ActKind::Float;
     const float* x = nullptr;
     int64_t ldx = 0, rows = 0, cols = 0;
   };
-  bool q_hit(const float* x, int64_t ldx, int64_t rows, int64_t cols) const {
+  bool q_hit(ActKind kind, const float* x, int64_t ldx, int64_t rows, int64_t cols) const {
     const QCache& q = qc_[cur_];
-    return q.x && q.x == x && q.ldx == ldx && q.rows == rows && q.cols == cols;
+    return q.x && q.kind == kind && q.x == x && q.ldx == ldx && q.rows == rows && q.cols == cols;
   }
   // A product wrote n floats at y: a cached quantization of rows that overlap them is stale.
   void written(const float* y, int64_t n) {

@@ -200,6 +200,14 @@ std::tuple<std::vector<std::vector<float>>, std::vector<std::vector<int32_t>>> l
     if (N(4)) be.add(F(0), F(3), N(2) * N(3));
     be.matmul(W, F(0), N(2), (int)N(3), F(2), N(1));
   }
+  else if (op == "matmul_pair") {
+    // f: x, y1, y2; iv: two weights' bytes as int32 words; n: type1, type2, rows, cols, T. Products of the same rows
+    // by weights of two types (of different activation kinds: the second must not reuse the first's quantization)
+    const MatView W1{reinterpret_cast<const uint8_t*>(I(0)), (uint32_t)N(0), N(2), N(3), row_bytes((uint32_t)N(0), N(3))};
+    const MatView W2{reinterpret_cast<const uint8_t*>(I(1)), (uint32_t)N(1), N(2), N(3), row_bytes((uint32_t)N(1), N(3))};
+    be.matmul(W1, F(0), N(3), (int)N(4), F(1), N(2));
+    be.matmul(W2, F(0), N(3), (int)N(4), F(2), N(2));
+  }
   else if (op == "dn_untile")
     be.dn_untile(F(0), F(1), N(0), N(1), F(2), F(3), F(4), F(5), F(6), I(0), (int)N(2), N(3), N(4), N(5));
   else if (op == "dn_retile") be.dn_retile(F(0), F(1), I(0), (int)N(0), N(1), N(2));

@@ -100,6 +100,28 @@ void init_kernels(nb::module_& m) {
       },
       nb::arg("x"), nb::arg("isa") = "scalar", "(q[T][cols], dx[T][nb], bsum[T][nb*8]) as Python lists (tests).");
   m.def(
+      "quantize_act32",
+      [](F2 x, const std::string& isa) {
+        // The 32-block int8 rows of Q4_0 / Q5_0 / IQ4_NL / MXFP4 (act32.h; tests: both quantizers, the same bytes).
+        const int T = (int)x.shape(0);
+        const int64_t cols = (int64_t)x.shape(1);
+        const Isa i = parse_isa(isa);
+        if ((int)i > (int)best_isa()) fail<std::invalid_argument>("this CPU does not support the ", isa, " kernels");
+        QAct32Buf buf;
+        QAct32 a;
+        (i == Isa::Scalar ? quantize_act32_ref : quantize_act32_avx2)(x.data(), cols, T, cols, buf, a);
+        nb::list q, d;
+        for (int t = 0; t < T; t++) {
+          nb::list qt, dt;
+          for (int64_t c = 0; c < cols; c++) qt.append((int)a.q[t * a.ldq + c]);
+          for (int64_t b = 0; b < a.nb; b++) dt.append(a.d[b * 8 + t]);
+          q.append(qt);
+          d.append(dt);
+        }
+        return nb::make_tuple(q, d);
+      },
+      nb::arg("x"), nb::arg("isa") = "scalar", "(q[T][cols], dx[T][cols/32]) as Python lists (tests).");
+  m.def(
       "rowop",
       [](const std::string& name, F2 x, F2 y, const std::string& isa) {
         // One rowops.h function on the chosen build (tests): x is modified in a copy and returned;

@@ -1,7 +1,8 @@
 // The 32-value block types with float scales: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 (with Q8_0 the
 // "legacy" ggml blocks; llama.cpp also falls back to IQ4_NL / Q5_0 / Q5_1 for rows that K-quants cannot
-// split). Like Q8_0 they multiply float activations (matmul.h): every weight is decoded exactly, as
-// gguf.quants.dequantize does, and the products are the canonical float32 ones.
+// split). Q8_0 multiplies float activations: every weight is decoded exactly, as gguf.quants.dequantize does, and
+// the products are the canonical float32 ones. Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 multiply their integer
+// values by int8 activations quantized per 32 values (act32.h, matmul.h).
 //
 // A block's 32 values come from 4-bit codes, 16 bytes qs: value i < 16 is qs[i] & 15, value 16 + i is
 // qs[i] >> 4. Q5_* add bit 4 of code i from a little-endian uint32 qh (bit i). Per block:
@@ -17,6 +18,8 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+
+#include "kernels/types.h"
 
 namespace strata {
 
@@ -34,6 +37,19 @@ inline float e8m0_half(uint8_t e) {
   std::memcpy(&f, &bits, 4);
   return f;
 }
+
+// The integer form of the int8-activation types (act32_type): per block, 32 int8 values v, a scale s and a min m
+// with weight i = s * v[i] + m (the dequantizer's value up to its one rounding of the sum; m = 0 where the type has
+// none). Value order: 0-15 low nibbles, 16-31 high ones.
+//   Q4_0   v = code - 8            s = fp16 d       m = 0
+//   Q4_1   v = code                s = fp16 d       m = fp16 m
+//   Q5_0   v = code5 - 16          s = fp16 d       m = 0
+//   Q5_1   v = code5               s = fp16 d       m = fp16 m
+//   IQ4_NL v = kIq4Values[code]    s = fp16 d       m = 0
+//   MXFP4  v = kMxfp4Values[code]  s = e8m0_half(e) m = 0
+bool act32_type(uint32_t type);
+inline bool act32_has_min(uint32_t type) { return type == GGML_Q4_1 || type == GGML_Q5_1; }
+float int_block32(uint32_t type, const uint8_t* blk, int8_t* v, float* m);  // fills v[32] and *m, returns s
 
 void dq_q4_0(const uint8_t* s, float* d, int64_t n);
 void dq_q4_1(const uint8_t* s, float* d, int64_t n);

@@ -133,6 +133,9 @@ Act prepare_act(uint32_t type, const float* x, int64_t ldx, int T, int64_t cols,
     if (g_active == Isa::AVX2) buf.fill_q8(a.q);  // the vpmaddubsw kernels (cpu/kquants8_avx2.cpp)
     const Interleave il = interleave_for(type, many);
     if (il != Interleave::None) interleave_act_avx512(buf, a.q, il == Interleave::Offset);
+  } else if (act32_type(type)) {
+    STRATA_CHECK(cols % 32 == 0, "matmul: ", type_name(type), " rows need cols % 32 == 0, got ", cols);
+    (g_active == Isa::Scalar ? quantize_act32_ref : quantize_act32_avx2)(x, ldx, T, cols, buf.b32, a.q32);
   }
   return a;
 }
@@ -154,6 +157,7 @@ void matmul_range(const MatView& W, const float* x, int64_t ldx, int T, float* y
 void matmul_range(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   STRATA_CHECK(a.T >= 1 && a.T <= kMaxRowsPerPass, "matmul_range: T = ", a.T, " outside 1..", kMaxRowsPerPass);
   STRATA_CHECK(!int_act_type(W.type) || a.q.q, "matmul_range: rows not prepared for ", type_name(W.type));
+  STRATA_CHECK(!act32_type(W.type) || a.q32.q, "matmul_range: rows not prepared for ", type_name(W.type));
   get_fn(W)(W, a, y, ldy, r0, r1);
 }
 

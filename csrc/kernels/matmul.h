@@ -5,7 +5,7 @@
 // a weight block once for all T rows and computes each row as its scalar `_ref` twin does, bit for bit
 // (tests check this on fresh random inputs). What each type's path computes:
 //
-// F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 (float activations): each weight is decoded
+// F32, F16, BF16, Q8_0 (float activations): each weight is decoded
 //   exactly as the type's scalar dequantizer does; 16 float lanes, lane j accumulates the products of columns
 //   c = j (mod 16) with fused multiply-add in increasing c (a zero-padded tail), then the fixed tree
 //   s8 = l[j]+l[j+8], s4 = s8[j]+s8[j+4], s2 = s4[j]+s4[j+2], y = s2[0]+s2[1].
@@ -20,11 +20,24 @@
 //     L[k] = fma(d*dx, (float)P[k], L[k])   and   Lm = fma(dmin*dx, (float)M, Lm)   (types with mins)
 //   then y = reduce16(L) - Lm with the tree above. The result differs from the float64 product by the
 //   activation rounding (|x - dx*q| <= dx/2 per value) plus float32 rounding of the 16-lane sums.
+//
+// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 (int8 activations per 32 values, act32.h; llama.cpp's vec_dot_*_q8_0 /
+//   _q8_1): each activation row is quantized per 32-block to int8 (q, dx; a function of that row alone). A weight
+//   block is its scale s, min m (Q4_1, Q5_1) and 32 int8 values v (blocks32.h: weight = s * v + m). Per row and block
+//   b, 4 exact int32 lane sums P[i] = sum of v[e]*q[e] over e in 4i..4i+3 and 16+4i..16+4i+3 (i = 0..3: the pairs
+//   of a low and a high nibble byte's quads), and with a min the sums S[i] of q[e] over the same e, go to the
+//   canonical lanes j = 4*(b % 4) + i, in increasing b:
+//     L[j] = fma(s*dx, (float)P[i], L[j]),   then (min types) L[j] = fma(m*dx, (float)S[i], L[j])
+//   (s*dx, m*dx: one float32 product each), then y = reduce16(L) with the tree above. The result differs from the
+//   float64 product by the activation rounding (|x - dx*q| <= dx/2 per value, dx per 32 values) plus float32
+//   rounding of the 16-lane sums.
 #pragma once
 #include <cstdint>
 #include <type_traits>
 #include <vector>
 
+#include "kernels/act32.h"
+#include "kernels/blocks32.h"
 #include "kernels/quants.h"
 #include "kernels/types.h"
 
@@ -52,13 +65,22 @@ const char* isa_name(Isa isa);
 
 constexpr int kMaxRowsPerPass = 8;
 
+// How a weight type's kernels read the activations: float rows, int8 rows per 256-block (quants.h: the K and IQ
+// quants) or int8 rows per 32-block (act32.h: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4). Rows prepared for one type serve
+// every type of the same kind.
+enum class ActKind : int { Float = 0, Q8_256 = 1, Q8_32 = 2 };
+inline ActKind act_kind(uint32_t type) {
+  return int_act_type(type) ? ActKind::Q8_256 : act32_type(type) ? ActKind::Q8_32 : ActKind::Float;
+}
+
 // Up to kMaxRowsPerPass activation rows as a kernel reads them: the float rows, and for int8-activation
 // types (int_act_type(W.type)) the same rows quantized (quants.h).
 struct Act {
   const float* x = nullptr;
   int64_t ldx = 0;
   int T = 0;
-  QAct q;  // q.q == nullptr unless prepared for an int8-activation type
+  QAct q;      // q.q == nullptr unless prepared for a 256-block int8-activation type
+  QAct32 q32;  // q32.q == nullptr unless prepared for a 32-block one
 };
 // Prepare rows for weight type `type` (quantizes when the type needs it, into buf). T in 1..kMaxRowsPerPass.
 // many: the pass is one of several of one product (matmul_rows then takes the rows_many_fn panel kernel, which

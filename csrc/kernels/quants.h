@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/act32.h"
 #include "util/common.h"  // Align64
 
 namespace strata {
@@ -127,6 +128,7 @@ struct QAct {
   bool il_offset = false;
 };
 struct QActBuf {
+  QAct32Buf b32;  // the 32-block rows (act32.h) when prepared for those types
   std::vector<int16_t, Align64<int16_t>> q, bsum;
   std::vector<float, Align64<float>> d;
   std::vector<int8_t, Align64<int8_t>> q8, il;

@@ -32,7 +32,7 @@ struct ExpertJob {
 // for a type of the same activation kind
 const ActRows& prepared(ActRows& buf, const MatView& W, const float* x, int64_t ldx, int n, const ActRows* same,
                         uint32_t same_type) {
-  if (same && int_act_type(same_type) == int_act_type(W.type)) return *same;
+  if (same && act_kind(same_type) == act_kind(W.type)) return *same;
   buf.prepare(W.type, x, ldx, n, W.cols);
   return buf;
 }

@@ -53,6 +53,9 @@ def dequantize(data: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu
 def quantize_act(x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = 'scalar') -> tuple:
     """(q[T][cols], dx[T][nb], bsum[T][nb*8]) as Python lists (tests)."""
 
+def quantize_act32(x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = 'scalar') -> tuple:
+    """(q[T][cols], dx[T][cols/32]) as Python lists (tests)."""
+
 def rowop(name: str, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], y: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = '') -> list[float]:
     """One rowops.h function (tests)."""
 

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/blocks32.h"
+#include "kernels/cpu/b32q_impl.h"
 #include "kernels/cpu/kq_common.h"
 #include "kernels/cpu/reduce16.h"
 #include "kernels/matmul.h"
@@ -64,9 +65,8 @@ void rows_plain_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t
   }
 }
 
-// The 32-value block types (Q8_0 and blocks32.h): decode(block, w) gives the block's weights 0-7, 8-15,
-// 16-23, 24-31, each exactly the float the scalar dequantizer forms. Every type's values are small integers:
-// a decoder forms them as two 16-byte vectors (values 0-15, 16-31) and scales them in one place.
+// Q8_0 (the 32-value block type with float activations; the others are cpu/b32q_impl.h's): decode(block, w)
+// gives the block's weights 0-7, 8-15, 16-23, 24-31, each exactly the float the scalar dequantizer forms.
 inline float f16_at(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
@@ -88,54 +88,6 @@ struct BlkQ8_0 {  // [d f16][32 int8]: w = d * q
                    _mm256_set1_ps(f16_at(b)), _mm256_setzero_ps(), w);
   }
 };
-// The 4-bit codes of 16 qs bytes: values 0-15 (low nibbles) and 16-31 (high nibbles).
-inline void codes4(const uint8_t* qs, __m128i& lo, __m128i& hi) {
-  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), k15 = _mm_set1_epi8(15);
-  lo = _mm_and_si128(x, k15);
-  hi = _mm_and_si128(_mm_srli_epi16(x, 4), k15);
-}
-// kScaleAt < 0: the e8m0 byte 0 (MXFP4); kMinAt < 0: no min.
-template <const int8_t* kValues, int kScaleAt, int kMinAt, int kQsAt, int kSize>
-struct Blk4 {
-  static constexpr int kBytes = kSize;
-  static void decode(const uint8_t* b, __m256* w) {
-    __m128i lo, hi;
-    codes4(b + kQsAt, lo, hi);
-    const __m128i tab = _mm_load_si128(reinterpret_cast<const __m128i*>(kValues));  // pshufb: code -> value
-    const __m256 d = _mm256_set1_ps(kScaleAt < 0 ? e8m0_half(b[0]) : f16_at(b + kScaleAt));
-    __m256 m = _mm256_setzero_ps();
-    if constexpr (kMinAt >= 0) m = _mm256_set1_ps(f16_at(b + kMinAt));
-    scale32<(kMinAt >= 0)>(_mm_shuffle_epi8(tab, lo), _mm_shuffle_epi8(tab, hi), d, m, w);
-  }
-};
-using BlkQ4_0 = Blk4<kQ4_0Values, 0, -1, 2, 18>;
-using BlkQ4_1 = Blk4<kQ4_1Values, 0, 2, 4, 20>;
-using BlkIq4Nl = Blk4<kIq4Values, 0, -1, 2, 18>;
-using BlkMxfp4 = Blk4<kMxfp4Values, -1, -1, 1, 17>;
-// 0x10 in byte i where bit (first + i) of qh is set, i = 0..15.
-inline __m128i high_bits16(uint32_t qh, int first) {
-  const __m128i sel = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  const __m128i bit = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
-  const __m128i bytes = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(qh >> first)), sel);
-  return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(bytes, bit), bit), _mm_set1_epi8(0x10));
-}
-template <int kOffset, bool kMin>  // Q5_0: codes - 16, no min; Q5_1: codes, + m
-struct Blk5 {
-  static constexpr int kBytes = kMin ? 24 : 22;
-  static void decode(const uint8_t* b, __m256* w) {
-    constexpr int qh_at = kMin ? 4 : 2;
-    uint32_t qh;
-    std::memcpy(&qh, b + qh_at, 4);
-    __m128i lo, hi;
-    codes4(b + qh_at + 4, lo, hi);
-    const __m128i off = _mm_set1_epi8((char)kOffset);
-    lo = _mm_add_epi8(_mm_or_si128(lo, high_bits16(qh, 0)), off);
-    hi = _mm_add_epi8(_mm_or_si128(hi, high_bits16(qh, 16)), off);
-    scale32<kMin>(lo, hi, _mm256_set1_ps(f16_at(b)), kMin ? _mm256_set1_ps(f16_at(b + 2)) : _mm256_setzero_ps(), w);
-  }
-};
-using BlkQ5_0 = Blk5<-16, false>;
-using BlkQ5_1 = Blk5<0, true>;
 
 template <class Blk, int T>
 void rows_b32_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
@@ -181,12 +133,12 @@ RowsFn rows_fn_avx2(uint32_t type) {
     case GGML_F16: return rows_plain<DecF16>;
     case GGML_BF16: return rows_plain<DecBF16>;
     case GGML_Q8_0: return rows_b32<BlkQ8_0>;
-    case GGML_Q4_0: return rows_b32<BlkQ4_0>;
-    case GGML_Q4_1: return rows_b32<BlkQ4_1>;
-    case GGML_Q5_0: return rows_b32<BlkQ5_0>;
-    case GGML_Q5_1: return rows_b32<BlkQ5_1>;
-    case GGML_IQ4_NL: return rows_b32<BlkIq4Nl>;
-    case GGML_MXFP4: return rows_b32<BlkMxfp4>;
+    case GGML_Q4_0: return b32q_rows_fn(type);
+    case GGML_Q4_1: return b32q_rows_fn(type);
+    case GGML_Q5_0: return b32q_rows_fn(type);
+    case GGML_Q5_1: return b32q_rows_fn(type);
+    case GGML_IQ4_NL: return b32q_rows_fn(type);
+    case GGML_MXFP4: return b32q_rows_fn(type);
     default: return nullptr;
   }
 }

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "kernels/blocks32.h"
+#include "kernels/cpu/b32q_impl.h"
 #include "kernels/cpu/reduce16.h"
 #include "kernels/matmul.h"
 #include "kernels/quants.h"
@@ -94,14 +95,13 @@ void rows_plain_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t
   for (; r < r1; r++) plain_block<Dec, T, 1>(W, a.x, a.ldx, y, ldy, r, full, rem, m);
 }
 
-// The 32-value block types (Q8_0 and blocks32.h): decode(block, w0, w1) gives the block's weights 0-15 and
-// 16-31, each exactly the float the scalar dequantizer forms.
+// Q8_0 (the 32-value block type with float activations; the others are cpu/b32q_impl.h's): decode(block, w0, w1)
+// gives the block's weights 0-15 and 16-31, each exactly the float the scalar dequantizer forms.
 inline float f16_at(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return _cvtsh_ss(h);
 }
-inline __m512i bytes16(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 struct BlkQ8_0 {  // [d f16][32 int8]: w = d * q
   static constexpr int kBytes = 34;
   static void decode(const uint8_t* b, __m512& w0, __m512& w1) {
@@ -110,72 +110,6 @@ struct BlkQ8_0 {  // [d f16][32 int8]: w = d * q
     w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 18)))));
   }
 };
-// 4-bit codes (one byte of qs per value pair, widened to 32 bits) index a 16-float table of the values
-// (blocks32.h's int8 tables as floats): vpermps reads the low 4 bits of each index, so the low nibbles need no mask.
-template <const int8_t* kValues>
-__m512 table16() {
-  alignas(64) static const float t[16] = {kValues[0], kValues[1], kValues[2],  kValues[3],  kValues[4],  kValues[5],
-                                          kValues[6], kValues[7], kValues[8],  kValues[9],  kValues[10], kValues[11],
-                                          kValues[12], kValues[13], kValues[14], kValues[15]};
-  return _mm512_load_ps(t);
-}
-// kScaleAt < 0: the e8m0 byte 0 (MXFP4); kMinAt < 0: no min.
-template <const int8_t* kValues, int kScaleAt, int kMinAt, int kQsAt, int kSize>
-struct Blk4 {
-  static constexpr int kBytes = kSize;
-  static void decode(const uint8_t* b, __m512& w0, __m512& w1) {
-    const __m512 tab = table16<kValues>();
-    const __m512i c = bytes16(b + kQsAt);
-    const __m512 d = _mm512_set1_ps(kScaleAt < 0 ? e8m0_half(b[0]) : f16_at(b + kScaleAt));
-    const __m512 v0 = _mm512_permutexvar_ps(c, tab), v1 = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), tab);
-    if constexpr (kMinAt >= 0) {
-      const __m512 m = _mm512_set1_ps(f16_at(b + kMinAt));
-      w0 = _mm512_fmadd_ps(d, v0, m);
-      w1 = _mm512_fmadd_ps(d, v1, m);
-    } else {
-      w0 = _mm512_mul_ps(d, v0);
-      w1 = _mm512_mul_ps(d, v1);
-    }
-  }
-};
-using BlkQ4_0 = Blk4<kQ4_0Values, 0, -1, 2, 18>;
-using BlkQ4_1 = Blk4<kQ4_1Values, 0, 2, 4, 20>;
-using BlkIq4Nl = Blk4<kIq4Values, 0, -1, 2, 18>;
-using BlkMxfp4 = Blk4<kMxfp4Values, -1, -1, 1, 17>;
-// Q5_0 / Q5_1: 5-bit codes, bit 4 of value i from bit i of qh: a 32-float table (two registers, vpermt2ps).
-template <int kOffset, bool kMin>
-struct Blk5 {
-  static constexpr int kBytes = kMin ? 24 : 22;
-  static void decode(const uint8_t* b, __m512& w0, __m512& w1) {
-    alignas(64) static const float t[32] = {kOffset + 0.f,  kOffset + 1.f,  kOffset + 2.f,  kOffset + 3.f,  kOffset + 4.f,
-                                            kOffset + 5.f,  kOffset + 6.f,  kOffset + 7.f,  kOffset + 8.f,  kOffset + 9.f,
-                                            kOffset + 10.f, kOffset + 11.f, kOffset + 12.f, kOffset + 13.f, kOffset + 14.f,
-                                            kOffset + 15.f, kOffset + 16.f, kOffset + 17.f, kOffset + 18.f, kOffset + 19.f,
-                                            kOffset + 20.f, kOffset + 21.f, kOffset + 22.f, kOffset + 23.f, kOffset + 24.f,
-                                            kOffset + 25.f, kOffset + 26.f, kOffset + 27.f, kOffset + 28.f, kOffset + 29.f,
-                                            kOffset + 30.f, kOffset + 31.f};
-    constexpr int qh_at = kMin ? 4 : 2;
-    uint32_t qh;
-    std::memcpy(&qh, b + qh_at, 4);
-    const __m512i c = bytes16(b + qh_at + 4), k15 = _mm512_set1_epi32(15), k16 = _mm512_set1_epi32(16);
-    const __m512i lo = _mm512_and_si512(c, k15), hi = _mm512_srli_epi32(c, 4);
-    const __m512i c0 = _mm512_mask_or_epi32(lo, (__mmask16)(qh & 0xFFFF), lo, k16);
-    const __m512i c1 = _mm512_mask_or_epi32(hi, (__mmask16)(qh >> 16), hi, k16);
-    const __m512 ta = _mm512_load_ps(t), tb = _mm512_load_ps(t + 16);
-    const __m512 d = _mm512_set1_ps(f16_at(b));
-    const __m512 v0 = _mm512_permutex2var_ps(ta, c0, tb), v1 = _mm512_permutex2var_ps(ta, c1, tb);
-    if constexpr (kMin) {
-      const __m512 m = _mm512_set1_ps(f16_at(b + 2));
-      w0 = _mm512_fmadd_ps(d, v0, m);
-      w1 = _mm512_fmadd_ps(d, v1, m);
-    } else {
-      w0 = _mm512_mul_ps(d, v0);
-      w1 = _mm512_mul_ps(d, v1);
-    }
-  }
-};
-using BlkQ5_0 = Blk5<-16, false>;
-using BlkQ5_1 = Blk5<0, true>;
 
 // Activation row t's block b at x + b * bstride + t * ldx: plain rows (32, row stride) or rows packed
 // block-major (32 * T, 32), where one base pointer reaches every row (T row pointers exhaust the
@@ -255,12 +189,12 @@ RowsFn rows_fn_avx512(uint32_t type) {
     case GGML_F16: return rows_plain<DecF16>;
     case GGML_BF16: return rows_plain<DecBF16>;
     case GGML_Q8_0: return rows_b32<BlkQ8_0>;
-    case GGML_Q4_0: return rows_b32<BlkQ4_0>;
-    case GGML_Q4_1: return rows_b32<BlkQ4_1>;
-    case GGML_Q5_0: return rows_b32<BlkQ5_0>;
-    case GGML_Q5_1: return rows_b32<BlkQ5_1>;
-    case GGML_IQ4_NL: return rows_b32<BlkIq4Nl>;
-    case GGML_MXFP4: return rows_b32<BlkMxfp4>;
+    case GGML_Q4_0: return b32q_rows_fn(type);
+    case GGML_Q4_1: return b32q_rows_fn(type);
+    case GGML_Q5_0: return b32q_rows_fn(type);
+    case GGML_Q5_1: return b32q_rows_fn(type);
+    case GGML_IQ4_NL: return b32q_rows_fn(type);
+    case GGML_MXFP4: return b32q_rows_fn(type);
     default: return nullptr;
   }
 }

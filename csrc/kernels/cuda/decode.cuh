@@ -65,6 +65,7 @@ struct BF16 {
 template <int kBytes>
 struct Block32 {
   static constexpr bool kPlain = false;
+  static constexpr int kSize = kBytes;
   static __device__ __forceinline__ const uint8_t* block(const uint8_t* row, int64_t c) { return row + (c / 32) * kBytes; }
 };
 struct Q8_0 : Block32<34> {
@@ -73,41 +74,64 @@ struct Q8_0 : Block32<34> {
     return __fmul_rn(half_at(b), (float)(int8_t)b[2 + c % 32]);
   }
 };
-struct Q4_0 : Block32<18> {
-  static __device__ __forceinline__ float value(const uint8_t* row, int64_t c) {
-    const uint8_t* b = block(row, c);
-    return __fmul_rn(half_at(b), (float)(code4(b + 2, (int)(c % 32)) - 8));
+
+// ---- int8-activation 32-value blocks (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4; blocks32.h's integer form) -------------------
+// vals4(b, k): values 4k..4k+3 of the block as 4 signed bytes of a word (matmul.h's lane sum P[i] is k = i and
+// k = i + 4, by two dp4a); scale(b): s. The codes 4k..4k+3: low nibbles of qs[4k..] for k < 4, high nibbles of qs[4(k-4)..] for k >= 4.
+__device__ __forceinline__ int code4_of4(const uint8_t* qs, int k, int j) { return (qs[4 * (k & 3) + j] >> (4 * (k >> 2))) & 15; }
+template <class F>
+__device__ __forceinline__ int pack4(F&& value) {
+  uint32_t w = 0;
+#pragma unroll
+  for (int j = 0; j < 4; j++) w |= (uint32_t)(uint8_t)(int8_t)value(j) << (8 * j);
+  return (int)w;
+}
+// min(b): Q4_1 / Q5_1's m (kMin); the others have none.
+struct NoMin {
+  static constexpr bool kMin = false;
+  static __device__ __forceinline__ float min(const uint8_t*) { return 0.f; }
+};
+struct Q4_0 : Block32<18>, NoMin {
+  static __device__ __forceinline__ int vals4(const uint8_t* b, int k) {
+    return pack4([&](int j) { return code4_of4(b + 2, k, j) - 8; });
   }
+  static __device__ __forceinline__ float scale(const uint8_t* b) { return half_at(b); }
 };
 struct Q4_1 : Block32<20> {
-  static __device__ __forceinline__ float value(const uint8_t* row, int64_t c) {
-    const uint8_t* b = block(row, c);
-    return __fadd_rn(__fmul_rn(half_at(b), (float)code4(b + 4, (int)(c % 32))), half_at(b + 2));
+  static constexpr bool kMin = true;
+  static __device__ __forceinline__ int vals4(const uint8_t* b, int k) {
+    return pack4([&](int j) { return code4_of4(b + 4, k, j); });
   }
-};
-struct Q5_0 : Block32<22> {
-  static __device__ __forceinline__ float value(const uint8_t* row, int64_t c) {
-    const uint8_t* b = block(row, c);
-    return __fmul_rn(half_at(b), (float)(code5(b + 6, u32_at(b + 2), (int)(c % 32)) - 16));
-  }
+  static __device__ __forceinline__ float scale(const uint8_t* b) { return half_at(b); }
+  static __device__ __forceinline__ float min(const uint8_t* b) { return half_at(b + 2); }
 };
 struct Q5_1 : Block32<24> {
-  static __device__ __forceinline__ float value(const uint8_t* row, int64_t c) {
-    const uint8_t* b = block(row, c);
-    return __fadd_rn(__fmul_rn(half_at(b), (float)code5(b + 8, u32_at(b + 4), (int)(c % 32))), half_at(b + 2));
+  static constexpr bool kMin = true;
+  static __device__ __forceinline__ int vals4(const uint8_t* b, int k) {
+    const uint32_t qh = u32_at(b + 4);
+    return pack4([&](int j) { return code4_of4(b + 8, k, j) | (int)((qh >> (4 * k + j)) & 1) << 4; });
   }
+  static __device__ __forceinline__ float scale(const uint8_t* b) { return half_at(b); }
+  static __device__ __forceinline__ float min(const uint8_t* b) { return half_at(b + 2); }
 };
-struct IQ4_NL : Block32<18> {
-  static __device__ __forceinline__ float value(const uint8_t* row, int64_t c) {
-    const uint8_t* b = block(row, c);
-    return __fmul_rn(half_at(b), (float)g_iq4_values[code4(b + 2, (int)(c % 32))]);
+struct Q5_0 : Block32<22>, NoMin {
+  static __device__ __forceinline__ int vals4(const uint8_t* b, int k) {
+    const uint32_t qh = u32_at(b + 2);
+    return pack4([&](int j) { return (code4_of4(b + 6, k, j) | (int)((qh >> (4 * k + j)) & 1) << 4) - 16; });
   }
+  static __device__ __forceinline__ float scale(const uint8_t* b) { return half_at(b); }
 };
-struct MXFP4 : Block32<17> {
-  static __device__ __forceinline__ float value(const uint8_t* row, int64_t c) {
-    const uint8_t* b = block(row, c);
-    return __fmul_rn(e8m0_half(b[0]), (float)g_mxfp4_values[code4(b + 1, (int)(c % 32))]);
+struct IQ4_NL : Block32<18>, NoMin {
+  static __device__ __forceinline__ int vals4(const uint8_t* b, int k) {
+    return pack4([&](int j) { return (int)g_iq4_values[code4_of4(b + 2, k, j)]; });
   }
+  static __device__ __forceinline__ float scale(const uint8_t* b) { return half_at(b); }
+};
+struct MXFP4 : Block32<17>, NoMin {
+  static __device__ __forceinline__ int vals4(const uint8_t* b, int k) {
+    return pack4([&](int j) { return (int)g_mxfp4_values[code4_of4(b + 1, k, j)]; });
+  }
+  static __device__ __forceinline__ float scale(const uint8_t* b) { return e8m0_half(b[0]); }
 };
 
 // ---- int8-activation types (256-value blocks): the integer form of quants.h, for the 16 values of lane k --------

@@ -540,6 +540,67 @@ __global__ void __launch_bounds__(256) k_quantize(const float* __restrict__ x, i
   if (threadIdx.x == 0) dx[t * nb + b] = __fdiv_rn(amax, 127.f);
 }
 
+// quantize_act32_ref on the card (act32.h): a warp per (row t, 32-value block b), 8 blocks per thread block;
+// the same formulas as k_quantize. Stored plainly: q[t * cols + c], dx[t * nb + b].
+__global__ void __launch_bounds__(256) k_quantize32(const float* __restrict__ x, int64_t ldx, int64_t nb,
+                                                    int8_t* __restrict__ q, float* __restrict__ dx) {
+  const int t = blockIdx.y;
+  const int64_t b = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (b >= nb) return;  // whole warps
+  const int i = threadIdx.x & 31;
+  const float v = x[t * ldx + b * 32 + i];
+  float amax = fabsf(v);
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float iscale = amax > kAct32Tiny ? __fdiv_rn(127.f, amax) : 0.f;
+  q[t * nb * 32 + b * 32 + i] = (int8_t)rintf(__fmul_rn(iscale, v));
+  if (i == 0) dx[t * nb + b] = __fdiv_rn(amax, 127.f);
+}
+
+// The 32-value block types with int8 activations (matmul.h, rows_b32q_ref's order): 16 threads per weight row,
+// thread j = 4 h + i holds lane j: the blocks b = h, h + 4, ... in increasing order, and of each the values 4i..4i+3
+// and 16+4i..16+4i+3: P = two dp4a (exact), L = fma(s * dx, P, L) (Q4_1 / Q5_1: then fma(m * dx, S, L), S the
+// lane's sum of q); then reduce16's tree. Expert selection as k_float's.
+template <class D, int TT>
+__global__ void __launch_bounds__(256) k_b32q(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
+                                              int64_t nb, const int8_t* __restrict__ q, const float* __restrict__ dx,
+                                              int T, float* __restrict__ y, int64_t ldy, const int32_t* __restrict__ sel,
+                                              size_t ebytes, int xdiv) {
+  if (sel) {
+    const int slot = blockIdx.y;
+    W += (size_t)sel[slot] * ebytes;
+    q += (int64_t)(slot / xdiv) * nb * 32;
+    dx += (int64_t)(slot / xdiv) * nb;
+    y += (int64_t)slot * ldy;
+  }
+  const int j = threadIdx.x & 15, h = j >> 2, i = j & 3;
+  const int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 4) + (threadIdx.x >> 4);
+  const uint8_t* row = W + (r < rows ? r : 0) * row_bytes;  // all threads shuffle
+  float L[TT];
+#pragma unroll
+  for (int t = 0; t < TT; t++) L[t] = 0.f;
+  for (int64_t b = h; b < nb; b += 4) {
+    const uint8_t* blk = row + b * D::kSize;
+    const int wlo = D::vals4(blk, i), whi = D::vals4(blk, i + 4);
+    const float s = D::scale(blk), m = D::min(blk);
+#pragma unroll
+    for (int t = 0; t < TT; t++)
+      if (t < T) {
+        const int8_t* qb = q + t * nb * 32 + b * 32;
+        const int qlo = __ldg(reinterpret_cast<const int*>(qb + 4 * i)), qhi = __ldg(reinterpret_cast<const int*>(qb + 16 + 4 * i));
+        const float dxb = __ldg(dx + t * nb + b);
+        L[t] = fmaf(__fmul_rn(s, dxb), (float)__dp4a(whi, qhi, __dp4a(wlo, qlo, 0)), L[t]);
+        if constexpr (D::kMin)  // the min term: m * dx times the lane's sum of q
+          L[t] = fmaf(__fmul_rn(m, dxb), (float)__dp4a(0x01010101, qhi, __dp4a(0x01010101, qlo, 0)), L[t]);
+      }
+  }
+#pragma unroll
+  for (int t = 0; t < TT; t++) {
+    if (t >= T) break;
+    const float v = reduce16(L[t]);
+    if (j == 0 && r < rows) y[t * ldy + r] = v;
+  }
+}
+
 // ops.h rmsnorm: dot16's 16 lanes (l[j] += x*x over i = j mod 16, increasing i, no FMA) and its tree, then
 // r = 1 / sqrt(ss / n + eps), y = (x * r) * w. One block of 256 per row: the row is staged in shared memory in one
 // coalesced pass (n <= kNormStage; longer rows read it from memory), lanes 0..15 of warp 0 hold the 16 sums.
@@ -681,28 +742,49 @@ void launch_int(const MatView& W, const float* x, int64_t ldx, int T, float* y, 
   launch_int_q<D>(W, q, dx, T, y, ldy, st);
 }
 
-// Calls f(D{}, is_int) for the decoder of `type`; false if the type has no CUDA kernel.
+template <class D>
+void launch_b32q(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch,
+                 bool quantized, cudaStream_t st) {
+  const int64_t nb = W.cols / 32;
+  int8_t* q = static_cast<int8_t*>(scratch);
+  float* dx = reinterpret_cast<float*>(q + (size_t)T * W.cols);  // cols % 32 == 0: 4-byte aligned
+  if (!quantized) k_quantize32<<<dim3((unsigned)((nb + 7) / 8), (unsigned)T), 256, 0, st>>>(x, ldx, nb, q, dx);
+  const int threads = threads_for((W.rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  const dim3 grid((unsigned)((W.rows + threads / 16 - 1) / (threads / 16)));
+  auto go = [&](auto kern) { kern<<<grid, threads, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1); };
+  if (T == 1) go(k_b32q<D, 1>);
+  else if (T == 2) go(k_b32q<D, 2>);
+  else if (T <= 4) go(k_b32q<D, 4>);
+  else if (T <= 8) go(k_b32q<D, 8>);
+  else go(k_b32q<D, 16>);
+}
+
+// Calls f(D{}, kind) for the decoder of `type` (kind: an integral_constant of matmul.h's ActKind); false if the
+// type has no CUDA kernel.
+using kFloat = std::integral_constant<ActKind, ActKind::Float>;
+using kQ8_256 = std::integral_constant<ActKind, ActKind::Q8_256>;
+using kQ8_32 = std::integral_constant<ActKind, ActKind::Q8_32>;
 template <class F>
 bool with_decoder(uint32_t type, F&& f) {
   switch (type) {
-    case GGML_F32: f(F32{}, std::false_type{}); return true;
-    case GGML_F16: f(F16{}, std::false_type{}); return true;
-    case GGML_BF16: f(BF16{}, std::false_type{}); return true;
-    case GGML_Q8_0: f(Q8_0{}, std::false_type{}); return true;
-    case GGML_Q4_0: f(Q4_0{}, std::false_type{}); return true;
-    case GGML_Q4_1: f(Q4_1{}, std::false_type{}); return true;
-    case GGML_Q5_0: f(Q5_0{}, std::false_type{}); return true;
-    case GGML_Q5_1: f(Q5_1{}, std::false_type{}); return true;
-    case GGML_IQ4_NL: f(IQ4_NL{}, std::false_type{}); return true;
-    case GGML_MXFP4: f(MXFP4{}, std::false_type{}); return true;
-    case GGML_Q2_K: f(Q2_K{}, std::true_type{}); return true;
-    case GGML_Q3_K: f(Q3_K{}, std::true_type{}); return true;
-    case GGML_Q4_K: f(Q4_K{}, std::true_type{}); return true;
-    case GGML_Q5_K: f(Q5_K{}, std::true_type{}); return true;
-    case GGML_Q6_K: f(Q6_K{}, std::true_type{}); return true;
-    case GGML_IQ2_XXS: f(IQ2_XXS{}, std::true_type{}); return true;
-    case GGML_IQ3_XXS: f(IQ3_XXS{}, std::true_type{}); return true;
-    case GGML_IQ4_XS: f(IQ4_XS{}, std::true_type{}); return true;
+    case GGML_F32: f(F32{}, kFloat{}); return true;
+    case GGML_F16: f(F16{}, kFloat{}); return true;
+    case GGML_BF16: f(BF16{}, kFloat{}); return true;
+    case GGML_Q8_0: f(Q8_0{}, kFloat{}); return true;
+    case GGML_Q4_0: f(Q4_0{}, kQ8_32{}); return true;
+    case GGML_Q4_1: f(Q4_1{}, kQ8_32{}); return true;
+    case GGML_Q5_0: f(Q5_0{}, kQ8_32{}); return true;
+    case GGML_Q5_1: f(Q5_1{}, kQ8_32{}); return true;
+    case GGML_IQ4_NL: f(IQ4_NL{}, kQ8_32{}); return true;
+    case GGML_MXFP4: f(MXFP4{}, kQ8_32{}); return true;
+    case GGML_Q2_K: f(Q2_K{}, kQ8_256{}); return true;
+    case GGML_Q3_K: f(Q3_K{}, kQ8_256{}); return true;
+    case GGML_Q4_K: f(Q4_K{}, kQ8_256{}); return true;
+    case GGML_Q5_K: f(Q5_K{}, kQ8_256{}); return true;
+    case GGML_Q6_K: f(Q6_K{}, kQ8_256{}); return true;
+    case GGML_IQ2_XXS: f(IQ2_XXS{}, kQ8_256{}); return true;
+    case GGML_IQ3_XXS: f(IQ3_XXS{}, kQ8_256{}); return true;
+    case GGML_IQ4_XS: f(IQ4_XS{}, kQ8_256{}); return true;
     default: return false;
   }
 }
@@ -721,17 +803,22 @@ bool matmul_supported(uint32_t type) {
   return with_decoder(type, [](auto, auto) {});
 }
 
-size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols) {
-  if (!int_act_type(type)) return 0;
-  const int Tp = T < kMaxT ? T : kMaxT;
-  return (size_t)Tp * cols + (size_t)Tp * (cols / QK_K) * sizeof(float);
+// q: rows x cols bytes, then dx: a float per row and activation block (256 or 32 values)
+static size_t act_bytes(uint32_t type, int64_t rows, int64_t cols) {
+  const ActKind kind = act_kind(type);
+  if (kind == ActKind::Float) return 0;
+  return (size_t)rows * cols + (size_t)rows * (cols / (kind == ActKind::Q8_32 ? 32 : QK_K)) * sizeof(float);
 }
+
+size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols) { return act_bytes(type, T < kMaxT ? T : kMaxT, cols); }
 
 void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch, void* stream,
             bool quantized) {
   STRATA_CHECK(!quantized || T <= kMaxT, "cuda matmul: a quantized activation of ", T, " rows (at most ", kMaxT, ")");
   STRATA_CHECK(T >= 1 && W.rows >= 1 && W.cols >= 1, "cuda matmul: T = ", T, ", W is ", W.rows, " x ", W.cols);
   STRATA_CHECK(!int_act_type(W.type) || W.cols % QK_K == 0, "cuda matmul: ", type_name(W.type), " needs cols % 256 == 0, got ",
+               W.cols);
+  STRATA_CHECK(!act32_type(W.type) || W.cols % 32 == 0, "cuda matmul: ", type_name(W.type), " needs cols % 32 == 0, got ",
                W.cols);
   STRATA_CHECK(ldx >= W.cols && ldy >= W.rows, "cuda matmul: ldx = ", ldx, " < cols or ldy = ", ldy, " < rows");
   STRATA_CHECK(((uintptr_t)W.data & 1) == 0, "cuda matmul: weights at an odd address");
@@ -740,9 +827,10 @@ void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int6
     const int Tp = T - t0 < kMaxT ? T - t0 : kMaxT;
     const float* xp = x + t0 * ldx;
     float* yp = y + t0 * ldy;
-    const bool ok = with_decoder(W.type, [&](auto dec, auto is_int) {
+    const bool ok = with_decoder(W.type, [&](auto dec, auto kind) {
       using D = decltype(dec);
-      if constexpr (decltype(is_int)::value) launch_int<D>(W, xp, ldx, Tp, yp, ldy, scratch, quantized, st);
+      if constexpr (decltype(kind)::value == ActKind::Q8_256) launch_int<D>(W, xp, ldx, Tp, yp, ldy, scratch, quantized, st);
+      else if constexpr (decltype(kind)::value == ActKind::Q8_32) launch_b32q<D>(W, xp, ldx, Tp, yp, ldy, scratch, quantized, st);
       else launch_float<D>(W, xp, ldx, Tp, yp, ldy, st);
     });
     if (!ok) fail<std::invalid_argument>("cuda matmul: no CUDA kernel for weight type ", type_name(W.type));
@@ -751,9 +839,7 @@ void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int6
 }
 
 size_t matmul_sel_scratch_bytes(uint32_t type, int n, int xdiv, int64_t cols) {
-  if (!int_act_type(type)) return 0;
-  const int n_x = (n + xdiv - 1) / xdiv;
-  return (size_t)n_x * cols + (size_t)n_x * (cols / QK_K) * sizeof(float);
+  return act_bytes(type, (n + xdiv - 1) / xdiv, cols);
 }
 
 void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int xdiv, const float* x, int64_t ldx,
@@ -761,12 +847,22 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
   STRATA_CHECK(n >= 1 && xdiv >= 1 && W0.rows >= 1 && W0.cols >= 1, "cuda matmul_sel: n = ", n, ", xdiv = ", xdiv);
   STRATA_CHECK(!int_act_type(W0.type) || W0.cols % QK_K == 0, "cuda matmul_sel: ", type_name(W0.type),
                " needs cols % 256 == 0, got ", W0.cols);
+  STRATA_CHECK(!act32_type(W0.type) || W0.cols % 32 == 0, "cuda matmul_sel: ", type_name(W0.type),
+               " needs cols % 32 == 0, got ", W0.cols);
   STRATA_CHECK(n <= 65535, "cuda matmul_sel: ", n, " slots in one call (at most 65535)");
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const int n_x = (n + xdiv - 1) / xdiv;  // activation rows read
-  const bool ok = with_decoder(W0.type, [&](auto dec, auto is_int) {
+  const bool ok = with_decoder(W0.type, [&](auto dec, auto kind) {
     using D = decltype(dec);
-    if constexpr (decltype(is_int)::value) {
+    if constexpr (decltype(kind)::value == ActKind::Q8_32) {
+      const int64_t nb = W0.cols / 32;
+      int8_t* q = static_cast<int8_t*>(scratch);
+      float* dx = reinterpret_cast<float*>(q + (size_t)n_x * W0.cols);
+      if (!quantized) k_quantize32<<<dim3((unsigned)((nb + 7) / 8), (unsigned)n_x), 256, 0, st>>>(x, ldx, nb, q, dx);
+      const int threads = threads_for((W0.rows + kRowsPerBlock - 1) / kRowsPerBlock * n);
+      const dim3 grid((unsigned)((W0.rows + threads / 16 - 1) / (threads / 16)), (unsigned)n);
+      k_b32q<D, 1><<<grid, threads, 0, st>>>(W0.data, W0.row_bytes, W0.rows, nb, q, dx, 1, y, ldy, sel, ebytes, xdiv);
+    } else if constexpr (decltype(kind)::value == ActKind::Q8_256) {
       const int64_t nb = W0.cols / QK_K;
       int8_t* q = static_cast<int8_t*>(scratch);
       float* dx = reinterpret_cast<float*>(q + (size_t)n_x * W0.cols);

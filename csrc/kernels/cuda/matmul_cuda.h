@@ -4,7 +4,8 @@
 // lanes, each lane accumulating its columns (int8-activation types: its per-block lane sums) in increasing order
 // with fmaf, then the fixed tree of matmul.h through warp shuffles. No atomics, no reduction that depends on the
 // launch shape, so a T-row call equals T one-row calls and the CPU result, bit for bit.
-// Int8-activation types first quantize x per 256-block on the card, exactly as quantize_act_ref.
+// Int8-activation types first quantize x on the card, exactly as the CPU does: per 256-block (quantize_act_ref) for
+// the K and IQ quants, per 32-block (quantize_act32_ref) for Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4.
 // Plain C++ header (no CUDA types): included by the backend and nothing else.
 #pragma once
 #include <cstddef>
@@ -18,8 +19,8 @@ void init_tables();  // the decoders' lookup tables onto the current device (onc
 // Bytes of scratch (device) that matmul() needs for T rows of `cols` columns of weight type `type`.
 size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols);
 // Issued on `stream` (a cudaStream_t); returns at once. Throws std::invalid_argument for an unsupported type.
-// quantized: scratch already holds x's T rows quantized for W.cols columns (an earlier int8-activation product of
-// the same rows, T <= 16): the quantization is not issued again.
+// quantized: scratch already holds x's T rows quantized for W.cols columns (an earlier product of the same rows and
+// the same act_kind, T <= 16): the quantization is not issued again.
 void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch,
             void* stream, bool quantized = false);
 // Expert products over a device selection (backend.h matmul_sel): slot s < n: y[s] = W_{sel[s]} . x[s / xdiv].
