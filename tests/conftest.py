@@ -40,6 +40,27 @@ def pytest_runtest_makereport(item, call):
                                              f"'{item.nodeid}' --rng-seed {seeds.used[0]}"))
 
 
+def _cuda_usable() -> bool:
+    from strata_py import _core
+    return _core.cuda_available()
+
+
+@pytest.fixture(params=["cpu-backend", pytest.param("cuda", marks=pytest.mark.skipif(
+    not _cuda_usable(), reason="no usable CUDA device here"))])
+def backend(request):
+    """A backend session's backend: the CPU backend (everywhere, CI included) and the GPU where one is usable. On the
+    GPU the native sessions compared with it run the CPU's scalar kernels (the GPU's attention is attend_ref's
+    order: kernels/attend.h), restored afterwards."""
+    if request.param != "cuda":
+        yield request.param
+        return
+    from strata_py import _core
+    prev = _core.active_isa()
+    _core.force_isa("scalar")
+    yield request.param
+    _core.force_isa(prev)
+
+
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory):
     from strata_py import synth

@@ -18,7 +18,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from corrupt import copy_field
+from corrupt import requantize
 from strata_py.convert import gguf_to_hf
 from strata_py.model import Model, default_model_path
 from window_util import assert_windows_equal_serial
@@ -29,26 +29,8 @@ MEDIAN_TOL, MAX_TOL, GREEDY = 5e-2, 0.35, 0.95
 @pytest.fixture(scope="module", params=["Q4_0", "MXFP4", "Q4_1"])
 def requantized(request, tmp_path_factory):
     typ = request.param
-    r = gguf.GGUFReader(str(default_model_path()))
     out = tmp_path_factory.mktemp(typ) / f"default-{typ}.gguf"
-    w = gguf.GGUFWriter(str(out), "qwen3next")
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        copy_field(w, name, f)
-    n = 0
-    for t in r.tensors:
-        shape = [int(x) for x in reversed(t.shape)]
-        if t.tensor_type == QT.Q8_0:
-            x = gguf.quants.dequantize(np.array(t.data), QT.Q8_0).reshape(-1, shape[-1])
-            w.add_tensor(t.name, gguf.quants.quantize(x, QT[typ]).reshape(*shape[:-1], -1), raw_dtype=QT[typ])
-            n += 1
-        else:
-            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    n = requantize(default_model_path(), out, QT[typ], lambda x: gguf.quants.quantize(x, QT[typ]))
     assert n > 50
     return typ, out
 

@@ -14,23 +14,10 @@ import pytest
 
 from backend_util import decode_equal, tiny_qwen35moe, windows_equal
 from seeds import fresh_rng
-from strata_py import _core
 from strata_py.model import Model
 
-BACKENDS = ["cpu-backend", pytest.param("cuda", marks=pytest.mark.skipif(not _core.cuda_available(),
-                                                                        reason="no usable CUDA device here"))]
 
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    if request.param != "cuda":
-        yield request.param
-        return
-    prev = _core.active_isa()
-    _core.force_isa("scalar")
-    yield request.param
-    _core.force_isa(prev)
-
+# backend: conftest.py's fixture (the CPU backend, and the GPU where one is usable)
 
 def least_mib(path) -> int:
     with pytest.raises(ValueError, match="needs at least") as e:

@@ -10,22 +10,9 @@ import pytest
 
 from backend_util import assert_same, decode_equal
 from seeds import fresh_rng
-from strata_py import _core
-
-BACKENDS = ["cpu-backend", pytest.param("cuda", marks=pytest.mark.skipif(not _core.cuda_available(),
-                                                                        reason="no usable CUDA device here"))]
 
 
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    if request.param != "cuda":
-        yield request.param
-        return
-    prev = _core.active_isa()
-    _core.force_isa("scalar")
-    yield request.param
-    _core.force_isa(prev)
-
+# backend: conftest.py's fixture (the CPU backend, and the GPU where one is usable)
 
 def test_mtp_drafts_equal_native(tiny_q8_model, backend):
     m = tiny_q8_model

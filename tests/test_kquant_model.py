@@ -14,7 +14,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from corrupt import copy_field
+from corrupt import requantize
 from kquant import quantize_q4_k
 from strata_py.convert import gguf_to_hf
 from strata_py.model import Model, default_model_path
@@ -31,26 +31,8 @@ def test_quantizer_roundtrip():
 @pytest.fixture(scope="module")
 def q4k_default(tmp_path_factory):
     d = tmp_path_factory.mktemp("q4k")
-    r = gguf.GGUFReader(str(default_model_path()))
     out = d / "default-q4_k.gguf"
-    w = gguf.GGUFWriter(str(out), "qwen3next")
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        copy_field(w, name, f)
-    n_q4 = 0
-    for t in r.tensors:
-        shape = [int(x) for x in reversed(t.shape)]
-        if t.tensor_type == QT.Q8_0 and shape[-1] % 256 == 0:
-            x = gguf.quants.dequantize(np.array(t.data), QT.Q8_0).reshape(-1, shape[-1])
-            w.add_tensor(t.name, quantize_q4_k(x).reshape(*shape[:-1], -1), raw_dtype=QT.Q4_K)
-            n_q4 += 1
-        else:
-            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    n_q4 = requantize(default_model_path(), out, QT.Q4_K, quantize_q4_k, accept=lambda shape: shape[-1] % 256 == 0)
     assert n_q4 > 50
     return out
 

@@ -509,6 +509,20 @@ struct BackendSession::Impl {
     be->matmul(w.wo, att.f(), nh * hd, T, out, H);
   }
 
+  // The shared expert over every row of xin on lane 1 of an open fork (its gate issued ahead: moe_shared_gate);
+  // returns its output rows (sh).
+  const float* shared_expert(const BackendModel::Moe& w, const float* xin, int T) {
+    const HParams& hp = m->hp();
+    const int64_t H = hp.n_embd, Fs = hp.n_ff_shexp;
+    be->lane(1);
+    be->moe_shared_gate(w.gate_inp_shexp, xin, T, H);
+    be->matmul(w.gate_sh, xin, H, T, sa.f(), Fs);
+    be->matmul(w.up_sh, xin, H, T, su.f(), Fs);
+    be->silu_mul(sa.f(), su.f(), T * Fs);
+    be->matmul(w.down_sh, sa.f(), Fs, T, sh.f(), H);
+    return sh.f();
+  }
+
   // moe.cpp moe_layer: router, routing, each row's k experts (gate, up, SwiGLU, down) over the device selection,
   // the shared expert over all rows, the combine.
   void moe(const BackendModel::Moe& w, const float* xin, int T, float* out) {
@@ -534,15 +548,7 @@ struct BackendSession::Impl {
     be->matmul_sel_swiglu(w.gate, w.gate_bytes, w.up, w.up_bytes, sel.i(), (int)S, (int)k, xin, H, act.f(), up.f());
     be->matmul_sel(w.down, w.down_bytes, sel.i(), (int)S, 1, act.f(), F, yg.f(), H);
     const float* shp = nullptr;
-    if (w.has_shexp) {
-      be->lane(1);
-      be->moe_shared_gate(w.gate_inp_shexp, xin, T, H);
-      be->matmul(w.gate_sh, xin, H, T, sa.f(), Fs);
-      be->matmul(w.up_sh, xin, H, T, su.f(), Fs);
-      be->silu_mul(sa.f(), su.f(), T * Fs);
-      be->matmul(w.down_sh, sa.f(), Fs, T, sh.f(), H);
-      shp = sh.f();
-    }
+    if (w.has_shexp) shp = shared_expert(w, xin, T);
     be->join();
     be->moe_combine(yg.f(), wt.f(), T, (int)k, H, shp, w.gate_inp_shexp, xin, out);
   }
@@ -574,7 +580,6 @@ struct BackendSession::Impl {
   bool host_part(int64_t il, const float* xin, int T) {
     const HParams& hp = m->hp();
     BackendExperts& X = *bm->experts;
-    const BackendModel::Moe& w = bm->layers[il].moe;
     const int64_t H = hp.n_embd, k = hp.n_expert_used, F = hp.n_ff_exp, S = (int64_t)T * k;
     const bool predict = X.prefetch_on() && il + 1 < hp.n_layer;
     be->sync();  // the selection is on the host, and no kernel reads a slot now
@@ -600,7 +605,6 @@ struct BackendSession::Impl {
       r0 = r1;
     }
     X.note_groups(groups);
-    (void)w;
     return true;
   }
 
@@ -615,7 +619,7 @@ struct BackendSession::Impl {
   void expert_part(const BackendModel::Moe& w, int64_t il, const float* xin, int T, bool routed_done, float* out) {
     const HParams& hp = m->hp();
     BackendExperts& X = *bm->experts;
-    const int64_t H = hp.n_embd, k = hp.n_expert_used, F = hp.n_ff_exp, S = (int64_t)T * k, Fs = hp.n_ff_shexp;
+    const int64_t H = hp.n_embd, k = hp.n_expert_used, F = hp.n_ff_exp, S = (int64_t)T * k;
     const float* shp = nullptr;
     be->fork(w.has_shexp ? 2 : 1);
     be->lane(0);
@@ -624,15 +628,7 @@ struct BackendSession::Impl {
                             xin, H, act.f(), up.f());
       be->matmul_sel(X.view(il, 2), X.slot_bytes(), dslot.i(), (int)S, 1, act.f(), F, yg.f(), H);
     }
-    if (w.has_shexp) {
-      be->lane(1);
-      be->moe_shared_gate(w.gate_inp_shexp, xin, T, H);
-      be->matmul(w.gate_sh, xin, H, T, sa.f(), Fs);
-      be->matmul(w.up_sh, xin, H, T, su.f(), Fs);
-      be->silu_mul(sa.f(), su.f(), T * Fs);
-      be->matmul(w.down_sh, sa.f(), Fs, T, sh.f(), H);
-      shp = sh.f();
-    }
+    if (w.has_shexp) shp = shared_expert(w, xin, T);
     be->join();
     be->moe_combine(yg.f(), wt.f(), T, (int)k, H, shp, w.gate_inp_shexp, xin, out);
   }

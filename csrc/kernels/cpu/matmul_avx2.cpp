@@ -133,12 +133,8 @@ RowsFn rows_fn_avx2(uint32_t type) {
     case GGML_F16: return rows_plain<DecF16>;
     case GGML_BF16: return rows_plain<DecBF16>;
     case GGML_Q8_0: return rows_b32<BlkQ8_0>;
-    case GGML_Q4_0: return b32q_rows_fn(type);
-    case GGML_Q4_1: return b32q_rows_fn(type);
-    case GGML_Q5_0: return b32q_rows_fn(type);
-    case GGML_Q5_1: return b32q_rows_fn(type);
-    case GGML_IQ4_NL: return b32q_rows_fn(type);
-    case GGML_MXFP4: return b32q_rows_fn(type);
+    case GGML_Q4_0: case GGML_Q4_1: case GGML_Q5_0: case GGML_Q5_1: case GGML_IQ4_NL: case GGML_MXFP4:
+      return b32q_rows_fn(type);  // int8 activations per 32 values (cpu/b32q_impl.h)
     default: return nullptr;
   }
 }
