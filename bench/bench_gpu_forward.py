@@ -37,8 +37,8 @@ from strata_py.model import Model  # noqa: E402
 TS = [1, 2, 4, 8, 16]
 
 
-def step_bytes(path: str, k: int, E: int) -> tuple[int, int]:
-    """(bytes a T = 1 step reads, the file's tensor bytes)."""
+def tensor_bytes(path: str) -> tuple[int, int, int]:
+    """(bytes of every tensor a step reads whole, of the routed experts, of the file's tensors)."""
     from gguf import GGUFReader
     r = GGUFReader(path)
     total = dense = experts = 0
@@ -49,7 +49,7 @@ def step_bytes(path: str, k: int, E: int) -> tuple[int, int]:
             experts += n
         elif t.name != "token_embd.weight" or not any(x.name == "output.weight" for x in r.tensors):
             dense += n  # token_embd is read for T rows only; without output.weight it is the head
-    return dense + experts * k // E, total
+    return dense, experts, total
 
 
 def prompted_session(m, rng):
@@ -102,7 +102,8 @@ def bench_model(path: str, reps: int, bw: float, prompt: int = 0, backend: str =
             if s.position > 3500:
                 s = prompted_session(m, rng)
     med = {T: float(np.median(v)) for T, v in per.items()}
-    nb, total = step_bytes(path, cfg["n_expert_used"], cfg["n_expert"])
+    dense, experts, total = tensor_bytes(path)
+    nb = dense + experts * cfg["n_expert_used"] // cfg["n_expert"]  # the bytes a T = 1 step reads
     res = {"model": Path(path).name, "file_gib": total / 2**30, "load_and_prompt_s": load_s,
            "step_s": {str(T): med[T] for T in TS}, "decode_tok_s": 1 / med[1],
            "c_over_c1": {str(T): med[T] / med[1] for T in TS}, "step_bytes": nb,
@@ -119,14 +120,9 @@ def bench_model(path: str, reps: int, bw: float, prompt: int = 0, backend: str =
     return res
 
 
-def expert_bytes(path: str) -> int:
-    from gguf import GGUFReader
-    return sum(int(t.n_bytes) for t in GGUFReader(path).tensors if "_exps." in t.name)
-
-
 def bench_streamed(path: str, frac: float, prefetch: bool, reps: int, backend: str = "cuda") -> dict:
     t0 = time.perf_counter()
-    mib = max(1, int(frac * expert_bytes(path) / 2**20))
+    mib = max(1, int(frac * tensor_bytes(path)[1] / 2**20))
     m = Model.load(path, backend=backend, cache_mib=mib, prefetch=prefetch)
     V = m.n_vocab
     rng = np.random.default_rng(0)
@@ -134,12 +130,13 @@ def bench_streamed(path: str, frac: float, prefetch: bool, reps: int, backend: s
     load_s = time.perf_counter() - t0
     time_steps(s, V, 1, 32, rng)  # warm: the cache's steady state
     m.reset_expert_stats()
+    pos0 = s.position  # every step commits all its rows: rows run since the reset = positions advanced
     one, four = [], []
     for _ in range(3):
         one.append(time_steps(s, V, 1, reps, rng))
         four.append(time_steps(s, V, 4, max(5, reps // 2), rng))
     st = m.expert_stats()
-    tokens = 3 * (3 + reps) + 3 * 4 * (3 + max(5, reps // 2))  # rows run since the reset (warm-ups included)
+    tokens = s.position - pos0
     c1, c4 = float(np.median(one)), float(np.median(four))
     res = {"model": Path(path).name, "cache_frac": frac, "cache_mib": mib, "prefetch": prefetch,
            "load_and_prompt_s": load_s, "decode_tok_s": 1 / c1, "step_s": {"1": c1, "4": c4}, "c4_over_c1": c4 / c1,

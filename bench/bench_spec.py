@@ -4,8 +4,8 @@
                                [--json OUT.json]
 
 --model, --threads, --backend and the other model options are the CLI's (strata_py.cli_options): --backend cuda
-runs every session on the GPU (tools/gpu_check.sh: the edit workload's suffix-drafted vs plain tok/s there);
-the default drafters leave MTP out on a backend that does not run it (every backend but cpu, today).
+runs every session on the GPU (tools/gpu_check.sh: the edit workload's suffix-drafted vs plain tok/s there, and
+the free-form code workload's MTP-drafted vs plain).
 
 Workloads:
   edit      code editing: a Python function, then "# same function with `items` renamed to `values`" and

@@ -59,6 +59,8 @@ class Model {
   ExpertStream* experts() const { return experts_.get(); }
   // The expert options it was loaded with (device: backend sessions stream experts, model/backend_experts.h).
   const ExpertOptions& expert_options() const { return expert_opt_; }
+  // Whether backend sessions stream the routed experts through a budget of backend memory (cache_mib with device).
+  bool streams_on_backend() const { return expert_opt_.device && expert_opt_.cache_mib != -1; }
   // Throws std::runtime_error naming the file when the model file (or the MTP file) changed or was
   // truncated since load (GgufFile::check_intact); Session::run calls it before and after each forward.
   void check_files() const;

@@ -18,33 +18,6 @@ def copy_field(w: gguf.GGUFWriter, name: str, f) -> None:
         w.add_key_value(name, f.contents(), vt)
 
 
-def requantize(src, out, typ, quantize, accept=lambda shape: True) -> int:
-    """A copy of the GGUF src at out with each Q8_0 tensor whose shape `accept`s requantized to the type typ
-    (quantize: float rows [n][cols] -> the type's bytes); every field and other tensor as it was. Returns how many
-    tensors changed type."""
-    QT = gguf.GGMLQuantizationType
-    r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(out), "qwen3next")
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        copy_field(w, name, f)
-    n = 0
-    for t in r.tensors:
-        shape = [int(x) for x in reversed(t.shape)]
-        if t.tensor_type == QT.Q8_0 and accept(shape):
-            x = gguf.quants.dequantize(np.array(t.data), QT.Q8_0).reshape(-1, shape[-1])
-            w.add_tensor(t.name, quantize(x).reshape(*shape[:-1], -1), raw_dtype=typ)
-            n += 1
-        else:
-            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return n
-
-
 def write_value(w: gguf.GGUFWriter, name: str, v, f=None) -> None:
     """Write key `name` = v: str/bytes as a string, float as FLOAT32, int with the original field's type when it
     fits (else UINT64), a list as an array of its first element's kind."""

@@ -9,17 +9,12 @@ tokens agree at >= 95 % of positions (measured 98.5 % / 98.0 % / 98.5 %). Window
 decoding."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import gguf
 import numpy as np
 import pytest
-import torch
 from gguf import GGMLQuantizationType as QT
 
-from corrupt import requantize
-from strata_py.convert import gguf_to_hf
+from requantized import against_transformers, requantize
 from strata_py.model import Model, default_model_path
 from window_util import assert_windows_equal_serial
 
@@ -36,17 +31,8 @@ def requantized(request, tmp_path_factory):
 
 
 def test_matches_transformers_on_dequantized_weights(requantized, tmp_path):
-    from transformers import Qwen3NextForCausalLM
     typ, path = requantized
-    ref_model = Qwen3NextForCausalLM.from_pretrained(gguf_to_hf(path, tmp_path / "hf"), dtype=torch.float32).eval()
-    model = Model.load(path, threads=2)
-    snippets = Path(__file__).resolve().parent.parent / "tools" / "default_model_run" / "heldout_snippets.json"
-    ids = model.tokenizer.encode(json.loads(snippets.read_text())[0])[:200]
-    with torch.no_grad():
-        ref = ref_model(torch.tensor([ids])).logits[0].float().numpy()
-    ours = model.session(n_ctx=256).run(ids)
-    rel = np.linalg.norm(ours - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
-    agree = np.mean(ours.argmax(-1) == ref.argmax(-1))
+    rel, agree = against_transformers(path, tmp_path)
     msg = f"{typ}: relative logit error median {np.median(rel):.4f}, max {rel.max():.4f}, greedy {agree:.3f}"
     assert np.median(rel) <= MEDIAN_TOL and rel.max() <= MAX_TOL, msg
     assert agree >= GREEDY, msg

@@ -11,12 +11,10 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-import torch
 from gguf import GGMLQuantizationType as QT
 
-from corrupt import requantize
 from kquant import quantize_q4_k
-from strata_py.convert import gguf_to_hf
+from requantized import against_transformers, requantize
 from strata_py.model import Model, default_model_path
 
 MEDIAN_TOL, MAX_TOL = 5e-2, 0.25
@@ -38,20 +36,10 @@ def q4k_default(tmp_path_factory):
 
 
 def test_q4k_model_matches_transformers_on_dequantized_weights(q4k_default, tmp_path):
-    from transformers import Qwen3NextForCausalLM
-    ref_model = Qwen3NextForCausalLM.from_pretrained(gguf_to_hf(q4k_default, tmp_path / "hf"), dtype=torch.float32).eval()
-    model = Model.load(q4k_default, threads=2)
-    import json
-    from pathlib import Path
-    snippets = Path(__file__).resolve().parent.parent / "tools" / "default_model_run" / "heldout_snippets.json"
-    ids = model.tokenizer.encode(json.loads(snippets.read_text())[0])[:200]
-    with torch.no_grad():
-        ref = ref_model(torch.tensor([ids])).logits[0].float().numpy()
-    ours = model.session(n_ctx=256).run(ids)
-    rel = np.linalg.norm(ours - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
+    rel, agree = against_transformers(q4k_default, tmp_path)
     msg = f"relative logit error median {np.median(rel):.4f}, max {rel.max():.4f}"
     assert np.median(rel) <= MEDIAN_TOL and rel.max() <= MAX_TOL, msg
-    assert np.mean(ours.argmax(-1) == ref.argmax(-1)) >= 0.9, msg
+    assert agree >= 0.9, msg
 
 
 def test_q4k_windows_equal_serial(q4k_default):

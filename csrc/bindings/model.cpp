@@ -135,7 +135,7 @@ static nb::dict expert_stats_dict(const Model& mo) {
   nb::dict d;
   const ExpertStream* es = mo.experts();
   // backend sessions' streaming (model/backend_experts.h): their counters, or the geometry before any session opened
-  const bool dev = !es && mo.expert_options().device && mo.expert_options().cache_mib != -1;
+  const bool dev = !es && mo.streams_on_backend();
   d["streaming"] = es != nullptr || dev;
   if (!es && !dev) return d;
   d["where"] = dev ? "backend" : "host";
@@ -508,7 +508,7 @@ void init_model(nb::module_& m) {
         backend_expert_stats(&mo, &unused, /*reset=*/true);
       })
       .def_prop_ro("streaming", [](const Model& mo) {
-        return mo.experts() != nullptr || (mo.expert_options().device && mo.expert_options().cache_mib != -1);
+        return mo.experts() != nullptr || mo.streams_on_backend();
       })
       .def(
           "_inject_io_fault",

@@ -12,16 +12,24 @@ namespace strata {
 namespace {
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 const ExpertMat& part_of(const MoeWeights& m, int p) { return p == 0 ? m.gate_exps : p == 1 ? m.up_exps : m.down_exps; }
+
+// The slot layout: region[p] = where part p (gate, up, down) starts, each part's largest expert rounded to kRegion;
+// returns the slot's bytes (rounded to 4096).
+size_t slot_layout(const Weights& w, size_t region[3]) {
+  size_t off = 0;
+  for (int p = 0; p < 3; p++) {
+    region[p] = off;
+    size_t mx = 0;
+    for (const auto& l : w.layers) mx = std::max(mx, part_of(l.moe, p).expert_bytes());
+    off += round_up(mx, BackendExperts::kRegion);
+  }
+  return round_up(off, 4096);
+}
 }  // namespace
 
 int64_t BackendExperts::slot_bytes_for(const Weights& w) {
-  size_t off = 0;
-  for (int p = 0; p < 3; p++) {
-    size_t mx = 0;
-    for (const auto& l : w.layers) mx = std::max(mx, part_of(l.moe, p).expert_bytes());
-    off += round_up(mx, kRegion);
-  }
-  return (int64_t)round_up(off, 4096);
+  size_t region[3];
+  return (int64_t)slot_layout(w, region);
 }
 
 int64_t BackendExperts::slots_for(const Model& m, int64_t cache_mib) {
@@ -44,14 +52,7 @@ BackendExperts::BackendExperts(Backend& be, const Model& m, const ExpertOptions&
   L_ = hp.n_layer;
   E_ = hp.n_expert;
   k_ = hp.n_expert_used;
-  slot_bytes_ = (size_t)slot_bytes_for(w);
-  size_t off = 0;
-  for (int p = 0; p < 3; p++) {
-    region_[p] = off;
-    size_t mx = 0;
-    for (const auto& l : w.layers) mx = std::max(mx, part_of(l.moe, p).expert_bytes());
-    off += round_up(mx, kRegion);
-  }
+  slot_bytes_ = slot_layout(w, region_);
   const int64_t n_slots = slots_for(m, o.cache_mib);
   cache_ = std::make_unique<ExpertCache>((int)n_slots, slot_bytes_, /*host_memory=*/false);
   pool_ = be_.alloc((size_t)n_slots * slot_bytes_);
@@ -66,7 +67,8 @@ BackendExperts::BackendExperts(Backend& be, const Model& m, const ExpertOptions&
     }
     copy_bytes_[l] = region_[2] + w.layers[l].moe.down_exps.expert_bytes();
   }
-  // the host copy in slot format, filled from the mapping by a few threads (layers split between them)
+  // the host copy in slot format, filled from the mapping by a few threads of its own, layers split between them
+  // (not the model's pool: another session may be running a forward on it)
   host_ = static_cast<uint8_t*>(be_.host_alloc((size_t)L_ * E_ * slot_bytes_));
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>({8, (int64_t)std::thread::hardware_concurrency(), L_}));
   std::vector<std::thread> th;
@@ -109,15 +111,16 @@ void BackendExperts::copy_in(int64_t l, int32_t e, int slot) {
 }
 
 int BackendExperts::group_end(const int32_t* sel, int r0, int T, int k) const {
-  std::vector<int32_t> uni;
-  int r = r0;
+  std::vector<char> in(E_, 0);  // in the union of rows [r0, r)
+  int n = 0, r = r0;
   for (; r < T; r++) {
-    std::vector<int32_t> next = uni;
-    next.insert(next.end(), sel + (size_t)r * k, sel + (size_t)(r + 1) * k);
-    std::sort(next.begin(), next.end());
-    next.erase(std::unique(next.begin(), next.end()), next.end());
-    if ((int)next.size() > slots() && r > r0) break;  // one row always fits (slots >= k)
-    uni.swap(next);
+    int fresh = 0;  // row r's experts not in the union yet (marked now: the group ends here if they do not fit)
+    for (int j = 0; j < k; j++) {
+      const int32_t e = sel[(size_t)r * k + j];
+      if (e >= 0 && e < E_ && !in[e]) in[e] = 1, fresh++;
+    }
+    if (n + fresh > slots() && r > r0) break;  // one row always fits (slots >= k)
+    n += fresh;
   }
   return r;
 }

@@ -189,8 +189,7 @@ struct BackendModel {
     host = be->name() == "cpu";
     const Weights& W = model->weights();
     const HParams& hp = model->hp();
-    const ExpertOptions& eo = model->expert_options();
-    const bool stream = eo.device && eo.cache_mib != -1;
+    const bool stream = model->streams_on_backend();
     layers.resize((size_t)hp.n_layer);
     for (int64_t il = 0; il < hp.n_layer; il++) layers[il] = layer(W.layers[il], il, stream);
     if (W.mtp.present) {  // the MTP block: its layer's experts stay resident (they are not streamed)
@@ -203,7 +202,7 @@ struct BackendModel {
     }
     output_norm = put(W.output_norm);
     output = put(W.output);
-    if (stream) experts = std::make_unique<BackendExperts>(*be, *model, eo, kChunk);
+    if (stream) experts = std::make_unique<BackendExperts>(*be, *model, model->expert_options(), kChunk);
     be->sync();
   }
 };
@@ -222,8 +221,7 @@ std::map<std::pair<const Model*, std::string>, std::weak_ptr<BackendModel>> g_li
 
 std::shared_ptr<BackendModel> backend_model(const std::shared_ptr<const Model>& m, const std::string& name) {
   std::lock_guard<std::mutex> lk(g_live_mu);
-  auto& live = g_live;
-  auto& slot = live[{m.get(), name}];
+  auto& slot = g_live[{m.get(), name}];
   if (auto p = slot.lock()) return p;
   auto p = std::make_shared<BackendModel>(m, make_backend(name, m->threads()));
   slot = p;
@@ -597,15 +595,23 @@ struct BackendSession::Impl {
       if (r0 > 0) be->sync();  // the previous group's products read slots this group may take
       const int off = r0 * (int)k, n = (r1 - r0) * (int)k;
       BackendExperts::Pins pins(X, il, sel_host, off, n, dslot.i());
-      be->matmul_sel_swiglu(X.view(il, 0), X.slot_bytes(), X.view(il, 1), X.slot_bytes(), dslot.i() + off, n, (int)k,
-                            xin + (size_t)r0 * H, H, act.f() + (size_t)off * F, up.f() + (size_t)off * F);
-      be->matmul_sel(X.view(il, 2), X.slot_bytes(), dslot.i() + off, n, 1, act.f() + (size_t)off * F, F,
-                     yg.f() + (size_t)off * H, H);
+      routed_products(il, xin, r0, r1 - r0);
       if (predict && r1 == T) X.prefetch(il + 1, sel_host + S, (int)S);
       r0 = r1;
     }
     X.note_groups(groups);
     return true;
+  }
+
+  // The routed experts' gate / up / SwiGLU and down products of rows [r0, r0 + n) over their slot numbers (dslot).
+  void routed_products(int64_t il, const float* xin, int r0, int n) {
+    const HParams& hp = m->hp();
+    const BackendExperts& X = *bm->experts;
+    const int64_t H = hp.n_embd, k = hp.n_expert_used, F = hp.n_ff_exp, off = r0 * k, S = n * k;
+    be->matmul_sel_swiglu(X.view(il, 0), X.slot_bytes(), X.view(il, 1), X.slot_bytes(), dslot.i() + off, (int)S, (int)k,
+                          xin + (size_t)r0 * H, H, act.f() + (size_t)off * F, up.f() + (size_t)off * F);
+    be->matmul_sel(X.view(il, 2), X.slot_bytes(), dslot.i() + off, (int)S, 1, act.f() + (size_t)off * F, F,
+                   yg.f() + (size_t)off * H, H);
   }
 
   // After the piece that follows host_part was issued: the predicted experts' copies (they overlap it), then the
@@ -623,11 +629,7 @@ struct BackendSession::Impl {
     const float* shp = nullptr;
     be->fork(w.has_shexp ? 2 : 1);
     be->lane(0);
-    if (!routed_done) {
-      be->matmul_sel_swiglu(X.view(il, 0), X.slot_bytes(), X.view(il, 1), X.slot_bytes(), dslot.i(), (int)S, (int)k,
-                            xin, H, act.f(), up.f());
-      be->matmul_sel(X.view(il, 2), X.slot_bytes(), dslot.i(), (int)S, 1, act.f(), F, yg.f(), H);
-    }
+    if (!routed_done) routed_products(il, xin, 0, T);
     if (w.has_shexp) shp = shared_expert(w, xin, T);
     be->join();
     be->moe_combine(yg.f(), wt.f(), T, (int)k, H, shp, w.gate_inp_shexp, xin, out);
@@ -652,18 +654,39 @@ struct BackendSession::Impl {
     }
   }
 
+  // The token embedding rows of tokens[0..T) into dst [T][H] (host), dequantized as the native forward does.
+  void embed(const int32_t* tokens, int T, float* dst) const {
+    const Weights& W = m->weights();
+    const int64_t H = m->hp().n_embd, V = m->hp().n_vocab;
+    const TypeTraits* et = type_traits(W.token_embd.type);
+    for (int t = 0; t < T; t++) {
+      STRATA_CHECK(tokens[t] >= 0 && tokens[t] < V, "token id ", tokens[t], " out of range");
+      et->dequant(W.token_embd.data + (size_t)tokens[t] * W.token_embd.row_bytes, dst + (size_t)t * H, H);
+    }
+  }
+
+  // A pass's inputs in one upload into inb: [kHead int32: pos0, pos0 + 1, 0...][T][H] embeddings, then `extra`
+  // floats (the MTP block's hidden rows).
+  void upload_inputs(const int32_t* tokens, int T, int64_t pos0, const float* extra = nullptr, size_t n_extra = 0) {
+    const int64_t H = m->hp().n_embd;
+    emb.assign(kHead + (size_t)T * H + n_extra, 0.f);
+    const int32_t head[2] = {(int32_t)pos0, (int32_t)(pos0 + 1)};
+    std::memcpy(emb.data(), head, sizeof(head));
+    embed(tokens, T, emb.data() + kHead);
+    if (n_extra) std::memcpy(emb.data() + kHead + (size_t)T * H, extra, n_extra * 4);
+    inb.grow(*be, emb.size() * 4);
+    be->upload(inb.p, emb.data(), emb.size() * 4);
+  }
+
   // The embeddings into x (dev: run() uploaded them into inb) and layer 0's norm.
   void head(const int32_t* tokens, int T) {
     const HParams& hp = m->hp();
-    const Weights& W = m->weights();
     const int64_t H = hp.n_embd;
     if (dev) {
       be->copy(x.p, inb.f() + kHead, (size_t)T * H * 4);
     } else {
       emb.resize((size_t)T * H);
-      const TypeTraits* et = type_traits(W.token_embd.type);
-      for (int t = 0; t < T; t++)
-        et->dequant(W.token_embd.data + (size_t)tokens[t] * W.token_embd.row_bytes, emb.data() + (size_t)t * H, H);
+      embed(tokens, T, emb.data());
       be->upload(x.p, emb.data(), emb.size() * 4);
     }
     // each residual add is issued with the norm that follows it (add_rmsnorm: the same operations)
@@ -779,11 +802,9 @@ struct BackendSession::Impl {
   void mtp_forward(const float* hidden_host, const int32_t* next_tokens, int T, int64_t pos0, float* out_hidden_host,
                    float* logits_last_host) {
     const HParams& hp = m->hp();
-    const Weights& W = m->weights();
     const BackendModel::Mtp& M = bm->mtp;
     STRATA_CHECK(M.present && mtp_kv.cells > 0, "mtp: this backend session has no MTP block");
     const int64_t H = hp.n_embd, V = hp.n_vocab;
-    const TypeTraits* et = type_traits(W.token_embd.type);
     for (int t0 = 0; t0 < T; t0 += kChunk) {
       const int n = std::min(kChunk, T - t0);
       const int64_t p0 = pos0 + t0;
@@ -793,17 +814,7 @@ struct BackendSession::Impl {
       hid.grow(*be, (size_t)n * H * 4);
       logits.grow(*be, (size_t)V * 4);
       mtp_cat.grow(*be, (size_t)n * 2 * H * 4);
-      emb.assign(kHead + (size_t)2 * n * H, 0.f);
-      const int32_t head[2] = {(int32_t)p0, (int32_t)(p0 + 1)};
-      std::memcpy(emb.data(), head, sizeof(head));
-      for (int t = 0; t < n; t++) {
-        const int32_t tok = next_tokens[t0 + t];
-        STRATA_CHECK(tok >= 0 && tok < V, "mtp: token id ", tok, " out of range");
-        et->dequant(W.token_embd.data + (size_t)tok * W.token_embd.row_bytes, emb.data() + kHead + (size_t)t * H, H);
-      }
-      std::memcpy(emb.data() + kHead + (size_t)n * H, hidden_host + (size_t)t0 * H, (size_t)n * H * 4);
-      inb.grow(*be, emb.size() * 4);
-      be->upload(inb.p, emb.data(), emb.size() * 4);
+      upload_inputs(next_tokens + t0, n, p0, hidden_host + (size_t)t0 * H, (size_t)n * H);
       n_cap = p0 + 1;
       const float* e = inb.f() + kHead;
       be->rmsnorm(e, H, M.enorm, H, n, hp.rms_eps, mtp_cat.f(), 2 * H);  // [emb | hidden], embedding first
@@ -825,8 +836,8 @@ struct BackendSession::Impl {
   void mtp_zero(int64_t pos, int64_t n) {
     const int64_t width = m->hp().n_head_kv * m->hp().head_dim;
     STRATA_CHECK(pos >= 0 && n >= 0 && pos + n <= mtp_kv.cells, "mtp: cells ", pos, "..", pos + n, " outside ", mtp_kv.cells);
-    std::vector<float> z((size_t)n * width, 0.f);
     if (n == 0) return;
+    const std::vector<float> z((size_t)n * width, 0.f);
     be->upload(mtp_kv.k.f() + pos * width, z.data(), z.size() * 4);
     be->upload(mtp_kv.v.f() + pos * width, z.data(), z.size() * 4);
   }
@@ -850,19 +861,9 @@ struct BackendSession::Impl {
   // addresses, the position read from memory). With streamed experts the step is recorded in pieces, between the
   // host parts (forward_streamed).
   void step_at(const int32_t* tokens, int T, int64_t pos0, bool in_place, int first) {
-    const HParams& hp = m->hp();
-    const Weights& W = m->weights();
-    const int64_t H = hp.n_embd;
     STRATA_CHECK(kv.empty() || pos0 + T <= n_ctx, "attention: positions ", pos0, "..", pos0 + T - 1,
                  " exceed the context ", n_ctx);  // a replayed step checks nothing itself
-    emb.assign(kHead + (size_t)T * H, 0.f);
-    int32_t head[2] = {(int32_t)pos0, (int32_t)(pos0 + 1)};
-    std::memcpy(emb.data(), head, sizeof(head));
-    const TypeTraits* et = type_traits(W.token_embd.type);
-    for (int t = 0; t < T; t++)
-      et->dequant(W.token_embd.data + (size_t)tokens[t] * W.token_embd.row_bytes, emb.data() + kHead + (size_t)t * H, H);
-    inb.grow(*be, emb.size() * 4);
-    be->upload(inb.p, emb.data(), emb.size() * 4);
+    upload_inputs(tokens, T, pos0);
     if (T > kMaxRecordedT) {  // prompt pieces: once each
       n_cap = pos0 + 1;
       forward(tokens, T, pos0, in_place, first, hid.f(), logits.f());

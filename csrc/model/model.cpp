@@ -60,7 +60,7 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   STRATA_CHECK(!opt.experts.device || !opt.experts.approximate,
                "approximate (cache-aware) routing runs only on backend='cpu' (with a host expert cache)");
   m->expert_opt_ = opt.experts;
-  if (opt.experts.cache_mib != -1 && opt.experts.device)
+  if (m->streams_on_backend())
     BackendExperts::slots_for(*m, opt.experts.cache_mib);  // a budget below one row's experts fails here, at load
   else if (opt.experts.cache_mib != -1)
     m->experts_ = std::make_unique<ExpertStream>(*m->file_, m->hp_, m->w_, opt.experts);

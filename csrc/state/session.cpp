@@ -354,8 +354,8 @@ std::vector<float> Session::mtp_feed(int64_t n, float* logits_last) {
   for (int64_t c = 0; c < n; c += kChunk) {
     const int64_t m = std::min(kChunk, n - c);
     out_h.resize((size_t)m * H);
-    mtp_run(mtp_backlog_h_.data() + (size_t)c * H, mtp_backlog_tok_.data() + c, (int)m,
-                mtp_pos_ + c, out_h.data(), c + m == n ? logits_last : nullptr);
+    mtp_run(mtp_backlog_h_.data() + (size_t)c * H, mtp_backlog_tok_.data() + c, (int)m, mtp_pos_ + c, out_h.data(),
+            c + m == n ? logits_last : nullptr);
   }
   mtp_pos_ += n;
   mtp_backlog_h_.erase(mtp_backlog_h_.begin(), mtp_backlog_h_.begin() + (size_t)n * H);
