@@ -29,6 +29,13 @@ constexpr std::array<uint64_t, 128> make_sign_masks() {
   return t;
 }
 alignas(64) inline constexpr std::array<uint64_t, 128> kSignMask = make_sign_masks();
+// The same signs as +-1 bytes (0x01 / 0xFF), for vpsignb on the activations.
+constexpr std::array<uint64_t, 128> make_sign_pm() {
+  std::array<uint64_t, 128> t = make_sign_masks();
+  for (auto& v : t) v |= 0x0101010101010101ull;
+  return t;
+}
+alignas(64) inline constexpr std::array<uint64_t, 128> kSignPm = make_sign_pm();
 
 // A decoder whose mins are per 16 values (Q2_K) says kMins16 = true and provides mins16(block, int16_t[16]);
 // the kernels then form M = sum_v m16[v / 16] * q[v] from the activation values (bsum is per 32).
@@ -78,16 +85,21 @@ inline __m256i gather4(const uint64_t* table, __m128i idx) {
 // IQ2_XXS: the grid rows of the four index bytes at q (one sub-block's 32 unsigned grid bytes).
 inline __m256i iq2xxs_grid4(const uint8_t* q) {
   if (g_gathers) return gather4(kIq2xxsGrid, _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)u32_at(q))));
-  return _mm256_set_epi64x((long long)kIq2xxsGrid[q[3]], (long long)kIq2xxsGrid[q[2]], (long long)kIq2xxsGrid[q[1]],
-                           (long long)kIq2xxsGrid[q[0]]);
+  // (the index bytes taken from one load in a register: byte loads of each would add four loads to the sixteen-odd
+  // of a sub-block, the load ports being what bounds these kernels on AMD Zen 3)
+  const uint32_t v = u32_at(q);
+  return _mm256_set_epi64x((long long)kIq2xxsGrid[v >> 24], (long long)kIq2xxsGrid[(v >> 16) & 255],
+                           (long long)kIq2xxsGrid[(v >> 8) & 255], (long long)kIq2xxsGrid[v & 255]);
 }
 // IQ3_XXS: the grid dwords of the eight index bytes at q.
 inline __m256i iq3xxs_grid8(const uint8_t* q) {
   if (g_gathers)
     return _mm256_i32gather_epi32(reinterpret_cast<const int*>(kIq3xxsGrid),
                                   _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))), 4);
-  return _mm256_setr_epi32((int)kIq3xxsGrid[q[0]], (int)kIq3xxsGrid[q[1]], (int)kIq3xxsGrid[q[2]], (int)kIq3xxsGrid[q[3]],
-                           (int)kIq3xxsGrid[q[4]], (int)kIq3xxsGrid[q[5]], (int)kIq3xxsGrid[q[6]], (int)kIq3xxsGrid[q[7]]);
+  const uint32_t v = u32_at(q), w = u32_at(q + 4);  // (index bytes from registers, as iq2xxs_grid4)
+  return _mm256_setr_epi32((int)kIq3xxsGrid[v & 255], (int)kIq3xxsGrid[(v >> 8) & 255], (int)kIq3xxsGrid[(v >> 16) & 255],
+                           (int)kIq3xxsGrid[v >> 24], (int)kIq3xxsGrid[w & 255], (int)kIq3xxsGrid[(w >> 8) & 255],
+                           (int)kIq3xxsGrid[(w >> 16) & 255], (int)kIq3xxsGrid[w >> 24]);
 }
 // IQ3_S's eight groups of sub-block ib (grid index: qs byte | bit l of qh[ib] << 8): their grid bytes, by one gather.
 inline __m256i iq3s_groups(const uint8_t* b, int ib) {

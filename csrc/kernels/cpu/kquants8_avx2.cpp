@@ -61,7 +61,7 @@ struct Dec8Q4K {
   static constexpr uint32_t kType = GGML_Q4_K;
   static constexpr int kBytes = 144;
   static constexpr int kMaxT = 8;
-  static constexpr bool kHasMin = true, kSigned = false, kHead4 = true;
+  static constexpr bool kHasMin = true, kSigned = false, kHead4 = true, kGrid = false;
   static inline void decode(const uint8_t* b, Blk8& o) {
     head4(b, o);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -77,7 +77,7 @@ struct Dec8Q5K {
   static constexpr uint32_t kType = GGML_Q5_K;
   static constexpr int kBytes = 176;
   static constexpr int kMaxT = 8;
-  static constexpr bool kHasMin = true, kSigned = false, kHead4 = true;
+  static constexpr bool kHasMin = true, kSigned = false, kHead4 = true, kGrid = false;
   static inline void decode(const uint8_t* b, Blk8& o) {
     head4(b, o);
     const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
@@ -97,7 +97,7 @@ struct Dec8Q6K {
   static constexpr uint32_t kType = GGML_Q6_K;
   static constexpr int kBytes = 210;
   static constexpr int kMaxT = 8;
-  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false;
+  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false, kGrid = false;
   static inline void decode(const uint8_t* b, Blk8& o) {
     o.d = h2f(b + 208);
     o.dmin = 0.f;
@@ -122,7 +122,11 @@ struct Dec8IQ2XXS {
   static constexpr uint32_t kType = GGML_IQ2_XXS;
   static constexpr int kBytes = 66;
   static constexpr int kMaxT = 3;
-  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false;
+  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false, kGrid = true;
+  // (kGrid) the block scale, sub-block ib's unsigned grid bytes, and its sign / scale word
+  static inline float dscale(const uint8_t* b) { return h2f(b) * 0.125f; }
+  static inline __m256i grid(const uint8_t* b, int ib) { return iq2xxs_grid4(b + 2 + 8 * ib); }
+  static inline uint32_t aux(const uint8_t* b, int ib) { return u32_at(b + 2 + 8 * ib + 4); }
   static inline void decode(const uint8_t* b, Blk8& o) {
     o.d = h2f(b) * 0.125f;
     o.dmin = 0.f;
@@ -139,7 +143,10 @@ struct Dec8IQ3XXS {
   static constexpr uint32_t kType = GGML_IQ3_XXS;
   static constexpr int kBytes = 98;
   static constexpr int kMaxT = 3;
-  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false;
+  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false, kGrid = true;
+  static inline float dscale(const uint8_t* b) { return h2f(b) * 0.25f; }
+  static inline __m256i grid(const uint8_t* b, int ib) { return iq3xxs_grid8(b + 2 + 8 * ib); }
+  static inline uint32_t aux(const uint8_t* b, int ib) { return u32_at(b + 66 + 4 * ib); }
   static inline void decode(const uint8_t* b, Blk8& o) {
     o.d = h2f(b) * 0.25f;
     o.dmin = 0.f;
@@ -156,7 +163,7 @@ struct Dec8IQ4XS {
   static constexpr uint32_t kType = GGML_IQ4_XS;
   static constexpr int kBytes = 136;
   static constexpr int kMaxT = 3;
-  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false;
+  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false, kGrid = false;
   static inline void decode(const uint8_t* b, Blk8& o) {
     o.d = h2f(b);
     o.dmin = 0.f;
@@ -292,6 +299,57 @@ void rows_kq8_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r
   }
 }
 
+// Decode windows (T <= kMaxT) of the grid types (IQ2_XXS, IQ3_XXS), fused per pair of sub-blocks: the grid bytes
+// are positive, so |w| is the grid row itself and the signs go onto the activations (vpsignb by +-1 bytes,
+// kSignPm), and each sub-block's scale comes from its sign word in registers; no decoded block is stored
+// (rows_kq8_t's Blk8: 8 registers and their absolute values, spilled). Per sub-block: the grid and sign lookups,
+// then per row one vpsignb and one vpmaddubsw; the same lane sums P (exact integers) and float operations as
+// rows_kq8_t, so the same bits (tests/test_quant_kernels.py, both ways of looking up the grid).
+inline __m256i sign_pm(uint32_t signs) {
+  return _mm256_set_epi64x((long long)kSignPm[(signs >> 21) & 127], (long long)kSignPm[(signs >> 14) & 127],
+                           (long long)kSignPm[(signs >> 7) & 127], (long long)kSignPm[signs & 127]);
+}
+template <class Dec, int T>
+void rows_grid_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  static_assert(Dec::kGrid && T >= 1 && T <= Dec::kMaxT, "the fused grid kernel is for decode windows of IQ2/IQ3_XXS");
+  const int64_t nb = W.cols / QK_K;
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t* row = W.data + r * W.row_bytes;
+    __m256 Llo[T], Lhi[T];
+    for (int t = 0; t < T; t++) Llo[t] = Lhi[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+      const uint8_t* blk = row + b * Dec::kBytes;
+      prefetch_ahead<Dec::kBytes>(blk);
+      __m256i A[T], B[T];
+      for (int t = 0; t < T; t++) A[t] = B[t] = _mm256_setzero_si256();
+      for (int p = 0; p < 4; p++) {
+        const int j = 2 * p;
+        const uint32_t u0 = Dec::aux(blk, j), u1 = Dec::aux(blk, j + 1);
+        const __m256i g0 = Dec::grid(blk, j), g1 = Dec::grid(blk, j + 1);
+        const __m256i s0 = sign_pm(u0), s1 = sign_pm(u1);
+        // the scale pair (s_j, s_j+1): one scale per sub-block, so the same for values 0-15 and 16-31
+        const __m256i sc = _mm256_set1_epi32((int)((2 * (u0 >> 28) + 1) | (2 * (u1 >> 28) + 1) << 16));
+        for (int t = 0; t < T; t++) {
+          const int8_t* x = a.q.q8 + t * a.q.ldq + b * QK_K + 32 * j;
+          const __m256i x0 = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)), s0);
+          const __m256i x1 = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32)), s1);
+          const __m256i p0 = _mm256_maddubs_epi16(g0, x0), p1 = _mm256_maddubs_epi16(g1, x1);
+          A[t] = _mm256_add_epi32(A[t], _mm256_madd_epi16(_mm256_unpacklo_epi16(p0, p1), sc));  // lanes 0-3 | 8-11
+          B[t] = _mm256_add_epi32(B[t], _mm256_madd_epi16(_mm256_unpackhi_epi16(p0, p1), sc));  // lanes 4-7 | 12-15
+        }
+      }
+      const float d = Dec::dscale(blk);
+      const float* dx = a.q.d + b * 8;
+      for (int t = 0; t < T; t++) {
+        const __m256 dd = _mm256_set1_ps(d * dx[t]);
+        Llo[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(A[t], B[t], 0x20)), Llo[t]);
+        Lhi[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(A[t], B[t], 0x31)), Lhi[t]);
+      }
+    }
+    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16(Llo[t], Lhi[t]);
+  }
+}
+
 template <class Dec>
 RowsFn wide_fn(uint32_t type) {
   static const RowsFn f = rows_fn_kq_avx2(type);
@@ -415,7 +473,8 @@ void rows_kq8(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0,
     constexpr int kT = decltype(t)::value;
     if constexpr (kT <= Dec::kMaxT) {
       // (signed weights keep the unpacking form: the interleaved one measured 7-9 % slower for Q6_K at T = 2-4)
-      if constexpr (kT == 1 || Dec::kSigned) rows_kq8_t<Dec, kT>(W, a, y, ldy, r0, r1);
+      if constexpr (Dec::kGrid) rows_grid_t<Dec, kT>(W, a, y, ldy, r0, r1);
+      else if constexpr (kT == 1 || Dec::kSigned) rows_kq8_t<Dec, kT>(W, a, y, ldy, r0, r1);
       else rows_kq8_il_t<Dec, kT>(W, a, y, ldy, r0, r1);
     }
   });
