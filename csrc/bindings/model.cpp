@@ -628,7 +628,7 @@ void init_model(nb::module_& m) {
           "At prefill: feed the MTP block the committed rows whose next token is known (see strata.h).")
       .def_prop_ro("mtp_position", &Session::mtp_position)
       .def("mtp_logits", [](const Session& s) {
-        const auto& l = s.mtp_logits();
+        const std::vector<float> l = s.mtp_logits();
         const size_t V = (size_t)s.logits_cols();
         return to_numpy<float>(l.data(), {l.size() / V, V});
       }, "Logits of each draft step of the last mtp_draft [k, n_vocab] (for tests).")
