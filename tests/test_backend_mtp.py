@@ -107,3 +107,30 @@ def test_mtp_recorded_drafts_equal_native(tiny_q8_model, tiny_q4k_model, backend
     assert_same(ref._core.mtp_logits(), got._core.mtp_logits(), "draft logits at the context's end")
     if backend == "cuda":
         assert _core.recorded_step_replays() > replays + w // 2, "the MTP drafts replayed no recorded steps"
+
+
+def test_cold_steps_count_warmups_only(tiny_q8_model, backend):
+    """Session.cold_steps (the controller skips cost samples of windows during which it grew): on the GPU it grows
+    while a shape is seen the first time (unrecorded) and the second (recorded), then stays while the same shapes
+    replay; the CPU backend and the native session record nothing (0)."""
+    m = tiny_q8_model
+    rng = fresh_rng()
+    s = m.session(n_ctx=128, max_window=4, mtp=True, backend=backend)
+    native = m.session(n_ctx=128, max_window=4, mtp=True, backend="cpu")
+    prompt = rng.integers(0, m.n_vocab, 8).tolist()
+    counts = []
+    for x in (s, native):
+        x.run(prompt)
+        x.commit(len(prompt))
+        x.mtp_prefill()
+    for _ in range(6):
+        for x in (s, native):
+            d = x.mtp_draft(int(rng.integers(0, m.n_vocab)), 2)
+            x.run([5] + d)
+            x.commit(2)
+        counts.append(s._core.cold_steps)
+    assert native._core.cold_steps == 0
+    if backend == "cuda":
+        assert counts[0] > 0 and counts[-1] == counts[-3], counts
+    else:
+        assert counts == [0] * 6

@@ -320,6 +320,7 @@ struct BackendSession::Impl {
   };
   std::map<GraphKey, std::vector<Recording>> recordings;
   size_t n_recordings = 0;
+  int64_t cold = 0;  // steps that ran unrecorded the first time their shape was seen, or were recorded (cold_steps)
   int last_T = 0;
   bool last_in_place = true;
   std::vector<float> emb;
@@ -934,15 +935,13 @@ struct BackendSession::Impl {
       }
     };
     const bool record = dev && r <= kMaxRecordedT;
-    std::vector<const void*> s;
-    if (record) {
-      s = sig();
-      for (const Buf* b : {&mtp_cat, &mtp_kv.k, &mtp_kv.v, &mtp_emb, &mtp_hid, &mtp_lg, &mtp_tok}) s.push_back(b->p);
-    }
     auto run_depths = [&](int j0, int j1) {  // 3.
       if (!record) return depths(j0, j1);
       GraphKey key{j0 == 0 ? r : 1, j1, true, n_cap};
       key.mtp = j0 + 1;
+      // the addresses now: an earlier depth of this call, run unrecorded, may have grown a buffer
+      std::vector<const void*> s = sig();
+      for (const Buf* b : {&mtp_cat, &mtp_kv.k, &mtp_kv.v, &mtp_emb, &mtp_hid, &mtp_lg, &mtp_tok}) s.push_back(b->p);
       run_recorded(key, [&] { depths(j0, j1); }, &s);
     };
     if (chain) {
@@ -1026,6 +1025,7 @@ struct BackendSession::Impl {
       be->forget(r->id);  // stale (the backend's scratch moved): record again
       r->id = -1;
     }
+    if (!r || !r->broken) cold++;  // a first sight or a recording (a broken step's unrecorded runs are its steady state)
     if (!r || r->broken) {
       if (!r) {
         // with streamed experts a step is n_layer + 1 pieces: room for 16 steps' pieces
@@ -1121,6 +1121,7 @@ std::vector<float> BackendSession::mtp_logits() {
   std::lock_guard<std::mutex> lk(p_->bm->mu);
   return p_->mtp_logits();
 }
+int64_t BackendSession::cold_steps() const { return p_->cold; }
 void BackendSession::mtp_zero(int64_t pos, int64_t n) {
   std::lock_guard<std::mutex> lk(p_->bm->mu);
   p_->mtp_zero(pos, n);

@@ -66,6 +66,9 @@ class BackendSession {
   void mtp_draft(const float* hidden, const int32_t* next_tokens, int n, int64_t pos0, int k, int32_t* drafts);
   std::vector<float> mtp_logits();
   void mtp_zero(int64_t pos, int64_t n);  // cells [pos, pos + n) back to zeros
+  // Recorded steps (backends that record) that ran cold: unrecorded at the first sight of their shape and buffers,
+  // or recorded (capture and instantiation) at the second; replays and steps that cannot be recorded do not count.
+  int64_t cold_steps() const;
 
  private:
   struct Impl;

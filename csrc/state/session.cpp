@@ -343,6 +343,8 @@ std::vector<int32_t> Session::mtp_draft(int32_t root, int k, int64_t max_backlog
   return drafts;
 }
 
+int64_t Session::cold_steps() const { return bs_ ? bs_->cold_steps() : 0; }
+
 std::vector<float> Session::mtp_logits() const { return bs_ ? bs_->mtp_logits() : mtp_logits_; }
 
 // The MTP block's forward on this session's backend (the native function, or the backend session's twin).

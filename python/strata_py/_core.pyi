@@ -314,6 +314,10 @@ class Session:
     @property
     def mtp_position(self) -> int: ...
 
+    @property
+    def cold_steps(self) -> int:
+        """Steps that ran cold (unrecorded first sight, or recording) on a backend that records them."""
+
     def mtp_logits(self) -> NDArray[numpy.float32]:
         """
         Logits of each draft step of the last mtp_draft [k, n_vocab] (for tests).

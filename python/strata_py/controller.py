@@ -19,7 +19,8 @@ Estimates, all online:
         the first drafts of longer matches show, instead of the few deep outcomes of short matches.
   C(T)  WindowCosts: measured window seconds per T (the decode loop calls record_window(T, seconds); the
         drafter adds its own lookup time; the request's first windows are skipped, since they run on cold
-        caches). C(T) is a property of the model and the machine, not of the request, so one table per loaded
+        caches, and so is a window during which the session ran a step cold, Session.cold_steps: on the GPU
+        a step's first sight runs unrecorded and its second records it, each a few times its replayed cost). C(T) is a property of the model and the machine, not of the request, so one table per loaded
         model is shared by every request's controller (window_costs(model)). Per T an EMA whose first
         measurement only stands in until the second, and a sample above 1.5x the estimate (the machine
         preempted us) counts as 1.5x. Once two Ts are measured twice, every C(T) is read off the line

@@ -97,9 +97,11 @@ class MtpDrafter:
         if k > 0 and self.session.position > self.session._core.mtp_position:
             backlog = min(self.session.position - self.session._core.mtp_position, RESYNC)
             t1 = time.perf_counter()
+            cold = self.session._core.cold_steps
             drafts = self.session.mtp_draft(int(context[-1]), k, max_backlog=RESYNC)
             row = (time.perf_counter() - t1) / (backlog + k)
-            self.mtp.record_row(row)
+            if self.session._core.cold_steps == cold:  # not a recording's warm-up (backend="cuda")
+                self.mtp.record_row(row)
             self._used = "mtp"
         self._draft_s = time.perf_counter() - t0
         self.draft_s_total += self._draft_s
