@@ -307,7 +307,7 @@ struct BackendSession::Impl {
     bool in_place;
     int64_t n_cap;
     int piece = -1;  // a piece of a step with streamed experts (forward_streamed); -1: the whole step
-    int mtp = 0;     // 0: a step of the model; j0 + 1: mtp_draft's depths [j0, first) (T: the fed rows for j0 = 0);
+    int mtp = 0;     // 0: a step of the model; j0 + 1: mtp_draft's depths [j0, first) after T fed rows;
                      // -1: commit's fold of `first` kept rows of a T-row window
     bool operator<(const GraphKey& o) const {
       return std::tie(T, first, in_place, n_cap, piece, mtp) < std::tie(o.T, o.first, o.in_place, o.n_cap, o.piece, o.mtp);
@@ -937,7 +937,7 @@ struct BackendSession::Impl {
     const bool record = dev && r <= kMaxRecordedT;
     auto run_depths = [&](int j0, int j1) {  // 3.
       if (!record) return depths(j0, j1);
-      GraphKey key{j0 == 0 ? r : 1, j1, true, n_cap};
+      GraphKey key{r, j1, true, n_cap};  // r for every j0: depth 1 reads depth 0's row r - 1
       key.mtp = j0 + 1;
       // the addresses now: an earlier depth of this call, run unrecorded, may have grown a buffer
       std::vector<const void*> s = sig();
