@@ -164,7 +164,10 @@ class Session {
   // is known (all but the last; mtp_draft feeds that one with its root), without drafting.
   void mtp_prefill();
   int64_t mtp_position() const { return mtp_pos_; }
-  const std::vector<float>& mtp_logits() const { return mtp_logits_; }  // [k][V] of the last mtp_draft
+  // How many of this session's steps so far ran cold on a backend that records them (BackendSession::cold_steps;
+  // 0 elsewhere): a window or draft during which it grew is a warm-up sample, not its steady cost.
+  int64_t cold_steps() const;
+  std::vector<float> mtp_logits() const;  // [k][V] of the last mtp_draft (for tests; a download on a backend)
   // Finish: processors + choice for every row of the last run (needs all-row logits).
   std::vector<int32_t> sample(const SamplingParams& p) const;
   // Steering (sampling/processor.h): with masks ([logits_rows()][mask_words] or null), each output row also

@@ -107,3 +107,58 @@ def test_cpu_backend_sample_rows_is_todays_sampler():
         p = _core.SamplingParams(**kw)
         assert list(_core.backend_sample_rows("cpu", logits, p, committed, inputs, 9)) == \
             list(_core.sample_rows(logits, p, committed, inputs, 9))
+
+
+def argmax_rows_rows(rng, V):
+    """Rows that exercise argmax's rules: exact ties, NaN among the logits, -inf, every logit NaN, every -inf,
+    NaN and -inf only, +0 against -0 (equal: the lower id wins), one finite logit among NaN."""
+    rows = [rng.standard_normal(V).astype(np.float32) for _ in range(3)]
+    t = np.round(rng.standard_normal(V) * 2).astype(np.float32)
+    t[rng.integers(0, V, 5)] = t.max()
+    rows.append(t)
+    n = rng.standard_normal(V).astype(np.float32)
+    n[rng.integers(0, V, V // 3)] = np.nan
+    n[rng.integers(0, V, 3)] = -np.inf
+    rows.append(n)
+    rows.append(np.full(V, np.nan, np.float32))
+    rows.append(np.full(V, -np.inf, np.float32))
+    m = np.full(V, np.nan, np.float32)
+    m[::2] = -np.inf
+    rows.append(m)
+    z = np.full(V, -1.0, np.float32)
+    z[V // 2], z[V // 3], z[V - 1] = 0.0, -0.0, 0.0
+    rows.append(z)
+    o = np.full(V, np.nan, np.float32)
+    o[int(rng.integers(0, V))] = -5.0
+    rows.append(o)
+    return np.stack(rows)
+
+
+def argmax_expected(row, none):
+    ok = ~np.isnan(row)
+    if not ok.any() or row[ok].max() == -np.inf:
+        return none
+    return int(np.flatnonzero(ok & (row == row[ok].max()))[0])
+
+
+def test_cpu_backend_argmax_rows():
+    """sampler.h argmax per row (the largest non-NaN logit, its lowest id), `none` where every logit is NaN / -inf."""
+    rng = np.random.default_rng()
+    for V in (1, 7, 16, 100, 8192):
+        x = argmax_rows_rows(rng, V)
+        for none in (0, -1):
+            assert list(_core.backend_argmax_rows("cpu", x, none)) == [argmax_expected(r, none) for r in x]
+
+
+def test_cpu_backend_embed_rows_is_the_dequantizer():
+    """Backend::embed_rows: the gathered rows, each types.h's dequantizer output bit for bit."""
+    rng = np.random.default_rng()
+    rows, cols = 40, 256
+    for typ in ("F32", "F16", "BF16", "Q8_0", "Q4_K"):
+        raw = weights(rng, typ, rows, cols)
+        ids = rng.integers(0, rows, 9).astype(np.int32)
+        got = np.asarray(_core.backend_embed_rows("cpu", typ, raw, cols, ids)).reshape(9, cols)
+        table = np.asarray(_core.dequantize(raw, typ, rows * cols)).reshape(rows, cols)
+        assert (bits(got) == bits(table[ids])).all(), typ
+    with pytest.raises(ValueError, match="id 40 outside"):
+        _core.backend_embed_rows("cpu", "Q8_0", weights(rng, "Q8_0", rows, cols), cols, np.array([40], np.int32))

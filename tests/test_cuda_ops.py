@@ -221,3 +221,28 @@ def test_sample_rows_window_equals_one_row_calls(cfg):
         one = _core.backend_sample_rows("cuda", logits[i:i + 1], p, np.concatenate([committed, inputs[:i]]),
                                         inputs[i:i + 1], 500 + i)
         assert one[0] == win[i], i
+
+
+# ---------------------------------------------------------------- the MTP drafts' argmax and embedding gather
+def test_argmax_rows_equals_cpu():
+    """Ties to the lowest id, NaN skipped, `none` for rows of NaN / -inf only, +0 == -0; a T-row call equals the
+    rows one by one (a block per row)."""
+    from test_backend import argmax_rows_rows
+    rng = np.random.default_rng()
+    for V in (1, 7, 512, 513, 8192, 151936):
+        x = argmax_rows_rows(rng, V)
+        for none in (0, -1):
+            want = list(_core.backend_argmax_rows("cpu", x, none))
+            assert list(_core.backend_argmax_rows("cuda", x, none)) == want, V
+            assert [_core.backend_argmax_rows("cuda", x[t:t + 1], none)[0] for t in range(len(x))] == want
+
+
+@pytest.mark.parametrize("typ", ["F32", "F16", "BF16", "Q8_0"])
+def test_embed_rows_equals_cpu(typ):
+    from cuda_util import weights
+    rng = np.random.default_rng()
+    rows, cols = 300, 2048
+    raw = weights(rng, typ, rows, cols)
+    ids = rng.integers(0, rows, 17).astype(np.int32)
+    got = _core.backend_embed_rows("cuda", typ, raw, cols, ids)
+    assert (bits(got) == bits(_core.backend_embed_rows("cpu", typ, raw, cols, ids))).all()

@@ -197,6 +197,19 @@ class Backend {
   // the default leaves them to moe_combine.
   virtual void moe_shared_gate(const float* gate_shexp, const float* x, int T, int64_t H) {}
 
+  // The greedy pick of T rows on the backend (the MTP drafts: one int a row crosses, not the row): out[t] =
+  // sampler.h argmax of row t (the largest non-NaN logit, its lowest id), or `none` where argmax is -1 (every logit
+  // NaN or -inf). out: backend memory. Issues work only (no sync), so it may be part of a recorded step.
+  virtual void argmax_rows(const float* logits, int T, int64_t n_vocab, int32_t none, int32_t* out) = 0;
+  // Token embedding rows gathered on the backend (the MTP drafts chained on the card): out[t][0..table.cols) =
+  // row ids[t] of table (backend memory, its GGUF bytes), dequantized exactly as types.h's dequantizer does; ids
+  // (backend memory) must lie in [0, table.rows). can_embed(type): whether this backend decodes that type here
+  // (the CPU: every type with a dequantizer; CUDA: F32, F16, BF16, Q8_0); the forward embeds on the host otherwise.
+  virtual bool can_embed(uint32_t type) const { return false; }
+  virtual void embed_rows(const MatView& table, const int32_t* ids, int T, float* out) {
+    fail<std::logic_error>("backend ", name(), " has no embed_rows");
+  }
+
   // The window finish (sampler.h sample_rows): logits[T][n_vocab] -> out[T].
   virtual void sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p,
                            const int32_t* committed, int64_t n_committed, const int32_t* inputs, int64_t pos0,

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "kernels/rowops.h"
+#include "kernels/types.h"
 #include "model/ops.h"
 #include "util/common.h"
 #include "util/threads.h"
@@ -170,6 +171,21 @@ class CpuBackend final : public Backend {
   void sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p, const int32_t* committed,
                    int64_t n_committed, const int32_t* inputs, int64_t pos0, int32_t* out) override {
     strata::sample_rows(logits, T, n_vocab, p, committed, n_committed, inputs, pos0, out);
+  }
+  void argmax_rows(const float* logits, int T, int64_t n_vocab, int32_t none, int32_t* out) override {
+    for (int t = 0; t < T; t++) {
+      const int32_t b = argmax(logits + (size_t)t * n_vocab, n_vocab);
+      out[t] = b < 0 ? none : b;
+    }
+  }
+  bool can_embed(uint32_t type) const override { return type_traits(type) && type_traits(type)->dequant; }
+  void embed_rows(const MatView& table, const int32_t* ids, int T, float* out) override {
+    STRATA_CHECK(can_embed(table.type), "embed_rows: no dequantizer for type ", type_name(table.type));
+    const TypeTraits* tt = type_traits(table.type);
+    for (int t = 0; t < T; t++) {
+      STRATA_CHECK(ids[t] >= 0 && ids[t] < table.rows, "embed_rows: token id ", ids[t], " outside [0, ", table.rows, ")");
+      tt->dequant(table.data + (size_t)ids[t] * table.row_bytes, out + (size_t)t * table.cols, table.cols);
+    }
   }
 
  private:

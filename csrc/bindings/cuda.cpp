@@ -382,6 +382,48 @@ void init_cuda(nb::module_& m) {
       },
       nb::arg("backend"), nb::arg("logits"), nb::arg("k"));
   m.def(
+      "backend_argmax_rows",
+      [](const std::string& b, F2 logits, int32_t none) {
+        // Backend::argmax_rows of logits[T][V]: int32 tokens[T] (`none` where a row has no logit above -inf).
+        Backend& be = backend(b);
+        const int T = (int)logits.shape(0);
+        const int64_t V = (int64_t)logits.shape(1);
+        STRATA_CHECK(T >= 1 && V >= 1, "backend_argmax_rows: logits[T][V] with T, V >= 1");
+        std::vector<int32_t> out((size_t)T);
+        nb::gil_scoped_release rel;
+        Buf dl(be, logits.data(), logits.size() * 4), dout(be, poisoned(out.size(), -7).data(), out.size() * 4);
+        be.argmax_rows(dl.as<float>(), T, V, none, dout.as<int32_t>());
+        be.download(out.data(), dout.p, out.size() * 4);
+        return out;
+      },
+      nb::arg("backend"), nb::arg("logits"), nb::arg("none") = 0);
+  m.def(
+      "backend_embed_rows",
+      [](const std::string& b, const std::string& type, U8 table, int64_t cols, I1 ids) {
+        // Backend::embed_rows of a table of `type` (its GGUF bytes, rows of cols values): float32 [T][cols].
+        Backend& be = backend(b);
+        const TypeTraits* tt = traits_named(type);
+        const size_t rb = row_bytes(tt->id, cols);
+        STRATA_CHECK(cols % tt->block_size == 0 && rb > 0 && table.size() % rb == 0, "backend_embed_rows: ",
+                     table.size(), " bytes are no whole rows of ", cols, " ", type, " values");
+        STRATA_CHECK(be.can_embed(tt->id), "backend_embed_rows: backend ", be.name(), " does not embed ", type);
+        const int T = (int)ids.shape(0);
+        const MatView W0{nullptr, tt->id, (int64_t)(table.size() / rb), cols, rb};
+        for (int t = 0; t < T; t++)
+          STRATA_CHECK(ids.data()[t] >= 0 && ids.data()[t] < W0.rows, "backend_embed_rows: id ", ids.data()[t],
+                       " outside [0, ", W0.rows, ")");
+        std::vector<float> out((size_t)T * cols);
+        nb::gil_scoped_release rel;
+        Buf dt(be, table.data(), table.size()), di(be, ids.data(), (size_t)T * 4),
+            dout(be, poisoned(out.size(), kNaN).data(), out.size() * 4);
+        MatView W = W0;
+        W.data = dt.as<uint8_t>();
+        be.embed_rows(W, di.as<int32_t>(), T, dout.as<float>());
+        be.download(out.data(), dout.p, out.size() * 4);
+        return out;
+      },
+      nb::arg("backend"), nb::arg("type"), nb::arg("table"), nb::arg("cols"), nb::arg("ids"));
+  m.def(
       "backend_sample_rows",
       [](const std::string& b, F2 logits, const SamplingParams& p, I1 committed, I1 inputs, int64_t pos0) {
         // Backend::sample_rows (as _core.sample_rows): int32 tokens[T].

@@ -627,8 +627,10 @@ void init_model(nb::module_& m) {
           },
           "At prefill: feed the MTP block the committed rows whose next token is known (see strata.h).")
       .def_prop_ro("mtp_position", &Session::mtp_position)
+      .def_prop_ro("cold_steps", &Session::cold_steps,
+                   "Steps that ran cold (unrecorded first sight, or recording) on a backend that records them.")
       .def("mtp_logits", [](const Session& s) {
-        const auto& l = s.mtp_logits();
+        const std::vector<float> l = s.mtp_logits();
         const size_t V = (size_t)s.logits_cols();
         return to_numpy<float>(l.data(), {l.size() / V, V});
       }, "Logits of each draft step of the last mtp_draft [k, n_vocab] (for tests).")

@@ -103,6 +103,9 @@ struct BackendModel {
   } mtp;
   const float* output_norm = nullptr;
   MatView output;
+  // the token embeddings in backend memory, for the MTP drafts chained on the backend (mtp_draft): only with an MTP
+  // block and a table type the backend decodes (Backend::can_embed); data null otherwise (embedded on the host)
+  MatView token_embd;
   // routed experts streamed into a bounded cache of backend memory (Model::load's cache_mib with device: true);
   // null: every expert resident (the gate / up / down views above)
   std::unique_ptr<BackendExperts> experts;
@@ -202,6 +205,8 @@ struct BackendModel {
     }
     output_norm = put(W.output_norm);
     output = put(W.output);
+    if (W.mtp.present && be->can_embed(W.token_embd.type))  // tied output: the same bytes, uploaded once
+      token_embd = W.token_embd.data == W.output.data ? output : put(W.token_embd);
     if (stream) experts = std::make_unique<BackendExperts>(*be, *model, model->expert_options(), kChunk);
     be->sync();
   }
@@ -281,6 +286,12 @@ struct BackendSession::Impl {
   Buf qg, att, kvb;
   Buf rl, sel, wt, act, up, yg, sa, su, sh;
   Buf mtp_cat;  // the MTP block's [T][enorm(emb) | hnorm(hidden)]
+  // mtp_draft's chain, fixed for the session (opt.mtp): depth j's embedding (emb) and output hidden row (hid),
+  // its logits (lg, [kMtpDepths][V]) and its draft (tok); mtp_rows: the depths the last mtp_draft made
+  static constexpr int kMtpDepths = 16;
+  static constexpr size_t kMtpHead = 2 * kMtpDepths;  // mtp_draft's upload: [depth j: position, position + 1] ...
+  Buf mtp_emb, mtp_hid, mtp_lg, mtp_tok;
+  int mtp_rows = 0;
   Buf dslot;  // expert streaming: the window's slot numbers [T][k]
   std::unique_ptr<BackendExperts::Pins> held_pins;  // ... the window's pins, until the next piece was issued
   std::vector<int32_t> pending;                // ... and the prediction to prefetch then, for pending_layer
@@ -296,8 +307,10 @@ struct BackendSession::Impl {
     bool in_place;
     int64_t n_cap;
     int piece = -1;  // a piece of a step with streamed experts (forward_streamed); -1: the whole step
+    int mtp = 0;     // 0: a step of the model; j0 + 1: mtp_draft's depths [j0, first) after T fed rows;
+                     // -1: commit's fold of `first` kept rows of a T-row window
     bool operator<(const GraphKey& o) const {
-      return std::tie(T, first, in_place, n_cap, piece) < std::tie(o.T, o.first, o.in_place, o.n_cap, o.piece);
+      return std::tie(T, first, in_place, n_cap, piece, mtp) < std::tie(o.T, o.first, o.in_place, o.n_cap, o.piece, o.mtp);
     }
   };
   struct Recording {
@@ -307,6 +320,7 @@ struct BackendSession::Impl {
   };
   std::map<GraphKey, std::vector<Recording>> recordings;
   size_t n_recordings = 0;
+  int64_t cold = 0;  // steps that ran unrecorded the first time their shape was seen, or were recorded (cold_steps)
   int last_T = 0;
   bool last_in_place = true;
   std::vector<float> emb;
@@ -336,6 +350,11 @@ struct BackendSession::Impl {
       mtp_kv.k.zeros(*be, (size_t)(n_ctx + Session::kMtpCells) * width * 4);
       mtp_kv.v.zeros(*be, (size_t)(n_ctx + Session::kMtpCells) * width * 4);
       mtp_kv.cells = n_ctx + Session::kMtpCells;
+      const int64_t H = hp.n_embd;
+      mtp_emb.zeros(*be, (size_t)kMtpDepths * H * 4);
+      mtp_hid.zeros(*be, (size_t)kMtpDepths * H * 4);
+      mtp_lg.zeros(*be, (size_t)kMtpDepths * hp.n_vocab * 4);
+      mtp_tok.zeros(*be, (size_t)kMtpDepths * 4);
     }
     const int64_t nv = hp.ssm_dt_rank, cd = hp.conv_dim(), K = hp.ssm_d_conv, W = max_window;
     for (auto& d : dn) {
@@ -441,7 +460,9 @@ struct BackendSession::Impl {
 
   // attention.cpp attention_layer: q/gate, k, v (k, v straight into this window's cells), norms + RoPE, attend per
   // KV head over all T rows, the output gate, attn_output.
-  void attention(const BackendModel::Attn& w, KvState& st, const float* xin, int T, int64_t pos0, float* out) {
+  // pos_dev (backends that record steps): the position's [pos0, pos0 + 1] in backend memory (default: inb's head).
+  void attention(const BackendModel::Attn& w, KvState& st, const float* xin, int T, int64_t pos0, float* out,
+                 const int32_t* pos_dev = nullptr) {
     const HParams& hp = m->hp();
     const int64_t H = hp.n_embd, hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv, group = nh / nkv;
     const int64_t width = nkv * hd;
@@ -449,7 +470,7 @@ struct BackendSession::Impl {
                  st.cells, " cells");
     qg.grow(*be, (size_t)T * nh * hd * 2 * 4);
     att.grow(*be, (size_t)T * nh * hd * 4);
-    if (dev) return attention_at(w, st, xin, T, out);
+    if (dev) return attention_at(w, st, xin, T, out, pos_dev ? pos_dev : inb.i());
     float* kc = st.k.f() + pos0 * width;
     float* vc = st.v.f() + pos0 * width;
     be->fork(3);
@@ -473,13 +494,12 @@ struct BackendSession::Impl {
     be->matmul(w.wo, att.f(), nh * hd, T, out, H);
   }
 
-  // attention() with the position read from inb's head (backends that record steps): k and v through kvb into the
-  // cache, the launches sized for n_cap cells.
-  void attention_at(const BackendModel::Attn& w, KvState& st, const float* xin, int T, float* out) {
+  // attention() with the position read from backend memory (pos: [pos0, pos0 + 1]; backends that record steps): k
+  // and v through kvb into the cache, the launches sized for n_cap cells.
+  void attention_at(const BackendModel::Attn& w, KvState& st, const float* xin, int T, float* out, const int32_t* pos) {
     const HParams& hp = m->hp();
     const int64_t H = hp.n_embd, hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv, group = nh / nkv;
     const int64_t width = nkv * hd;
-    const int32_t* pos = inb.i();
     qg.grow(*be, (size_t)T * nh * hd * 2 * 4);
     att.grow(*be, (size_t)T * nh * hd * 4);
     kvb.grow(*be, (size_t)2 * T * width * 4);
@@ -796,41 +816,156 @@ struct BackendSession::Impl {
     last_in_place = in_place;
   }
 
-  // mtp.cpp mtp_forward over T rows at pos0 (in pieces of kChunk rows: the same values): hidden [T][H] and the
-  // next tokens (host) in; the block's output hidden rows [T][H] (host) and, if logits_last, the last row's logits.
-  // Unrecorded; the inputs travel as a step's do (inb: the position, then the embeddings and the hidden rows).
-  void mtp_forward(const float* hidden_host, const int32_t* next_tokens, int T, int64_t pos0, float* out_hidden_host,
-                   float* logits_last_host) {
+  // mtp.cpp mtp_forward's operations over n rows at p0 (pos: [p0, p0 + 1] in backend memory, for backends that
+  // record steps): embeddings e [n][H] and hidden rows hin [n][H] (backend memory) in, the block's output hidden
+  // rows into hout [n][H]; lg: the last row's logits there [V] (null: none), and tok: their argmax (null: none).
+  // Issues operations only: run_recorded may record it.
+  void mtp_block(const float* e, const float* hin, int n, int64_t p0, const int32_t* pos, float* hout, float* lg,
+                 int32_t* tok) {
     const HParams& hp = m->hp();
     const BackendModel::Mtp& M = bm->mtp;
-    STRATA_CHECK(M.present && mtp_kv.cells > 0, "mtp: this backend session has no MTP block");
     const int64_t H = hp.n_embd, V = hp.n_vocab;
+    be->rmsnorm(e, H, M.enorm, H, n, hp.rms_eps, mtp_cat.f(), 2 * H);  // [emb | hidden], embedding first
+    be->rmsnorm(hin, H, M.hnorm, H, n, hp.rms_eps, mtp_cat.f() + H, 2 * H);
+    be->matmul(M.eh_proj, mtp_cat.f(), 2 * H, n, x.f(), H);
+    const BackendModel::Layer& L = M.layer;
+    be->rmsnorm(x.f(), H, L.attn_norm, H, n, hp.rms_eps, h.f(), H);
+    attention(L.attn, mtp_kv, h.f(), n, p0, mix.f(), pos);
+    be->add_rmsnorm(x.f(), mix.f(), L.post_norm, H, n, hp.rms_eps, h.f());
+    moe(L.moe, h.f(), n, mix.f());
+    be->add_rmsnorm(x.f(), mix.f(), M.shared_head_norm, H, n, hp.rms_eps, hout);
+    if (!lg) return;
+    be->matmul(bm->output, hout + (size_t)(n - 1) * H, H, 1, lg, V);
+    if (tok) be->argmax_rows(lg, 1, V, 0, tok);  // all NaN: token 0, as Session::mtp_draft's host pick
+  }
+
+  // The buffers a piece of n MTP rows uses, grown before anything is issued (a recorded step grows nothing).
+  void mtp_grow(int n) {
+    const int64_t H = m->hp().n_embd;
+    STRATA_CHECK(bm->mtp.present && mtp_kv.cells > 0, "mtp: this backend session has no MTP block");
+    x.grow(*be, (size_t)n * H * 4);
+    h.grow(*be, (size_t)n * H * 4);
+    mix.grow(*be, (size_t)n * H * 4);
+    hid.grow(*be, (size_t)n * H * 4);
+    mtp_cat.grow(*be, (size_t)n * 2 * H * 4);
+  }
+
+  // A piece's inputs in one upload into inb: [kMtpHead int32: head][n][H] embeddings of tokens, then [n][H] hidden.
+  // Returns the embeddings (backend memory); the hidden rows follow them.
+  const float* mtp_upload(const std::vector<int32_t>& head_ints, const int32_t* tokens, const float* hidden, int n) {
+    const int64_t H = m->hp().n_embd;
+    emb.assign(kMtpHead + (size_t)2 * n * H, 0.f);
+    std::memcpy(emb.data(), head_ints.data(), std::min(head_ints.size(), kMtpHead) * 4);
+    embed(tokens, n, emb.data() + kMtpHead);
+    std::memcpy(emb.data() + kMtpHead + (size_t)n * H, hidden, (size_t)n * H * 4);
+    inb.grow(*be, emb.size() * 4);
+    be->upload(inb.p, emb.data(), emb.size() * 4);
+    return inb.f() + kMtpHead;
+  }
+
+  // mtp.cpp mtp_forward over T rows at pos0 (in pieces of kChunk rows: the same values): hidden [T][H] and the
+  // next tokens (host) in; the block's output hidden rows [T][H] (host) and, if logits_last, the last row's logits.
+  // Unrecorded (mtp_prefill: prompt rows, once each).
+  void mtp_forward(const float* hidden_host, const int32_t* next_tokens, int T, int64_t pos0, float* out_hidden_host,
+                   float* logits_last_host) {
+    const int64_t H = m->hp().n_embd, V = m->hp().n_vocab;
     for (int t0 = 0; t0 < T; t0 += kChunk) {
       const int n = std::min(kChunk, T - t0);
       const int64_t p0 = pos0 + t0;
-      x.grow(*be, (size_t)n * H * 4);
-      h.grow(*be, (size_t)n * H * 4);
-      mix.grow(*be, (size_t)n * H * 4);
-      hid.grow(*be, (size_t)n * H * 4);
-      logits.grow(*be, (size_t)V * 4);
-      mtp_cat.grow(*be, (size_t)n * 2 * H * 4);
-      upload_inputs(next_tokens + t0, n, p0, hidden_host + (size_t)t0 * H, (size_t)n * H);
-      n_cap = p0 + 1;
-      const float* e = inb.f() + kHead;
-      be->rmsnorm(e, H, M.enorm, H, n, hp.rms_eps, mtp_cat.f(), 2 * H);  // [emb | hidden], embedding first
-      be->rmsnorm(e + (size_t)n * H, H, M.hnorm, H, n, hp.rms_eps, mtp_cat.f() + H, 2 * H);
-      be->matmul(M.eh_proj, mtp_cat.f(), 2 * H, n, x.f(), H);
-      const BackendModel::Layer& L = M.layer;
-      be->rmsnorm(x.f(), H, L.attn_norm, H, n, hp.rms_eps, h.f(), H);
-      attention(L.attn, mtp_kv, h.f(), n, p0, mix.f());
-      be->add_rmsnorm(x.f(), mix.f(), L.post_norm, H, n, hp.rms_eps, h.f());
-      moe(L.moe, h.f(), n, mix.f());
-      be->add_rmsnorm(x.f(), mix.f(), M.shared_head_norm, H, n, hp.rms_eps, hid.f());
+      mtp_grow(n);
       const bool last = t0 + n == T;
-      if (last && logits_last_host) be->matmul(bm->output, hid.f() + (size_t)(n - 1) * H, H, 1, logits.f(), V);
+      const float* e = mtp_upload({(int32_t)p0, (int32_t)(p0 + 1)}, next_tokens + t0, hidden_host + (size_t)t0 * H, n);
+      n_cap = p0 + 1;
+      float* lg = last && logits_last_host ? mtp_lg.f() : nullptr;
+      mtp_block(e, e + (size_t)n * H, n, p0, inb.i(), hid.f(), lg, nullptr);
       be->download(out_hidden_host + (size_t)t0 * H, hid.p, (size_t)n * H * 4);
-      if (last && logits_last_host) be->download(logits_last_host, logits.p, (size_t)V * 4);
+      if (lg) be->download(logits_last_host, lg, (size_t)V * 4);
     }
+  }
+
+  // Session::mtp_draft on the backend, as mtp_forward over the n backlog rows at pos0 then k - 1 chained steps:
+  // depth 0 is the block over the last piece of the backlog, its last row's logits and their argmax (draft 0); depth
+  // j >= 1 runs the block on one row at position pos0 + n + j - 1, from depth j - 1's output hidden row and draft.
+  // Every depth's logits stay in mtp_lg (mtp_logits downloads them), its draft in mtp_tok; the host gets the k
+  // drafts in one download.
+  //   1. the backlog's pieces before its last (more than kChunk rows: after a long stretch without drafts), one by
+  //      one, unrecorded, without outputs;
+  //   2. one upload: every depth's position, the last piece's embeddings and hidden rows;
+  //   3. token_embd on the backend (can_embed): depths 0 .. k-1 as one recorded step (the embedding of each draft
+  //      gathered on the backend); else depth 0, then per depth the previous draft downloaded, embedded on the host
+  //      and uploaded, and the depth run: a recorded step each;
+  //   4. the k drafts downloaded.
+  void mtp_draft(const float* hidden_host, const int32_t* next_tokens, int n, int64_t pos0, int k, int32_t* drafts) {
+    const HParams& hp = m->hp();
+    const int64_t H = hp.n_embd, V = hp.n_vocab;
+    STRATA_CHECK(n >= 1 && k >= 1 && k <= kMtpDepths, "mtp_draft: ", n, " backlog rows, ", k, " drafts (1..",
+                 kMtpDepths, ")");
+    STRATA_CHECK(pos0 + n + k - 1 <= mtp_kv.cells, "mtp_draft: positions up to ", pos0 + n + k - 2, " exceed the ",
+                 mtp_kv.cells, " MTP cells");
+    int t0 = 0;
+    for (; n - t0 > kChunk; t0 += kChunk) {  // 1.
+      const int64_t p0 = pos0 + t0;
+      mtp_grow(kChunk);
+      const float* e = mtp_upload({(int32_t)p0, (int32_t)(p0 + 1)}, next_tokens + t0, hidden_host + (size_t)t0 * H,
+                                  kChunk);
+      n_cap = p0 + 1;
+      mtp_block(e, e + (size_t)kChunk * H, kChunk, p0, inb.i(), hid.f(), nullptr, nullptr);
+    }
+    const int r = n - t0;  // 2.
+    const int64_t p0 = pos0 + t0;
+    auto at = [&](int j) { return j == 0 ? p0 : pos0 + n + j - 1; };  // depth j's (first) position
+    std::vector<int32_t> head;
+    for (int j = 0; j < k; j++) head.push_back((int32_t)at(j)), head.push_back((int32_t)(at(j) + 1));
+    mtp_grow(r);
+    const float* e0 = mtp_upload(head, next_tokens + t0, hidden_host + (size_t)t0 * H, r);
+    const bool chain = bm->token_embd.data != nullptr;
+    const int64_t last = at(k - 1) + (k > 1 ? 1 : r);  // cells the last depth's row sees
+    n_cap = dev ? (last + kCellBucket - 1) / kCellBucket * kCellBucket : last;
+    auto depths = [&](int j0, int j1) {  // the operations of depths [j0, j1)
+      for (int j = j0; j < j1; j++) {
+        const int32_t* pos = inb.i() + 2 * j;
+        if (j == 0) {
+          mtp_block(e0, e0 + (size_t)r * H, r, p0, pos, hid.f(), mtp_lg.f(), mtp_tok.i());
+          continue;
+        }
+        float* ej = mtp_emb.f() + (size_t)j * H;
+        if (chain) be->embed_rows(bm->token_embd, mtp_tok.i() + j - 1, 1, ej);
+        const float* hin = j == 1 ? hid.f() + (size_t)(r - 1) * H : mtp_hid.f() + (size_t)(j - 1) * H;
+        mtp_block(ej, hin, 1, at(j), pos, mtp_hid.f() + (size_t)j * H, mtp_lg.f() + (size_t)j * V, mtp_tok.i() + j);
+      }
+    };
+    const bool record = dev && r <= kMaxRecordedT;
+    auto run_depths = [&](int j0, int j1) {  // 3.
+      if (!record) return depths(j0, j1);
+      GraphKey key{r, j1, true, n_cap};  // r for every j0: depth 1 reads depth 0's row r - 1
+      key.mtp = j0 + 1;
+      // the addresses now: an earlier depth of this call, run unrecorded, may have grown a buffer
+      std::vector<const void*> s = sig();
+      for (const Buf* b : {&mtp_cat, &mtp_kv.k, &mtp_kv.v, &mtp_emb, &mtp_hid, &mtp_lg, &mtp_tok}) s.push_back(b->p);
+      run_recorded(key, [&] { depths(j0, j1); }, &s);
+    };
+    if (chain) {
+      run_depths(0, k);
+    } else {
+      run_depths(0, 1);
+      std::vector<float> ev(H);
+      for (int j = 1; j < k; j++) {
+        int32_t tok = 0;
+        be->download(&tok, mtp_tok.i() + j - 1, 4);
+        embed(&tok, 1, ev.data());
+        be->upload(mtp_emb.f() + (size_t)j * H, ev.data(), (size_t)H * 4);
+        run_depths(j, j + 1);
+      }
+    }
+    be->download(drafts, mtp_tok.p, (size_t)k * 4);  // 4.
+    mtp_rows = k;
+  }
+
+  // The logits of each depth of the last mtp_draft, [mtp_rows][V] (host).
+  std::vector<float> mtp_logits() {
+    std::vector<float> out((size_t)mtp_rows * m->hp().n_vocab);
+    if (!out.empty()) be->download(out.data(), mtp_lg.p, out.size() * 4);
+    return out;
   }
   // The MTP cells [pos, pos + n) back to zeros (session.cpp: a backlog re-synced from its last rows).
   void mtp_zero(int64_t pos, int64_t n) {
@@ -890,6 +1025,7 @@ struct BackendSession::Impl {
       be->forget(r->id);  // stale (the backend's scratch moved): record again
       r->id = -1;
     }
+    if (!r || !r->broken) cold++;  // a first sight or a recording (a broken step's unrecorded runs are its steady state)
     if (!r || r->broken) {
       if (!r) {
         // with streamed experts a step is n_layer + 1 pieces: room for 16 steps' pieces
@@ -926,13 +1062,25 @@ struct BackendSession::Impl {
   void commit(int keep) {
     if (last_in_place || last_T == 0) return;
     const HParams& hp = m->hp();
+    hist.grow(*be, (size_t)(hp.ssm_d_conv - 1 + keep) * hp.conv_dim() * 4);
+    if (keep == last_T)
+      for (auto& st : dn) std::swap(st.S.p, st.S_work.p);
+    if (dev && !dn.empty()) {  // the fold's launches as one recorded step per (T, keep) and buffers (the swap: two of them)
+      GraphKey key{last_T, keep, false, 0};
+      key.mtp = -1;
+      run_recorded(key, [&] { fold(keep); });
+    } else {
+      fold(keep);
+    }
+    last_T = 0;
+  }
+  // commit's operations: the kept rows replayed into S (all kept: S_work already swapped in), the conv history.
+  void fold(int keep) {
+    const HParams& hp = m->hp();
     const int64_t nk = hp.ssm_n_group, nv = hp.ssm_dt_rank, dk = hp.dk(), dv = hp.dv(), cd = hp.conv_dim(),
                   K = hp.ssm_d_conv, key_dim = nk * dk;
-    hist.grow(*be, (size_t)(K - 1 + keep) * cd * 4);
     for (auto& st : dn) {
-      if (keep == last_T) {
-        std::swap(st.S.p, st.S_work.p);
-      } else {
+      if (keep != last_T) {
         const DnHeads a{st.conv_rows.f() + key_dim, cd, st.conv_rows.f() + 2 * key_dim, cd, nullptr, 0,
                         st.eg_rows.f(), st.beta_rows.f(), nullptr, 0, nk, nv, dk, dv};
         be->dn_heads(st.S.f(), nullptr, a, keep, keep);
@@ -943,7 +1091,6 @@ struct BackendSession::Impl {
         be->copy(st.conv.f(), hist.f() + (size_t)keep * cd, (size_t)(K - 1) * cd * 4);
       }
     }
-    last_T = 0;
   }
 };
 
@@ -965,6 +1112,16 @@ void BackendSession::mtp_forward(const float* hidden, const int32_t* next_tokens
   std::lock_guard<std::mutex> lk(p_->bm->mu);
   p_->mtp_forward(hidden, next_tokens, T, pos0, out_hidden, logits_last);
 }
+void BackendSession::mtp_draft(const float* hidden, const int32_t* next_tokens, int n, int64_t pos0, int k,
+                               int32_t* drafts) {
+  std::lock_guard<std::mutex> lk(p_->bm->mu);
+  p_->mtp_draft(hidden, next_tokens, n, pos0, k, drafts);
+}
+std::vector<float> BackendSession::mtp_logits() {
+  std::lock_guard<std::mutex> lk(p_->bm->mu);
+  return p_->mtp_logits();
+}
+int64_t BackendSession::cold_steps() const { return p_->cold; }
 void BackendSession::mtp_zero(int64_t pos, int64_t n) {
   std::lock_guard<std::mutex> lk(p_->bm->mu);
   p_->mtp_zero(pos, n);

@@ -58,7 +58,17 @@ class BackendSession {
   // out, the native function's values.
   void mtp_forward(const float* hidden, const int32_t* next_tokens, int T, int64_t pos0, float* out_hidden,
                    float* logits_last);
+  // Session::mtp_draft's block work on the backend: the block over the n backlog rows at pos0 (hidden [n][H] and the
+  // next tokens [n], host), then k - 1 chained steps, each from the block's own last output row and the token it
+  // drafted; drafts [k] (host) get each depth's argmax (0 where no logit is above -inf). Each shape is a recorded
+  // step where the backend records; the chain stays on the backend where it decodes the embedding table's type
+  // (one download of the k drafts). mtp_logits: the k depths' logits of the last mtp_draft, [k][n_vocab] (host).
+  void mtp_draft(const float* hidden, const int32_t* next_tokens, int n, int64_t pos0, int k, int32_t* drafts);
+  std::vector<float> mtp_logits();
   void mtp_zero(int64_t pos, int64_t n);  // cells [pos, pos + n) back to zeros
+  // Recorded steps (backends that record) that ran cold: unrecorded at the first sight of their shape and buffers,
+  // or recorded (capture and instantiation) at the second; replays and steps that cannot be recorded do not count.
+  int64_t cold_steps() const;
 
  private:
   struct Impl;

@@ -309,12 +309,24 @@ std::vector<int32_t> Session::mtp_draft(int32_t root, int k, int64_t max_backlog
     mtp_pos_ += skip;
     n -= skip;
   }
+  model_->check_files();
+  if (bs_) {  // the block's work on the backend (feed, chain, argmax), the drafts in one download
+    const int64_t after = mtp_pos_ + n;  // the chain's first position (the cells bound it as below)
+    const int kk = (int)std::min<int64_t>(k, 1 + std::max<int64_t>(0, opt_.n_ctx + kMtpCells - after));
+    std::vector<int32_t> drafts(kk);
+    bs_->mtp_draft(mtp_backlog_h_.data(), mtp_backlog_tok_.data(), (int)n, mtp_pos_, kk, drafts.data());
+    mtp_pos_ = after;
+    mtp_backlog_h_.clear();
+    mtp_backlog_tok_.clear();
+    mtp_logits_.clear();  // on the backend: mtp_logits() downloads them
+    model_->check_files();
+    return drafts;
+  }
   std::vector<float> logits(hp.n_vocab);
   auto best = [&]() {
     const int32_t b = argmax(logits.data(), hp.n_vocab);
     return b < 0 ? 0 : b;  // all NaN: any token is a valid (rejected) draft
   };
-  model_->check_files();
   std::vector<float> h_last = mtp_feed(n, logits.data());
   std::vector<int32_t> drafts{best()};
   mtp_logits_ = logits;
@@ -330,6 +342,10 @@ std::vector<int32_t> Session::mtp_draft(int32_t root, int k, int64_t max_backlog
   model_->check_files();  // drafts read from a truncated mapping are discarded (they never touch output)
   return drafts;
 }
+
+int64_t Session::cold_steps() const { return bs_ ? bs_->cold_steps() : 0; }
+
+std::vector<float> Session::mtp_logits() const { return bs_ ? bs_->mtp_logits() : mtp_logits_; }
 
 // The MTP block's forward on this session's backend (the native function, or the backend session's twin).
 void Session::mtp_run(const float* hidden, const int32_t* next_tokens, int T, int64_t pos0, float* out_hidden,

@@ -314,6 +314,10 @@ class Session:
     @property
     def mtp_position(self) -> int: ...
 
+    @property
+    def cold_steps(self) -> int:
+        """Steps that ran cold (unrecorded first sight, or recording) on a backend that records them."""
+
     def mtp_logits(self) -> NDArray[numpy.float32]:
         """
         Logits of each draft step of the last mtp_draft [k, n_vocab] (for tests).
@@ -602,6 +606,10 @@ def backend_dn_rows(backend: str, S: Annotated[NDArray[numpy.float32], dict(shap
 def backend_attend(backend: str, q: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], nh: int, k: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], v: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], n0: int, scale: float, cells: Sequence[int] = []) -> list[float]: ...
 
 def backend_moe_route(backend: str, logits: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], k: int) -> tuple[list[int], list[float]]: ...
+
+def backend_argmax_rows(backend: str, logits: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], none: int = 0) -> list[int]: ...
+
+def backend_embed_rows(backend: str, type: str, table: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], cols: int, ids: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> list[float]: ...
 
 def backend_sample_rows(backend: str, logits: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], params: SamplingParams, committed: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], inputs: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], pos0: int) -> list[int]: ...
 

@@ -166,6 +166,7 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
             stats.stop = "context"
             return
         t_start = time.perf_counter()  # decode time includes drafting
+        cold = core.cold_steps  # a window (or its draft) that records a step of the GPU is no measure of C(T)
         drafts: list[int] = []
         if proposer is not None and room > 1:
             want = room - 1 if choose_drafts is None else min(room - 1, choose_drafts(room - 1))
@@ -207,7 +208,7 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
         stats.accepted += keep - 1
         if proposer is not None and drafts:
             proposer.observe(drafts, keep - 1)
-        if record is not None:
+        if record is not None and core.cold_steps == cold:
             record(len(inputs), dt)
         for i in range(keep):
             tok = out[i]

@@ -906,6 +906,45 @@ bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, 
   return true;
 }
 
+namespace {
+
+// A block per row: each thread dequantizes columns c = tid, tid + 256, ... of row ids[blockIdx.x] (D::value: the CPU
+// dequantizer's one product per value).
+template <class D>
+__global__ void k_embed(const uint8_t* table, size_t row_bytes, int64_t cols, const int32_t* ids, float* out) {
+  const uint8_t* row = table + (size_t)ids[blockIdx.x] * row_bytes;
+  float* o = out + (size_t)blockIdx.x * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += 256) o[c] = D::value(row, c);
+}
+
+template <class F>
+bool with_value_type(uint32_t type, F&& f) {
+  switch (type) {
+    case GGML_F32: f(F32{}); return true;
+    case GGML_F16: f(F16{}); return true;
+    case GGML_BF16: f(BF16{}); return true;
+    case GGML_Q8_0: f(Q8_0{}); return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+bool embed_supported(uint32_t type) {
+  return with_value_type(type, [](auto) {});
+}
+
+void embed_rows(const MatView& table, const int32_t* ids, int T, float* out, void* stream) {
+  STRATA_CHECK(T >= 1 && T <= 65535, "cuda embed_rows: T = ", T);
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const bool ok = with_value_type(table.type, [&](auto d) {
+    using D = decltype(d);
+    k_embed<D><<<(unsigned)T, 256, 0, st>>>(table.data, table.row_bytes, table.cols, ids, out);
+  });
+  if (!ok) fail<std::invalid_argument>("cuda embed_rows: no device dequantizer for type ", type_name(table.type));
+  check(cudaGetLastError(), "launch of the embedding kernel");
+}
+
 void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y, int64_t ldy,
              void* stream) {
   STRATA_CHECK(T >= 1 && n >= 1, "cuda rmsnorm: T = ", T, ", n = ", n);

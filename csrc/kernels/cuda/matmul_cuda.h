@@ -40,5 +40,9 @@ void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, floa
 // shared-memory row.
 bool add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out, void* stream);
 bool matmul_supported(uint32_t type);
+// backend.h embed_rows: out[t] = row ids[t] of table, dequantized as types.h does (the decoders' value(): F32, F16,
+// BF16, Q8_0, the types embed_supported names). Returns at once.
+bool embed_supported(uint32_t type);
+void embed_rows(const MatView& table, const int32_t* ids, int T, float* out, void* stream);
 
 }  // namespace strata::cuda

@@ -39,6 +39,9 @@ void sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingPara
                  int64_t n_committed, const int32_t* inputs, int64_t pos0, int32_t* out, int32_t* status,
                  void* scratch, void* stream);
 
+// backend.h argmax_rows (sampler.h argmax per row, `none` where it is -1): a block per row. Returns at once.
+void argmax_rows(const float* logits, int T, int64_t n_vocab, int32_t none, int32_t* out, void* stream);
+
 // The layer operations of backend.h (layers.cu, deltanet.cu), each with the CPU backend's results bit for bit.
 // dn_gates: qscale = 1 / sqrt(dk) as the CPU computes it. moe_combine: sg is T floats of device scratch.
 void dn_heads(float* S, float* S_work, const DnHeads& a, int T, int n_src, void* stream);

@@ -276,6 +276,58 @@ void check(cudaError_t e, const char* what) {
 
 size_t sample_scratch_bytes(int T, int64_t n_vocab) { return layout(T, n_vocab).total; }
 
+namespace {
+
+constexpr int kArgmaxThreads = 512;
+
+// A block per row: sampler.cpp argmax, the largest non-NaN logit (NaN never wins a `>`; +0 / -0 compare equal in
+// the second pass, so which zero the max keeps does not matter), then the lowest id holding it; `none` when that
+// largest is -inf (every logit NaN or -inf).
+__global__ void __launch_bounds__(kArgmaxThreads) k_argmax(const float* logits, int64_t V, int32_t none, int32_t* out) {
+  __shared__ float redf[32];
+  __shared__ long long redi[32];
+  const float* row = logits + blockIdx.x * V;
+  float bv = -INFINITY;
+  for (int64_t i = threadIdx.x; i < V; i += kArgmaxThreads) bv = row[i] > bv ? row[i] : bv;
+  for (int o = 16; o; o >>= 1) {
+    const float y = __shfl_xor_sync(0xffffffffu, bv, o);
+    bv = y > bv ? y : bv;
+  }
+  if ((threadIdx.x & 31) == 0) redf[threadIdx.x >> 5] = bv;
+  __syncthreads();
+  bv = redf[0];
+  for (int w = 1; w < kArgmaxThreads / 32; w++) bv = redf[w] > bv ? redf[w] : bv;
+  if (bv == -INFINITY) {
+    if (threadIdx.x == 0) out[blockIdx.x] = none;
+    return;
+  }
+  long long first = V;
+  for (int64_t i = threadIdx.x; i < V; i += kArgmaxThreads)
+    if (row[i] == bv) {
+      first = i;
+      break;
+    }
+  for (int o = 16; o; o >>= 1) {
+    const long long y = __shfl_xor_sync(0xffffffffu, first, o);
+    first = y < first ? y : first;
+  }
+  if ((threadIdx.x & 31) == 0) redi[threadIdx.x >> 5] = first;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    first = redi[0];
+    for (int w = 1; w < kArgmaxThreads / 32; w++) first = redi[w] < first ? redi[w] : first;
+    out[blockIdx.x] = (int32_t)first;
+  }
+}
+
+}  // namespace
+
+void argmax_rows(const float* logits, int T, int64_t n_vocab, int32_t none, int32_t* out, void* stream) {
+  STRATA_CHECK(T >= 1 && n_vocab >= 1 && n_vocab <= INT32_MAX, "cuda argmax_rows: T = ", T, ", n_vocab = ", n_vocab);
+  k_argmax<<<(unsigned)T, kArgmaxThreads, 0, static_cast<cudaStream_t>(stream)>>>(logits, n_vocab, none, out);
+  check(cudaGetLastError(), "launch of the argmax kernel");
+}
+
 void sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p, const int32_t* committed,
                  int64_t n_committed, const int32_t* inputs, int64_t pos0, int32_t* out, int32_t* status,
                  void* scratch, void* stream) {

@@ -58,10 +58,12 @@ class MtpDrafter:
         # verify-window costs of both drafters (the model's shared table when given)
         self.windows = LengthController(max_window=cfg.max_window, costs=costs if costs is not None else WindowCosts())
         # k: a window of k drafts costs C(k + 1) from that table plus the MTP block's work for it
-        # (MTP's acceptance hardly moves within a request, unlike a suffix match's: probe 4x less often)
+        # (MTP's acceptance hardly moves within a request, unlike a suffix match's: probe 4x less often; but
+        # look once at the request's first window: its acceptance starts from a 1-token match's weak prior
+        # (0.2), under which T = 1 wins, and 32 plain windows first cost a short request most of its gain)
         self.controller = LengthController(max_window=self.max_drafts + 1, fixed_t=min(cfg.fixed_t, self.max_drafts + 1),
                                            costs=DraftedCosts(self.windows.costs, self.drafting_s, self.mtp.drafted),
-                                           probe_every=32)
+                                           probe_every=32, first_probe=1)
         self.suffix = suffix
         self.session = None
         self._used = None          # "mtp" | "suffix" | None for the pending window
@@ -97,9 +99,11 @@ class MtpDrafter:
         if k > 0 and self.session.position > self.session._core.mtp_position:
             backlog = min(self.session.position - self.session._core.mtp_position, RESYNC)
             t1 = time.perf_counter()
+            cold = self.session._core.cold_steps
             drafts = self.session.mtp_draft(int(context[-1]), k, max_backlog=RESYNC)
             row = (time.perf_counter() - t1) / (backlog + k)
-            self.mtp.record_row(row)
+            if self.session._core.cold_steps == cold:  # not a recording's warm-up (backend="cuda")
+                self.mtp.record_row(row)
             self._used = "mtp"
         self._draft_s = time.perf_counter() - t0
         self.draft_s_total += self._draft_s
