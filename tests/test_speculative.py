@@ -276,6 +276,17 @@ def test_controller_probes_after_a_long_idle_stretch_and_fixed_t():
     picks = [early.choose(7, 16) for _ in range(18)]
     # first_probe: the first look at once, then as without it (after probe_every, doubling)
     assert [i for i, p in enumerate(picks) if p] == [0, 5, 15] and early.probes == 3
+    # deep probes: a controller that settled on one draft of 3 available offers a second every 4th window
+    deep = LengthController(probe_every=10**9, warmup_windows=0)
+    for T in range(1, 5):
+        deep.record_window(T, 0.01 * (1 + 0.05 * (T - 1)))
+    for _ in range(50):
+        deep.observe(16, 3, 1)  # draft 1 always right, draft 2 always wrong: one draft pays best
+    deep.deep_probe_every = 4
+    picks = [deep.choose(3, 16) for _ in range(12)]
+    assert picks == [1, 1, 1, 2] * 3 and deep.deep_probes == 3
+    deep.deep_probe_every = 0
+    assert [deep.choose(3, 16) for _ in range(8)] == [1] * 8  # off: never
     f = LengthController(fixed_t=3)
     assert [f.choose(a, 8) for a in (0, 1, 2, 7)] == [0, 1, 2, 2]
     with pytest.raises(ValueError, match="fixed_t"):

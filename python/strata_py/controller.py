@@ -178,6 +178,7 @@ class LengthController:
     prior_strength: float = 2.0
     probe_every: int = 8
     first_probe: int = 0           # > 0: the request's first probe after this many idle windows (0: probe_every)
+    deep_probe_every: int = 0      # > 0: after this many windows shorter than available, one draft more (0: never)
     warmup_windows: int = 4        # cost samples of a request's first windows are ignored (cold caches)
     costs: WindowCosts = field(default_factory=WindowCosts)  # C(T); pass window_costs(model) to share it
     _acc: list = field(default_factory=list, repr=False)   # [bucket][pos] accepted counts
@@ -188,7 +189,9 @@ class LengthController:
     _idle: int = 0
     _probe_gap: int = 0            # T = 1 windows before the next probe (0: probe_every; doubles while idle)
     _seen: int = 0                 # windows recorded so far (warm-up ones included)
+    _shallow: int = 0              # drafting windows in a row that offered fewer drafts than were available
     probes: int = 0
+    deep_probes: int = 0
 
     def __post_init__(self):
         if self.max_window < 1:
@@ -271,6 +274,15 @@ class LengthController:
             else:
                 self._idle = 0
                 self._probe_gap = 0
+                if self.deep_probe_every and d < available:
+                    # a draft's outcome is seen only where it was offered: after a few early rejections at depth
+                    # d + 1 the estimate there would stay low for the whole request; offer it now and then
+                    self._shallow += 1
+                    if self._shallow >= self.deep_probe_every:
+                        self._shallow, d = 0, d + 1
+                        self.deep_probes += 1
+                else:
+                    self._shallow = 0
         self._chosen[d + 1] = self._chosen.get(d + 1, 0) + 1
         return d
 
@@ -308,6 +320,7 @@ class LengthController:
             "mode": f"fixed T={self.fixed_t}" if self.fixed_t else "marginal E/C",
             "chosen_t_hist": {str(k): v for k, v in sorted(self._chosen.items())},
             "probes": self.probes,
+            "deep_probes": self.deep_probes,
             "cost_ms": self.costs.stats(),
             "acceptance_by_bucket": {bucket_label(b): [round(x, 3) for x in self.acceptance(BUCKET_EDGES[b], 4)]
                                      for b in seen},
