@@ -262,8 +262,8 @@ class LengthController:
             d = best - 1
             if d == 0:
                 self._idle += 1
-                first = self.probes == 0 and self.first_probe > 0  # an early first look (a drafter whose
-                # acceptance starts from the weak prior of a 1-token match: MTP's)
+                first = self.probes == 0 and self.first_probe > 0  # an early first look (an experiment:
+                # MTP on the GPU measured slower with it, drafting/mtp.py)
                 if self._idle >= (self.first_probe if first else (self._probe_gap or self.probe_every)):
                     # probe once; if drafting still does not pay afterwards, wait twice as long next time
                     # (up to 32x probe_every), so a drafter that loses costs ever less
