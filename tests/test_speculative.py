@@ -271,11 +271,6 @@ def test_controller_probes_after_a_long_idle_stretch_and_fixed_t():
     picks = [c.choose(7, 16) for _ in range(35)]
     # a probe after 5 idle windows, then the gap doubles while drafting keeps not paying: 10, then 20
     assert [i for i, p in enumerate(picks) if p] == [4, 14, 34] and c.probes == 3
-    early = _trained(0.0, lambda T: 0.01 * (1 + 0.05 * (T - 1)))
-    early.probe_every, early.first_probe = 5, 1
-    picks = [early.choose(7, 16) for _ in range(18)]
-    # first_probe: the first look at once, then as without it (after probe_every, doubling)
-    assert [i for i, p in enumerate(picks) if p] == [0, 5, 15] and early.probes == 3
     # deep probes: a controller that settled on one draft of 3 available offers a second every 4th window
     deep = LengthController(probe_every=10**9, warmup_windows=0)
     for T in range(1, 5):

@@ -377,8 +377,6 @@ class CudaBackend final : public Backend {
     aux_ = alloc((size_t)T * sizeof(float));
     aux_bytes_ = (size_t)T * sizeof(float);
   }
-  // The CPU's checks first (the same errors), then the kernels; waits for the row status so that a row without a
-  // finite logit raises pick_token's error, naming its position.
   void argmax_rows(const float* logits, int T, int64_t n_vocab, int32_t none, int32_t* out) override {
     if (T == 0) return;
     use();
@@ -390,6 +388,8 @@ class CudaBackend final : public Backend {
     use();
     cuda::embed_rows(table, ids, T, out, stream_);
   }
+  // The CPU's checks first (the same errors), then the kernels; waits for the row status so that a row without a
+  // finite logit raises pick_token's error, naming its position.
   void sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p, const int32_t* committed,
                    int64_t n_committed, const int32_t* inputs, int64_t pos0, int32_t* out) override {
     STRATA_CHECK(T >= 0, "sample_rows: T must be >= 0, got ", T);

@@ -863,6 +863,15 @@ struct BackendSession::Impl {
     return inb.f() + kMtpHead;
   }
 
+  // One unrecorded piece of n rows at p0 (hidden [n][H] and the next tokens, host): the block's output rows into hid,
+  // the last row's logits into lg (null: none).
+  void mtp_piece(const float* hidden_host, const int32_t* next_tokens, int n, int64_t p0, float* lg) {
+    mtp_grow(n);
+    const float* e = mtp_upload({(int32_t)p0, (int32_t)(p0 + 1)}, next_tokens, hidden_host, n);
+    n_cap = p0 + 1;
+    mtp_block(e, e + (size_t)n * m->hp().n_embd, n, p0, inb.i(), hid.f(), lg, nullptr);
+  }
+
   // mtp.cpp mtp_forward over T rows at pos0 (in pieces of kChunk rows: the same values): hidden [T][H] and the
   // next tokens (host) in; the block's output hidden rows [T][H] (host) and, if logits_last, the last row's logits.
   // Unrecorded (mtp_prefill: prompt rows, once each).
@@ -871,13 +880,8 @@ struct BackendSession::Impl {
     const int64_t H = m->hp().n_embd, V = m->hp().n_vocab;
     for (int t0 = 0; t0 < T; t0 += kChunk) {
       const int n = std::min(kChunk, T - t0);
-      const int64_t p0 = pos0 + t0;
-      mtp_grow(n);
-      const bool last = t0 + n == T;
-      const float* e = mtp_upload({(int32_t)p0, (int32_t)(p0 + 1)}, next_tokens + t0, hidden_host + (size_t)t0 * H, n);
-      n_cap = p0 + 1;
-      float* lg = last && logits_last_host ? mtp_lg.f() : nullptr;
-      mtp_block(e, e + (size_t)n * H, n, p0, inb.i(), hid.f(), lg, nullptr);
+      float* lg = t0 + n == T && logits_last_host ? mtp_lg.f() : nullptr;
+      mtp_piece(hidden_host + (size_t)t0 * H, next_tokens + t0, n, pos0 + t0, lg);
       be->download(out_hidden_host + (size_t)t0 * H, hid.p, (size_t)n * H * 4);
       if (lg) be->download(logits_last_host, lg, (size_t)V * 4);
     }
@@ -903,14 +907,8 @@ struct BackendSession::Impl {
     STRATA_CHECK(pos0 + n + k - 1 <= mtp_kv.cells, "mtp_draft: positions up to ", pos0 + n + k - 2, " exceed the ",
                  mtp_kv.cells, " MTP cells");
     int t0 = 0;
-    for (; n - t0 > kChunk; t0 += kChunk) {  // 1.
-      const int64_t p0 = pos0 + t0;
-      mtp_grow(kChunk);
-      const float* e = mtp_upload({(int32_t)p0, (int32_t)(p0 + 1)}, next_tokens + t0, hidden_host + (size_t)t0 * H,
-                                  kChunk);
-      n_cap = p0 + 1;
-      mtp_block(e, e + (size_t)kChunk * H, kChunk, p0, inb.i(), hid.f(), nullptr, nullptr);
-    }
+    for (; n - t0 > kChunk; t0 += kChunk)  // 1.
+      mtp_piece(hidden_host + (size_t)t0 * H, next_tokens + t0, kChunk, pos0 + t0, nullptr);
     const int r = n - t0;  // 2.
     const int64_t p0 = pos0 + t0;
     auto at = [&](int j) { return j == 0 ? p0 : pos0 + n + j - 1; };  // depth j's (first) position

@@ -20,7 +20,8 @@ Estimates, all online:
   C(T)  WindowCosts: measured window seconds per T (the decode loop calls record_window(T, seconds); the
         drafter adds its own lookup time; the request's first windows are skipped, since they run on cold
         caches, and so is a window during which the session ran a step cold, Session.cold_steps: on the GPU
-        a step's first sight runs unrecorded and its second records it, each a few times its replayed cost). C(T) is a property of the model and the machine, not of the request, so one table per loaded
+        a step's first sight runs unrecorded and its second records it, each a few times its replayed cost).
+        C(T) is a property of the model and the machine, not of the request, so one table per loaded
         model is shared by every request's controller (window_costs(model)). Per T an EMA whose first
         measurement only stands in until the second, and a sample above 1.5x the estimate (the machine
         preempted us) counts as 1.5x. Once two Ts are measured twice, every C(T) is read off the line
@@ -177,7 +178,6 @@ class LengthController:
     fixed_t: int = 0               # > 0: always this T (bounded by what the loop allows); experiments
     prior_strength: float = 2.0
     probe_every: int = 8
-    first_probe: int = 0           # > 0: the request's first probe after this many idle windows (0: probe_every)
     deep_probe_every: int = 0      # > 0: after this many windows shorter than available, one draft more (0: never)
     warmup_windows: int = 4        # cost samples of a request's first windows are ignored (cold caches)
     costs: WindowCosts = field(default_factory=WindowCosts)  # C(T); pass window_costs(model) to share it
@@ -262,15 +262,12 @@ class LengthController:
             d = best - 1
             if d == 0:
                 self._idle += 1
-                first = self.probes == 0 and self.first_probe > 0  # an early first look (an experiment:
-                # MTP on the GPU measured slower with it, drafting/mtp.py)
-                if self._idle >= (self.first_probe if first else (self._probe_gap or self.probe_every)):
+                if self._idle >= (self._probe_gap or self.probe_every):
                     # probe once; if drafting still does not pay afterwards, wait twice as long next time
                     # (up to 32x probe_every), so a drafter that loses costs ever less
                     self._idle, d = 0, 1
                     self.probes += 1
-                    if not first:
-                        self._probe_gap = min(2 * (self._probe_gap or self.probe_every), 32 * self.probe_every)
+                    self._probe_gap = min(2 * (self._probe_gap or self.probe_every), 32 * self.probe_every)
             else:
                 self._idle = 0
                 self._probe_gap = 0
