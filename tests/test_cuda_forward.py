@@ -313,13 +313,20 @@ def test_matmul_sel_swiglu_equals_cpu_and_its_parts(typ):
 
 
 @pytest.mark.parametrize("typ", ["IQ2_XXS", "Q4_K"])
-def test_moe_experts_union_equals_cpu_and_slots(typ):
+@pytest.mark.parametrize("shape", ["few", "tiles-long-runs", "tiles-many-experts", "tiles-pieces"])
+def test_moe_experts_union_equals_cpu_and_slots(typ, shape):
     """A window's routed experts (gate / up / SwiGLU in one kernel for IQ2_XXS, then down over the same selection)
-    equal the CPU backend's bit for bit, and each token row's slots equal that row alone (T = 1). Few experts, so
-    that rows share them (up to 7 slots of one expert)."""
+    equal the CPU backend's bit for bit, and each token row's slots equal that row alone (T = 1). "few": few
+    experts, so that rows share them (up to 7 slots of one expert). The "tiles" shapes are prompt pieces: from 32
+    slots on the GPU groups an IQ2_XXS selection by expert into tiles of up to 16 slots (matmul.cu k_sel_tiles),
+    runs longer than a tile, hundreds of one-slot tiles, and over 1024 slots (two pieces)."""
     rng = fresh_rng()
-    E, k, F, H = int(rng.integers(2, 6)), 2, 256, 512
-    T = int(rng.integers(2, 8))
+    if shape == "few":
+        E, k, T = int(rng.integers(2, 6)), 2, int(rng.integers(2, 8))
+    else:
+        E, k, T = {"tiles-long-runs": (3, 3, 64), "tiles-many-experts": (200, 10, 64),
+                   "tiles-pieces": (24, 10, 110)}[shape]
+    F, H = 256, 512
     S = T * k
     mats = [np.concatenate([weights(rng, typ, r, c) for _ in range(E)]) for r, c in ((F, H), (F, H), (H, F))]
     words = [np.concatenate([w, np.zeros((-w.size) % 4, np.uint8)]).view(np.int32) for w in mats]
@@ -329,7 +336,9 @@ def test_moe_experts_union_equals_cpu_and_slots(typ):
     n = [qt, F, H, S, k, mats[0].size // E, mats[2].size // E]
     got = both("moe_experts", [x, nan(S, F), nan(S, F), nan(S, H)], i=[sel, *words], n=n)
     assert all(np.isfinite(a).all() for a in got[1:])
-    for t in range(T):
+    # every row against the CPU above; here rows alone (a block per slot on the GPU) for a few rows of each piece
+    rows = range(T) if T <= 8 else sorted({0, T - 1, *rng.choice(T, 6, replace=False).tolist()})
+    for t in rows:
         one = _op("cuda", "moe_experts", [x[t], nan(k, F), nan(k, F), nan(k, H)], i=[sel[t * k:(t + 1) * k], *words],
                   n=[qt, F, H, k, k, *n[5:]])[0]
         for j in (1, 2, 3):

@@ -100,6 +100,86 @@ __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, si
     }
 }
 
+// Selections of at least kTileMinSlots slots (prompt pieces, long windows) are grouped by expert: k_sel_tiles sorts
+// the slots by (expert, slot) and cuts each expert's run into tiles of at most kTileRows slots; the product kernels
+// then decode a weight row once per tile and sum it against every slot of the tile (k_iq2xxs_tiles, k_int's kTiled).
+// A block per slot re-decodes the expert for each slot (a 64-row prompt piece of the 80B file: 640 slots over ~365
+// experts, ~200 000 blocks a layer). Which block computes a slot never changes its value: each slot's row is the
+// one-row kernel's operations in its order (tests/test_cuda_forward.py, the "tiles" shapes).
+constexpr int kTileRows = 16;        // slots of one expert per tile
+constexpr int kTileMaxSlots = 1024;  // slots grouped by one k_sel_tiles launch (more: pieces of whole rows)
+constexpr int kTileMinSlots = 64;    // fewer slots: a block per slot (k_iq2xxs_warp1, k_int<D, 1>)
+constexpr int kTileBlocksY = 64;     // tiles in flight (blocks in y, each over tiles y, y + 64, ...)
+
+// Slots [base, base + m) of sel (m <= kTileMaxSlots) grouped by expert, sorted by (expert, slot) (ranks:
+// deterministic): tile j has tile_e[j] (the expert), tile_n[j] (its slot count) and tile_slot[16 j + p] (its slots,
+// 0 past the count); ntiles[0] = the tile count.
+__global__ void __launch_bounds__(kTileMaxSlots) k_sel_tiles(const int32_t* __restrict__ sel, int base, int m,
+                                                             int32_t* __restrict__ tile_e, int32_t* __restrict__ tile_n,
+                                                             int32_t* __restrict__ tile_slot,
+                                                             int32_t* __restrict__ ntiles) {
+  __shared__ int32_t key[kTileMaxSlots];  // the slots' experts: unsorted, then in sorted order
+  __shared__ int32_t sorted[kTileMaxSlots];  // the slot at each sorted place
+  __shared__ int warp_tot[kTileMaxSlots / 32], warp_pre[kTileMaxSlots / 32];
+  const int i = threadIdx.x, lane = i & 31, wi = i >> 5;
+  const int32_t e = i < m ? sel[base + i] : 0;
+  if (i < m) key[i] = e;
+  __syncthreads();
+  int rank = 0;
+  if (i < m)
+    for (int j = 0; j < m; j++) {
+      const int32_t v = key[j];
+      rank += v < e || (v == e && j < i);
+    }
+  __syncthreads();
+  if (i < m) {
+    key[rank] = e;
+    sorted[rank] = base + i;
+  }
+  __syncthreads();
+  int pos = 0;  // sorted place i's index in its expert's run: a tile opens at 0, 16, 32, ...
+  if (i < m)
+    while (pos < i && key[i - pos - 1] == key[i]) pos++;
+  const bool head = i < m && pos % kTileRows == 0;
+  const unsigned heads = __ballot_sync(0xffffffffu, head);
+  if (lane == 0) warp_tot[wi] = __popc(heads);
+  __syncthreads();
+  if (i == 0) {
+    int sum = 0;
+    for (int w = 0; w < kTileMaxSlots / 32; w++) {
+      warp_pre[w] = sum;
+      sum += warp_tot[w];
+    }
+    ntiles[0] = sum;
+  }
+  __syncthreads();
+  if (head) {
+    int cnt = 1;
+    while (cnt < kTileRows && i + cnt < m && key[i + cnt] == key[i]) cnt++;
+    const int j = warp_pre[wi] + __popc(heads & ((1u << lane) - 1));
+    tile_e[j] = key[i];
+    tile_n[j] = cnt;
+    for (int p = 0; p < kTileRows; p++) tile_slot[j * kTileRows + p] = p < cnt ? sorted[i + p] : 0;
+  }
+}
+
+// A tile's header into shared memory (threads 0..17 of the block): its slots' activation rows (slot / xdiv) and
+// output rows, its expert and count. Callers sync before (the previous tile's reads) and after.
+__device__ __forceinline__ void tile_header(int tile, const int32_t* __restrict__ tile_e, const int32_t* __restrict__ tile_n,
+                                            const int32_t* __restrict__ tile_slot, int xdiv, int32_t* xrow,
+                                            int32_t* yrow, int32_t* expert, int32_t* count) {
+  const int i = threadIdx.x;
+  if (i < kTileRows) {
+    const int32_t slot = tile_slot[tile * kTileRows + i];
+    xrow[i] = slot / xdiv;
+    yrow[i] = slot;
+  } else if (i == kTileRows) {
+    *expert = tile_e[tile];
+  } else if (i == kTileRows + 1) {
+    *count = tile_n[tile];
+  }
+}
+
 // Int8 activations: per block b, lane k's exact integer sum P over its 16 values, then L = fma(d * dx, P, L);
 // with mins Lm = fma(dmin * dx, M, Lm), M = sum_v m(v) q[v] over the whole block (an integer: any order).
 // The weight bytes go through shared memory kChunk blocks at a time: the 16 lanes of a row load the chunk's bytes
@@ -114,12 +194,23 @@ struct ChunkOf {
   static constexpr int value = kBytes <= 110 && TT <= 4 ? 8 : 4;
 };
 
-template <class D, int TT>
+// kTiled (TT = kTileRows): block (x, y) takes tiles y, y + gridDim.y, ... of k_sel_tiles, W the tile's expert, its
+// activation rows t = the slots' rows slot / xdiv, its output rows the slots: T = 1 products of each slot.
+// full (T > 1, launched with full_stage_bytes of dynamic shared memory): all T activation rows are staged once per
+// block (per tile), not per chunk, so the chunk loop has no block-wide barrier (on the H200 the 80B prompt piece's
+// dense products took the same time either way: docs/BENCHMARKS.md, issue 19's eighth milestone).
+template <class D, int TT, bool kTiled = false>
 __global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
                                              int64_t nb, const int8_t* __restrict__ q, const float* __restrict__ dx,
                                              int T, float* __restrict__ y, int64_t ldy, const int32_t* __restrict__ sel,
-                                             size_t ebytes, int xdiv) {
-  if (sel) {  // as k_float's
+                                             size_t ebytes, int xdiv, const int32_t* __restrict__ tile_e,
+                                             const int32_t* __restrict__ tile_n, const int32_t* __restrict__ tile_slot,
+                                             const int32_t* __restrict__ ntiles, int full) {
+  static_assert(!kTiled || TT == kTileRows, "k_int: tiles of kTileRows slots");
+  extern __shared__ int4 fq[];  // full: [t][block][lane k] activation values, then the scales fd[t][block]
+  const int64_t fq_n = TT > 1 && full ? (kTiled ? TT : T) * nb * 16 : 0;  // kTiled: room for a whole tile
+  const float* fd = reinterpret_cast<const float*>(fq + fq_n);
+  if (!kTiled && sel) {  // as k_float's
     const int slot = blockIdx.y;
     W += (size_t)sel[slot] * ebytes;
     q += (int64_t)(slot / xdiv) * nb * QK_K;
@@ -133,6 +224,10 @@ __global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __r
   __shared__ uint16_t stage[kRowsPerBlock][kHalves];
   __shared__ int4 qs[TT > 1 ? TT * CH * 16 : 1];  // T > 1: [t][block of the chunk][lane k] activation values
   __shared__ float ds[TT > 1 ? TT * CH : 1];      // and their scales
+  __shared__ int32_t xrow[kTiled ? TT : 1], yrow[kTiled ? TT : 1];  // kTiled: the tile's activation and output rows
+  __shared__ int32_t tile_expert, tile_count;
+  auto xr = [&](int t) -> int64_t { return kTiled ? xrow[t] : t; };
+  auto yr = [&](int t) -> int64_t { return kTiled ? yrow[t] : t; };
   const int k = threadIdx.x & 15, rl = threadIdx.x >> 4, rpb = blockDim.x >> 4;
   const int64_t cols = nb * QK_K, groups = (rows + rpb - 1) / rpb;
   uint16_t u[kLoads];
@@ -146,7 +241,7 @@ __global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __r
       u[i] = e < n ? __ldg(src + e) : (uint16_t)0;
     }
   };
-  if (blockIdx.x < groups) load(blockIdx.x, 0);  // the first chunk in flight while the tables load
+  if (!kTiled && blockIdx.x < groups) load(blockIdx.x, 0);  // the first chunk in flight while the tables load
   if constexpr (D::kTables) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) {
       tab.iq2xxs[i] = g_iq2xxs_grid[i];
@@ -155,88 +250,112 @@ __global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __r
     }
     __syncthreads();
   }
-  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {  // groups of rpb rows, grid-stride
-    const int64_t r = g * rpb + rl;
-    const bool live = r < rows;
-    float L[TT], Lm[TT];
-#pragma unroll
-    for (int t = 0; t < TT; t++) L[t] = Lm[t] = 0.f;
-    for (int64_t b0 = 0; b0 < nb; b0 += CH) {
-      const int nc = nb - b0 < CH ? (int)(nb - b0) : CH;
-      if constexpr (TT > 1) {  // every row of the block reads them: loaded once, by all its threads
-        __syncthreads();       // the previous chunk's reads of qs / ds are done
-        for (int i = threadIdx.x; i < T * nc * 16; i += blockDim.x) {
-          const int t = i / (nc * 16), bb = i / 16 % nc, kk = i % 16;
-          qs[(t * CH + bb) * 16 + kk] = __ldg(reinterpret_cast<const int4*>(q + t * cols + (b0 + bb) * QK_K + 16 * kk));
-        }
-        for (int i = threadIdx.x; i < T * nc; i += blockDim.x) ds[i / nc * CH + i % nc] = __ldg(dx + i / nc * nb + b0 + i % nc);
+  const uint8_t* const W0 = W;
+  const int nt = kTiled ? ntiles[0] : 1;
+  for (int tile = kTiled ? blockIdx.y : 0; tile < nt; tile += kTiled ? gridDim.y : 1) {
+    if constexpr (kTiled) {
+      __syncthreads();  // the previous tile's reads of xrow / yrow (and qs, ds, stage) are done
+      tile_header(tile, tile_e, tile_n, tile_slot, xdiv, xrow, yrow, &tile_expert, &tile_count);
+      __syncthreads();
+      T = tile_count;
+      W = W0 + (size_t)tile_expert * ebytes;
+      if (blockIdx.x < groups) load(blockIdx.x, 0);
+    }
+    if (TT > 1 && full) {  // the T rows whole (kTiled: the tile's rows; the previous tile's reads are behind a barrier)
+      float* fdw = reinterpret_cast<float*>(fq + fq_n);
+      for (int64_t i = threadIdx.x; i < T * nb * 16; i += blockDim.x) {
+        const int64_t t = i / (nb * 16), b = i / 16 % nb, kk = i % 16;
+        fq[i] = __ldg(reinterpret_cast<const int4*>(q + xr((int)t) * cols + b * QK_K + 16 * kk));
       }
-      __syncwarp();  // the previous chunk's reads of stage are done
+      for (int64_t i = threadIdx.x; i < T * nb; i += blockDim.x) fdw[i] = __ldg(dx + xr((int)(i / nb)) * nb + i % nb);
+      __syncthreads();
+    }
+    for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {  // groups of rpb rows, grid-stride
+      const int64_t r = g * rpb + rl;
+      const bool live = r < rows;
+      float L[TT], Lm[TT];
 #pragma unroll
-      for (int i = 0; i < kLoads; i++)
-        if (k + 16 * i < kHalves) stage[rl][k + 16 * i] = u[i];
-      if constexpr (TT > 1) __syncthreads();
-      else __syncwarp();
-      if (b0 + CH < nb) load(g, b0 + CH);  // in flight while this chunk is summed (or the next group's first)
-      else if (g + gridDim.x < groups) load(g + gridDim.x, 0);
-      const uint8_t* sb = reinterpret_cast<const uint8_t*>(stage[rl]);
-      int4 qa[TT == 1 ? CH : 1];
-      float da[TT == 1 ? CH : 1];
-      if constexpr (TT == 1) {  // the chunk's activations, loaded together
+      for (int t = 0; t < TT; t++) L[t] = Lm[t] = 0.f;
+      for (int64_t b0 = 0; b0 < nb; b0 += CH) {
+        const int nc = nb - b0 < CH ? (int)(nb - b0) : CH;
+        if (TT > 1 && !full) {  // every row of the block reads them: loaded once, by all its threads
+          __syncthreads();       // the previous chunk's reads of qs / ds are done
+          for (int i = threadIdx.x; i < T * nc * 16; i += blockDim.x) {
+            const int t = i / (nc * 16), bb = i / 16 % nc, kk = i % 16;
+            qs[(t * CH + bb) * 16 + kk] = __ldg(reinterpret_cast<const int4*>(q + xr(t) * cols + (b0 + bb) * QK_K + 16 * kk));
+          }
+          for (int i = threadIdx.x; i < T * nc; i += blockDim.x) ds[i / nc * CH + i % nc] = __ldg(dx + xr(i / nc) * nb + b0 + i % nc);
+        }
+        __syncwarp();  // the previous chunk's reads of stage are done
+#pragma unroll
+        for (int i = 0; i < kLoads; i++)
+          if (k + 16 * i < kHalves) stage[rl][k + 16 * i] = u[i];
+        if (TT > 1 && !full) __syncthreads();
+        else __syncwarp();  // stage[rl] is read by its own 16 lanes alone
+        if (b0 + CH < nb) load(g, b0 + CH);  // in flight while this chunk is summed (or the next group's first)
+        else if (g + gridDim.x < groups) load(g + gridDim.x, 0);
+        const uint8_t* sb = reinterpret_cast<const uint8_t*>(stage[rl]);
+        int4 qa[TT == 1 ? CH : 1];
+        float da[TT == 1 ? CH : 1];
+        if constexpr (TT == 1) {  // the chunk's activations, loaded together
+#pragma unroll
+          for (int bb = 0; bb < CH; bb++) {
+            const int64_t b = b0 + (bb < nc ? bb : 0);
+            qa[bb] = __ldg(reinterpret_cast<const int4*>(q + b * QK_K + 16 * k));
+            da[bb] = __ldg(dx + b);
+          }
+        }
 #pragma unroll
         for (int bb = 0; bb < CH; bb++) {
-          const int64_t b = b0 + (bb < nc ? bb : 0);
-          qa[bb] = __ldg(reinterpret_cast<const int4*>(q + b * QK_K + 16 * k));
-          da[bb] = __ldg(dx + b);
-        }
-      }
+          if (bb >= nc) break;
+          const uint8_t* blk = sb + bb * D::kBytes;
+          int w[16], mv[16];
+          const float d = D::lane(blk, k, w, tab);
+          float dmin = 0.f;
+          if constexpr (D::kMins) dmin = D::mins(blk, k, mv);
 #pragma unroll
-      for (int bb = 0; bb < CH; bb++) {
-        if (bb >= nc) break;
-        const uint8_t* blk = sb + bb * D::kBytes;
-        int w[16], mv[16];
-        const float d = D::lane(blk, k, w, tab);
-        float dmin = 0.f;
-        if constexpr (D::kMins) dmin = D::mins(blk, k, mv);
-#pragma unroll
-        for (int t = 0; t < TT; t++) {
-          if (t >= T) break;
-          // the lane's 16 activation values, stored contiguously by k_quantize: one 16-byte load
-          int4 q16;
-          float dxb;
-          if constexpr (TT == 1) {
-            q16 = qa[bb];
-            dxb = da[bb];
-          } else {
-            q16 = qs[(t * CH + bb) * 16 + k];
-            dxb = ds[t * CH + bb];
-          }
-          const int8_t* qb = reinterpret_cast<const int8_t*>(&q16);
-          int P = 0, M = 0;
-#pragma unroll
-          for (int s = 0; s < 8; s++)
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-              const int qv = qb[2 * s + i];
-              P += w[2 * s + i] * qv;
-              if constexpr (D::kMins) M += mv[2 * s + i] * qv;
+          for (int t = 0; t < TT; t++) {
+            if (t >= T) break;
+            // the lane's 16 activation values, stored contiguously by k_quantize: one 16-byte load
+            int4 q16;
+            float dxb;
+            if constexpr (TT == 1) {
+              q16 = qa[bb];
+              dxb = da[bb];
+            } else if (full) {
+              q16 = fq[(t * nb + b0 + bb) * 16 + k];
+              dxb = fd[t * nb + b0 + bb];
+            } else {
+              q16 = qs[(t * CH + bb) * 16 + k];
+              dxb = ds[t * CH + bb];
             }
-          L[t] = fmaf(__fmul_rn(d, dxb), (float)P, L[t]);
-          if constexpr (D::kMins) {
-            M += __shfl_xor_sync(0xffffffffu, M, 8, 16);
-            M += __shfl_xor_sync(0xffffffffu, M, 4, 16);
-            M += __shfl_xor_sync(0xffffffffu, M, 2, 16);
-            M += __shfl_xor_sync(0xffffffffu, M, 1, 16);
-            Lm[t] = fmaf(__fmul_rn(dmin, dxb), (float)M, Lm[t]);
+            const int8_t* qb = reinterpret_cast<const int8_t*>(&q16);
+            int P = 0, M = 0;
+#pragma unroll
+            for (int s = 0; s < 8; s++)
+#pragma unroll
+              for (int i = 0; i < 2; i++) {
+                const int qv = qb[2 * s + i];
+                P += w[2 * s + i] * qv;
+                if constexpr (D::kMins) M += mv[2 * s + i] * qv;
+              }
+            L[t] = fmaf(__fmul_rn(d, dxb), (float)P, L[t]);
+            if constexpr (D::kMins) {
+              M += __shfl_xor_sync(0xffffffffu, M, 8, 16);
+              M += __shfl_xor_sync(0xffffffffu, M, 4, 16);
+              M += __shfl_xor_sync(0xffffffffu, M, 2, 16);
+              M += __shfl_xor_sync(0xffffffffu, M, 1, 16);
+              Lm[t] = fmaf(__fmul_rn(dmin, dxb), (float)M, Lm[t]);
+            }
           }
         }
       }
-    }
 #pragma unroll
-    for (int t = 0; t < TT; t++) {
-      if (t >= T) break;
-      const float s = reduce16(L[t]);
-      if (k == 0 && live) y[t * ldy + r] = __fsub_rn(s, Lm[t]);
+      for (int t = 0; t < TT; t++) {
+        if (t >= T) break;
+        const float s = reduce16(L[t]);
+        if (k == 0 && live) y[yr(t) * ldy + r] = __fsub_rn(s, Lm[t]);
+      }
     }
   }
 }
@@ -510,12 +629,162 @@ __global__ void __launch_bounds__(256) k_iq2xxs_warp1(const uint8_t* __restrict_
   }
 }
 
-// Expert products of n slots over IQ2_XXS (kPair: gate and up, then SwiGLU): a warp per (slot, weight row).
+// IQ2_XXS expert products over tiles (k_sel_tiles): block (x, y) takes tiles y, y + gridDim.y, ...; its warps take
+// R weight rows at a time (r0 = R (8 x + warp), then + 8 R gridDim.x) of the tile's expert, loading the R rows' next
+// kU blocks together (R kU = 8 blocks, 16 with kPair: their loads in flight together). Each
+// block is decoded once (Iq2Vals, as k_iq2xxs_warp) and summed against each of the tile's slots (activation row
+// slot / xdiv): lane_sum, L = fma(d * dx, P, L) over the blocks in order, reduce16_iq2, as k_iq2xxs_warp1 for that
+// slot alone, so the same bits. kPair: gate and up as k_iq2xxs_warp1's kPair (y2 = up, y = silu(gate) * up).
+template <bool kPair, int R, int kU>
+__global__ void __launch_bounds__(256, 2) k_iq2xxs_tiles(const uint8_t* __restrict__ W, const uint8_t* __restrict__ W2,
+                                                        size_t row_bytes, int64_t rows, int64_t nb,
+                                                        const int8_t* __restrict__ q, const float* __restrict__ dx,
+                                                        float* __restrict__ y, float* __restrict__ y2, int64_t ldy,
+                                                        size_t ebytes, size_t ebytes2, int xdiv,
+                                                        const int32_t* __restrict__ tile_e,
+                                                        const int32_t* __restrict__ tile_n,
+                                                        const int32_t* __restrict__ tile_slot,
+                                                        const int32_t* __restrict__ ntiles) {
+  __shared__ uint64_t grid[256];
+  __shared__ uint64_t smask[128];  // as k_iq2xxs_warp1's
+  __shared__ int32_t xrow[kTileRows], yrow[kTileRows];
+  __shared__ int32_t tile_expert, tile_count;
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+    grid[i] = g_iq2xxs_grid[i];
+    if (i < 128) {
+      const uint32_t sg = g_ksigns[i];
+      uint64_t mk = 0;
+      for (int e = 0; e < 8; e++)
+        if ((sg >> e) & 1) mk |= (uint64_t)0xff << (8 * e);
+      smask[i] = mk;
+    }
+  }
+  const int t = threadIdx.x & 31, s = t >> 2, l = t & 3;
+  const bool hi4 = (t >> 4) & 1, hi3 = (t >> 3) & 1;
+  const int64_t cols = nb * QK_K;
+  const int64_t r_first = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
+  const int64_t r_step = (int64_t)gridDim.x * (blockDim.x >> 5) * R;
+  const int nt = ntiles[0];
+  for (int tile = blockIdx.y; tile < nt; tile += gridDim.y) {
+    __syncthreads();  // the tables are in; the previous tile's reads of the header are done
+    tile_header(tile, tile_e, tile_n, tile_slot, xdiv, xrow, yrow, &tile_expert, &tile_count);
+    __syncthreads();
+    const int cnt = tile_count;
+    const uint8_t* We = W + (size_t)tile_expert * ebytes;
+    const uint8_t* We2 = kPair ? W2 + (size_t)tile_expert * ebytes2 : nullptr;
+    for (int64_t r0 = r_first; r0 < rows; r0 += r_step) {
+      float L[R][kTileRows], L2[kPair ? R : 1][kPair ? kTileRows : 1];
+#pragma unroll
+      for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int j = 0; j < kTileRows; j++) L[i][j] = 0.f;
+      if constexpr (kPair)
+#pragma unroll
+        for (int i = 0; i < R; i++)
+#pragma unroll
+          for (int j = 0; j < kTileRows; j++) L2[i][j] = 0.f;
+      for (int64_t b0 = 0; b0 < nb; b0 += kU) {
+        Iq2Part p[R][kU], p2[kPair ? R : 1][kPair ? kU : 1];
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+          const int64_t r = r0 + i < rows ? r0 + i : rows - 1;
+#pragma unroll
+          for (int u = 0; u < kU; u++) {
+            const int64_t b = b0 + u < nb ? b0 + u : nb - 1;
+            p[i][u].load(We + r * row_bytes + b * IQ2_XXS::kBytes, s, l);
+            if constexpr (kPair) p2[i][u].load(We2 + r * row_bytes + b * IQ2_XXS::kBytes, s, l);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kU; u++) {
+          if (b0 + u >= nb) break;
+          Iq2Vals v[R], v2[kPair ? R : 1];
+          float d[R], d2[kPair ? R : 1];
+#pragma unroll
+          for (int i = 0; i < R; i++) {
+            v[i] = Iq2Vals(p[i][u], grid, smask, l);
+            d[i] = p[i][u].d();
+            if constexpr (kPair) {
+              v2[i] = Iq2Vals(p2[i][u], grid, smask, l);
+              d2[i] = p2[i][u].d();
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < kTileRows; j++) {
+            if (j >= cnt) break;
+            const uint16_t* qa = reinterpret_cast<const uint16_t*>(q + (int64_t)xrow[j] * cols + (b0 + u) * QK_K + 64 * l + 2 * s);
+            uint32_t act[4];
+#pragma unroll
+            for (int mm = 0; mm < 4; mm++) act[mm] = __ldg(qa + 8 * mm);
+            const float dxb = __ldg(dx + (int64_t)xrow[j] * nb + b0 + u);
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+              L[i][j] = fmaf(__fmul_rn(d[i], dxb), (float)v[i].lane_sum(act, hi4, hi3), L[i][j]);
+              if constexpr (kPair) L2[i][j] = fmaf(__fmul_rn(d2[i], dxb), (float)v2[i].lane_sum(act, hi4, hi3), L2[i][j]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < R; i++) {
+        const int64_t r = r0 + i;
+#pragma unroll
+        for (int j = 0; j < kTileRows; j++) {
+          if (j >= cnt) break;
+          const float g = __fsub_rn(reduce16_iq2(L[i][j]), 0.f);  // k_int's y = s - Lm, Lm = 0
+          if constexpr (kPair) {
+            const float up = __fsub_rn(reduce16_iq2(L2[i][j]), 0.f);
+            if (t == 0 && r < rows) {
+              y2[(int64_t)yrow[j] * ldy + r] = up;
+              y[(int64_t)yrow[j] * ldy + r] = __fmul_rn(silu_of(g), up);
+            }
+          } else if (t == 0 && r < rows) {
+            y[(int64_t)yrow[j] * ldy + r] = g;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Scratch of the tiles after the activations: tile_e, tile_n (kTileMaxSlots each), tile_slot (kTileRows a tile), the
+// tile count.
+constexpr size_t kTileScratch = ((2 + kTileRows) * kTileMaxSlots + 4) * sizeof(int32_t);
+struct TileBufs {
+  int32_t *e, *n, *slot, *count;
+  explicit TileBufs(int32_t* ts)
+      : e(ts), n(ts + kTileMaxSlots), slot(ts + 2 * kTileMaxSlots), count(ts + (2 + kTileRows) * kTileMaxSlots) {}
+};
+size_t tile_offset(size_t act) { return (act + 15) / 16 * 16; }
+
+// Expert products of n slots over IQ2_XXS (kPair: gate and up, then SwiGLU): a warp per (slot, weight row), or
+// from kTileMinSlots slots on over tiles (ts: the tile scratch), in pieces of at most kTileMaxSlots whole rows.
 template <bool kPair>
 void launch_iq2_sel(const MatView& W, const uint8_t* W2, size_t eb, size_t eb2, const int32_t* sel, int n, int xdiv,
-                    const int8_t* q, const float* dx, float* y, float* y2, int64_t ldy, cudaStream_t st) {
-  k_iq2xxs_warp1<kIq2U, kPair><<<dim3((unsigned)((W.rows + 7) / 8), (unsigned)n), 256, 0, st>>>(
-      W.data, W2, W.row_bytes, W.rows, W.cols / QK_K, q, dx, y, y2, ldy, sel, eb, eb2, xdiv);
+                    const int8_t* q, const float* dx, float* y, float* y2, int64_t ldy, int32_t* ts, cudaStream_t st) {
+  const int64_t nb = W.cols / QK_K;
+  if (n < kTileMinSlots || xdiv > kTileMaxSlots) {
+    k_iq2xxs_warp1<kIq2U, kPair><<<dim3((unsigned)((W.rows + 7) / 8), (unsigned)n), 256, 0, st>>>(
+        W.data, W2, W.row_bytes, W.rows, nb, q, dx, y, y2, ldy, sel, eb, eb2, xdiv);
+    return;
+  }
+  const TileBufs tb(ts);
+  const int piece = kTileMaxSlots - kTileMaxSlots % xdiv;
+  for (int off = 0; off < n; off += piece) {  // in stream order: a piece's tiles are read before the next's are made
+    const int m = std::min(piece, n - off);
+    k_sel_tiles<<<1, kTileMaxSlots, 0, st>>>(sel, off, m, tb.e, tb.n, tb.slot, tb.count);
+    const int gy = std::min(m, kTileBlocksY);
+    auto go = [&](auto kern, int R) {  // ~2048 blocks in all (8 an SM), at most a warp per R weight rows
+      const int64_t gx = std::max<int64_t>(1, std::min<int64_t>((W.rows + 8 * R - 1) / (8 * R), (2048 + gy - 1) / gy));
+      kern<<<dim3((unsigned)gx, (unsigned)gy), 256, 0, st>>>(W.data, W2, W.row_bytes, W.rows, nb, q, dx, y, y2, ldy, eb,
+                                                             eb2, xdiv, tb.e, tb.n, tb.slot, tb.count);
+    };
+    // the experts' gate / up (2048 columns: 8 blocks a row): a row's 8 blocks at once; the down product (512
+    // columns: 2 blocks) 4 rows at once
+    if constexpr (kPair) go(k_iq2xxs_tiles<true, 1, 8>, 1);
+    else if (nb >= 8) go(k_iq2xxs_tiles<false, 1, 8>, 1);
+    else go(k_iq2xxs_tiles<false, 4, 2>, 4);
+  }
 }
 
 // quantize_act_ref on the card: one thread block of 256 per (row t, block b). amax = max |x| (a max: any order),
@@ -639,6 +908,21 @@ __global__ void __launch_bounds__(256) k_rmsnorm(const float* __restrict__ x, in
 // more SMs. What each lane computes does not depend on it.
 int threads_for(int64_t units) { return units < 2 * 132 ? 64 : 256; }
 
+// k_int's full staging for T rows of `cols` columns (quantized: a byte a value, a float a 256-block), or 0 where it is
+// over kFullStageMax (2 blocks an SM: with k_int's static shared memory, under the SM's 228 KB).
+constexpr size_t kFullStageMax = 72 * 1024;
+size_t full_stage_bytes(int T, int64_t cols) {
+  const size_t b = (size_t)T * cols + (size_t)T * (cols / QK_K) * sizeof(float);
+  return b <= kFullStageMax ? b : 0;
+}
+// Dynamic shared memory up to kFullStageMax for kern: static and dynamic together over 48 KB need it (a host call,
+// not a stream operation: allowed while a step is recorded).
+template <class K>
+void allow_smem(K kern, size_t) {
+  check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kFullStageMax),
+        "allow k_int's shared memory");
+}
+
 // The residual add, then k_rmsnorm of the sum: x[i] = x[i] + y[i] (written back), the row staged as it is formed.
 __global__ void __launch_bounds__(256) k_add_rmsnorm(float* __restrict__ x, const float* __restrict__ yv,
                                                      const float* __restrict__ w, int64_t n, float eps,
@@ -711,7 +995,10 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
   const int64_t cap = T == 1 ? kMaxIntBlocks : 132 * (T > 4 ? 2 : 3);
   const dim3 grid((unsigned)(groups < cap ? groups : cap));  // groups (the IQ tables: once each)
   auto go = [&](auto kern) {
-    kern<<<grid, threads, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1);
+    const size_t fb = T > 1 && threads == 256 ? full_stage_bytes(T, W.cols) : 0;  // 64: more blocks an SM instead
+    if (fb) allow_smem(kern, fb);
+    kern<<<grid, threads, fb, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1, nullptr, nullptr,
+                                    nullptr, nullptr, fb ? 1 : 0);
   };
   if constexpr (std::is_same_v<D, IQ2_XXS>) {  // a warp per row: T = 1 alone, up to 4 rows together
     const int rpw = nb <= 2 ? 4 : 1;
@@ -839,7 +1126,7 @@ void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int6
 }
 
 size_t matmul_sel_scratch_bytes(uint32_t type, int n, int xdiv, int64_t cols) {
-  return act_bytes(type, (n + xdiv - 1) / xdiv, cols);
+  return tile_offset(act_bytes(type, (n + xdiv - 1) / xdiv, cols)) + kTileScratch;
 }
 
 void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int xdiv, const float* x, int64_t ldx,
@@ -867,15 +1154,34 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
       int8_t* q = static_cast<int8_t*>(scratch);
       float* dx = reinterpret_cast<float*>(q + (size_t)n_x * W0.cols);
       if (!quantized) k_quantize<<<dim3((unsigned)nb, (unsigned)n_x), 256, 0, st>>>(x, ldx, nb, q, dx);
+      int32_t* ts = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(scratch) + tile_offset(act_bytes(W0.type, n_x, W0.cols)));
       if constexpr (std::is_same_v<D, IQ2_XXS>) {
-        launch_iq2_sel<false>(W0, nullptr, ebytes, 0, sel, n, xdiv, q, dx, y, nullptr, ldy, st);
+        launch_iq2_sel<false>(W0, nullptr, ebytes, 0, sel, n, xdiv, q, dx, y, nullptr, ldy, ts, st);
+        return;
+      }
+      if (n >= kTileMinSlots && xdiv <= kTileMaxSlots) {  // over tiles of one expert's slots, 16 rows at a time
+        const TileBufs tb(ts);
+        const int piece = kTileMaxSlots - kTileMaxSlots % xdiv;
+        const int64_t groups = (W0.rows + 15) / 16;
+        for (int off = 0; off < n; off += piece) {
+          const int m = std::min(piece, n - off);
+          k_sel_tiles<<<1, kTileMaxSlots, 0, st>>>(sel, off, m, tb.e, tb.n, tb.slot, tb.count);
+          const int gy = std::min(m, kTileBlocksY);
+          // two waves of 2 blocks an SM (k_int<D, 16>'s registers), grid-stride over the row groups
+          const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, (132 * 4 + gy - 1) / gy));
+          const size_t fb = full_stage_bytes(kTileRows, W0.cols);
+          if (fb) allow_smem(k_int<D, kTileRows, true>, fb);
+          k_int<D, kTileRows, true><<<dim3((unsigned)gx, (unsigned)gy), 256, fb, st>>>(
+              W0.data, W0.row_bytes, W0.rows, nb, q, dx, 0, y, ldy, sel, ebytes, xdiv, tb.e, tb.n, tb.slot, tb.count,
+              fb ? 1 : 0);
+        }
         return;
       }
       const int threads = threads_for((W0.rows + kRowsPerBlock - 1) / kRowsPerBlock * n);
       const int64_t groups = (W0.rows + threads / 16 - 1) / (threads / 16);
       const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, kMaxIntBlocks / n));
       k_int<D, 1><<<dim3((unsigned)gx, (unsigned)n), threads, 0, st>>>(W0.data, W0.row_bytes, W0.rows, nb, q, dx, 1, y, ldy,
-                                                                  sel, ebytes, xdiv);
+                                                                  sel, ebytes, xdiv, nullptr, nullptr, nullptr, nullptr, 0);
     } else {
       const int threads = threads_for((W0.rows + kRowsPerBlock - 1) / kRowsPerBlock * n);
       const dim3 grid((unsigned)((W0.rows + threads / 16 - 1) / (threads / 16)), (unsigned)n);
@@ -901,7 +1207,8 @@ bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, 
   int8_t* q = static_cast<int8_t*>(scratch);
   float* dx = reinterpret_cast<float*>(q + (size_t)n_x * Wg.cols);
   if (!quantized) k_quantize<<<dim3((unsigned)nb, (unsigned)n_x), 256, 0, st>>>(x, ldx, nb, q, dx);
-  launch_iq2_sel<true>(Wg, Wu.data, gate_bytes, up_bytes, sel, n, xdiv, q, dx, g, u, Wg.rows, st);
+  int32_t* ts = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(scratch) + tile_offset(act_bytes(Wg.type, n_x, Wg.cols)));
+  launch_iq2_sel<true>(Wg, Wu.data, gate_bytes, up_bytes, sel, n, xdiv, q, dx, g, u, Wg.rows, ts, st);
   check(cudaGetLastError(), "launch of the fused expert gate / up kernel");
   return true;
 }

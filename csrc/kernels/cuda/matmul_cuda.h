@@ -24,7 +24,8 @@ size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols);
 void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch,
             void* stream, bool quantized = false);
 // Expert products over a device selection (backend.h matmul_sel): slot s < n: y[s] = W_{sel[s]} . x[s / xdiv].
-// Scratch: matmul_sel_scratch_bytes(type, n, xdiv, cols).
+// Scratch: matmul_sel_scratch_bytes(type, n, xdiv, cols) (the quantized rows, then the tiles: from 64 slots on the
+// 256-block int8 types group the slots by expert on the card, each slot still the one-row product bit for bit).
 size_t matmul_sel_scratch_bytes(uint32_t type, int n, int xdiv, int64_t cols);
 void matmul_sel(const MatView& W0, size_t expert_bytes, const int32_t* sel, int n, int xdiv, const float* x,
                 int64_t ldx, float* y, int64_t ldy, void* scratch, void* stream, bool quantized = false);
