@@ -399,6 +399,21 @@ struct Iq2Vals {
   }
 };
 
+// The IQ2_XXS warp kernels' shared tables, loaded by the whole block (the caller syncs before reading them): the
+// grid, and g_ksigns[i] as byte masks (byte e = 0xff where bit e is set: negative).
+__device__ __forceinline__ void iq2_tables(uint64_t* grid, uint64_t* smask) {
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+    grid[i] = g_iq2xxs_grid[i];
+    if (i < 128) {
+      const uint32_t sg = g_ksigns[i];
+      uint64_t mk = 0;
+      for (int e = 0; e < 8; e++)
+        if ((sg >> e) & 1) mk |= (uint64_t)0xff << (8 * e);
+      smask[i] = mk;
+    }
+  }
+}
+
 // reduce16's tree over the warp's lanes: lane k + 8 is thread t ^ 2, k + 4 is t ^ 1, k + 2 is t ^ 16, k + 1 is
 // t ^ 8 (a + b == b + a bit for bit); thread 0 (lane 0) gets the sum.
 __device__ __forceinline__ float reduce16_iq2(float L) {
@@ -444,16 +459,7 @@ __global__ void __launch_bounds__(256) k_iq2xxs_warp(const uint8_t* __restrict__
   auto set_row = [&](int64_t r) { row = W + (r < rows ? r : rows - 1) * row_bytes; };
   set_row(rfirst);
   load(0);  // in flight while the tables load
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-    grid[i] = g_iq2xxs_grid[i];
-    if (i < 128) {
-      const uint32_t sg = g_ksigns[i];
-      uint64_t mk = 0;
-      for (int e = 0; e < 8; e++)
-        if ((sg >> e) & 1) mk |= (uint64_t)0xff << (8 * e);
-      smask[i] = mk;
-    }
-  }
+  iq2_tables(grid, smask);
   __syncthreads();
   for (int64_t r = rfirst; r < rfirst + rpw && r < rows; r++) {
     if (r != rfirst) {
@@ -582,16 +588,7 @@ __global__ void __launch_bounds__(256) k_iq2xxs_warp1(const uint8_t* __restrict_
     }
   };
   load(0);  // in flight while the tables load
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-    grid[i] = g_iq2xxs_grid[i];
-    if (i < 128) {
-      const uint32_t sg = g_ksigns[i];
-      uint64_t mk = 0;
-      for (int e = 0; e < 8; e++)
-        if ((sg >> e) & 1) mk |= (uint64_t)0xff << (8 * e);
-      smask[i] = mk;
-    }
-  }
+  iq2_tables(grid, smask);
   __syncthreads();
   const bool hi4 = (t >> 4) & 1, hi3 = (t >> 3) & 1;
   float L = 0.f, L2 = 0.f;  // lane k = 4 l + 2 hi4 + hi3 (held twice: t and t ^ 4)
@@ -649,16 +646,7 @@ __global__ void __launch_bounds__(256, 2) k_iq2xxs_tiles(const uint8_t* __restri
   __shared__ uint64_t smask[128];  // as k_iq2xxs_warp1's
   __shared__ int32_t xrow[kTileRows], yrow[kTileRows];
   __shared__ int32_t tile_expert, tile_count;
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-    grid[i] = g_iq2xxs_grid[i];
-    if (i < 128) {
-      const uint32_t sg = g_ksigns[i];
-      uint64_t mk = 0;
-      for (int e = 0; e < 8; e++)
-        if ((sg >> e) & 1) mk |= (uint64_t)0xff << (8 * e);
-      smask[i] = mk;
-    }
-  }
+  iq2_tables(grid, smask);
   const int t = threadIdx.x & 31, s = t >> 2, l = t & 3;
   const bool hi4 = (t >> 4) & 1, hi3 = (t >> 3) & 1;
   const int64_t cols = nb * QK_K;
