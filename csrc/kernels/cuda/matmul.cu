@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __r
       if (blockIdx.x < groups) load(blockIdx.x, 0);
     }
     if (TT > 1 && full) {  // the T rows whole (kTiled: the tile's rows; the previous tile's reads are behind a barrier)
-      float* fdw = reinterpret_cast<float*>(fq + fq_n);
+      float* fdw = reinterpret_cast<float*>(fq + fq_n);  // fd, as written here
       for (int64_t i = threadIdx.x; i < T * nb * 16; i += blockDim.x) {
         const int64_t t = i / (nb * 16), b = i / 16 % nb, kk = i % 16;
         fq[i] = __ldg(reinterpret_cast<const int4*>(q + xr((int)t) * cols + b * QK_K + 16 * kk));
@@ -738,30 +738,41 @@ __global__ void __launch_bounds__(256, 2) k_iq2xxs_tiles(const uint8_t* __restri
 // Scratch of the tiles after the activations: tile_e, tile_n (kTileMaxSlots each), tile_slot (kTileRows a tile), the
 // tile count.
 constexpr size_t kTileScratch = ((2 + kTileRows) * kTileMaxSlots + 4) * sizeof(int32_t);
+size_t tile_offset(size_t act) { return (act + 15) / 16 * 16; }
 struct TileBufs {
   int32_t *e, *n, *slot, *count;
   explicit TileBufs(int32_t* ts)
       : e(ts), n(ts + kTileMaxSlots), slot(ts + 2 * kTileMaxSlots), count(ts + (2 + kTileRows) * kTileMaxSlots) {}
+  // matmul_sel's scratch: act_bytes of the quantized rows, then the tiles (matmul_sel_scratch_bytes)
+  TileBufs(void* scratch, size_t act) : TileBufs(reinterpret_cast<int32_t*>(static_cast<uint8_t*>(scratch) + tile_offset(act))) {}
 };
-size_t tile_offset(size_t act) { return (act + 15) / 16 * 16; }
+bool use_tiles(int n, int xdiv) { return n >= kTileMinSlots && xdiv <= kTileMaxSlots; }
+// For each piece [off, off + m) of at most kTileMaxSlots slots (whole activation rows): k_sel_tiles, then launch(gy),
+// the products over that piece's tiles with gy = min(m, kTileBlocksY) blocks in y. In stream order: a piece's tiles
+// are read before the next piece's are made.
+template <class F>
+void over_tile_pieces(const int32_t* sel, int n, int xdiv, const TileBufs& tb, cudaStream_t st, F&& launch) {
+  const int piece = kTileMaxSlots - kTileMaxSlots % xdiv;
+  for (int off = 0; off < n; off += piece) {
+    const int m = std::min(piece, n - off);
+    k_sel_tiles<<<1, kTileMaxSlots, 0, st>>>(sel, off, m, tb.e, tb.n, tb.slot, tb.count);
+    launch(std::min(m, kTileBlocksY));
+  }
+}
 
 // Expert products of n slots over IQ2_XXS (kPair: gate and up, then SwiGLU): a warp per (slot, weight row), or
-// from kTileMinSlots slots on over tiles (ts: the tile scratch), in pieces of at most kTileMaxSlots whole rows.
+// from kTileMinSlots slots on over tiles (tb: the tile scratch), in pieces of at most kTileMaxSlots whole rows.
 template <bool kPair>
 void launch_iq2_sel(const MatView& W, const uint8_t* W2, size_t eb, size_t eb2, const int32_t* sel, int n, int xdiv,
-                    const int8_t* q, const float* dx, float* y, float* y2, int64_t ldy, int32_t* ts, cudaStream_t st) {
+                    const int8_t* q, const float* dx, float* y, float* y2, int64_t ldy, const TileBufs& tb,
+                    cudaStream_t st) {
   const int64_t nb = W.cols / QK_K;
-  if (n < kTileMinSlots || xdiv > kTileMaxSlots) {
+  if (!use_tiles(n, xdiv)) {
     k_iq2xxs_warp1<kIq2U, kPair><<<dim3((unsigned)((W.rows + 7) / 8), (unsigned)n), 256, 0, st>>>(
         W.data, W2, W.row_bytes, W.rows, nb, q, dx, y, y2, ldy, sel, eb, eb2, xdiv);
     return;
   }
-  const TileBufs tb(ts);
-  const int piece = kTileMaxSlots - kTileMaxSlots % xdiv;
-  for (int off = 0; off < n; off += piece) {  // in stream order: a piece's tiles are read before the next's are made
-    const int m = std::min(piece, n - off);
-    k_sel_tiles<<<1, kTileMaxSlots, 0, st>>>(sel, off, m, tb.e, tb.n, tb.slot, tb.count);
-    const int gy = std::min(m, kTileBlocksY);
+  over_tile_pieces(sel, n, xdiv, tb, st, [&](int gy) {
     auto go = [&](auto kern, int R) {  // ~2048 blocks in all (8 an SM), at most a warp per R weight rows
       const int64_t gx = std::max<int64_t>(1, std::min<int64_t>((W.rows + 8 * R - 1) / (8 * R), (2048 + gy - 1) / gy));
       kern<<<dim3((unsigned)gx, (unsigned)gy), 256, 0, st>>>(W.data, W2, W.row_bytes, W.rows, nb, q, dx, y, y2, ldy, eb,
@@ -772,7 +783,7 @@ void launch_iq2_sel(const MatView& W, const uint8_t* W2, size_t eb, size_t eb2, 
     if constexpr (kPair) go(k_iq2xxs_tiles<true, 1, 8>, 1);
     else if (nb >= 8) go(k_iq2xxs_tiles<false, 1, 8>, 1);
     else go(k_iq2xxs_tiles<false, 4, 2>, 4);
-  }
+  });
 }
 
 // quantize_act_ref on the card: one thread block of 256 per (row t, block b). amax = max |x| (a max: any order),
@@ -906,7 +917,7 @@ size_t full_stage_bytes(int T, int64_t cols) {
 // Dynamic shared memory up to kFullStageMax for kern: static and dynamic together over 48 KB need it (a host call,
 // not a stream operation: allowed while a step is recorded).
 template <class K>
-void allow_smem(K kern, size_t) {
+void allow_smem(K kern) {
   check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kFullStageMax),
         "allow k_int's shared memory");
 }
@@ -984,7 +995,7 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
   const dim3 grid((unsigned)(groups < cap ? groups : cap));  // groups (the IQ tables: once each)
   auto go = [&](auto kern) {
     const size_t fb = T > 1 && threads == 256 ? full_stage_bytes(T, W.cols) : 0;  // 64: more blocks an SM instead
-    if (fb) allow_smem(kern, fb);
+    if (fb) allow_smem(kern);
     kern<<<grid, threads, fb, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1, nullptr, nullptr,
                                     nullptr, nullptr, fb ? 1 : 0);
   };
@@ -1142,27 +1153,22 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
       int8_t* q = static_cast<int8_t*>(scratch);
       float* dx = reinterpret_cast<float*>(q + (size_t)n_x * W0.cols);
       if (!quantized) k_quantize<<<dim3((unsigned)nb, (unsigned)n_x), 256, 0, st>>>(x, ldx, nb, q, dx);
-      int32_t* ts = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(scratch) + tile_offset(act_bytes(W0.type, n_x, W0.cols)));
+      const TileBufs tb(scratch, act_bytes(W0.type, n_x, W0.cols));
       if constexpr (std::is_same_v<D, IQ2_XXS>) {
-        launch_iq2_sel<false>(W0, nullptr, ebytes, 0, sel, n, xdiv, q, dx, y, nullptr, ldy, ts, st);
+        launch_iq2_sel<false>(W0, nullptr, ebytes, 0, sel, n, xdiv, q, dx, y, nullptr, ldy, tb, st);
         return;
       }
-      if (n >= kTileMinSlots && xdiv <= kTileMaxSlots) {  // over tiles of one expert's slots, 16 rows at a time
-        const TileBufs tb(ts);
-        const int piece = kTileMaxSlots - kTileMaxSlots % xdiv;
+      if (use_tiles(n, xdiv)) {  // over tiles of one expert's slots, 16 rows at a time
         const int64_t groups = (W0.rows + 15) / 16;
-        for (int off = 0; off < n; off += piece) {
-          const int m = std::min(piece, n - off);
-          k_sel_tiles<<<1, kTileMaxSlots, 0, st>>>(sel, off, m, tb.e, tb.n, tb.slot, tb.count);
-          const int gy = std::min(m, kTileBlocksY);
+        over_tile_pieces(sel, n, xdiv, tb, st, [&](int gy) {
           // two waves of 2 blocks an SM (k_int<D, 16>'s registers), grid-stride over the row groups
           const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, (132 * 4 + gy - 1) / gy));
           const size_t fb = full_stage_bytes(kTileRows, W0.cols);
-          if (fb) allow_smem(k_int<D, kTileRows, true>, fb);
+          if (fb) allow_smem(k_int<D, kTileRows, true>);
           k_int<D, kTileRows, true><<<dim3((unsigned)gx, (unsigned)gy), 256, fb, st>>>(
               W0.data, W0.row_bytes, W0.rows, nb, q, dx, 0, y, ldy, sel, ebytes, xdiv, tb.e, tb.n, tb.slot, tb.count,
               fb ? 1 : 0);
-        }
+        });
         return;
       }
       const int threads = threads_for((W0.rows + kRowsPerBlock - 1) / kRowsPerBlock * n);
@@ -1195,8 +1201,8 @@ bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, 
   int8_t* q = static_cast<int8_t*>(scratch);
   float* dx = reinterpret_cast<float*>(q + (size_t)n_x * Wg.cols);
   if (!quantized) k_quantize<<<dim3((unsigned)nb, (unsigned)n_x), 256, 0, st>>>(x, ldx, nb, q, dx);
-  int32_t* ts = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(scratch) + tile_offset(act_bytes(Wg.type, n_x, Wg.cols)));
-  launch_iq2_sel<true>(Wg, Wu.data, gate_bytes, up_bytes, sel, n, xdiv, q, dx, g, u, Wg.rows, ts, st);
+  launch_iq2_sel<true>(Wg, Wu.data, gate_bytes, up_bytes, sel, n, xdiv, q, dx, g, u, Wg.rows,
+                       TileBufs(scratch, act_bytes(Wg.type, n_x, Wg.cols)), st);
   check(cudaGetLastError(), "launch of the fused expert gate / up kernel");
   return true;
 }
