@@ -317,9 +317,9 @@ def test_matmul_sel_swiglu_equals_cpu_and_its_parts(typ):
 def test_moe_experts_union_equals_cpu_and_slots(typ, shape):
     """A window's routed experts (gate / up / SwiGLU in one kernel for IQ2_XXS, then down over the same selection)
     equal the CPU backend's bit for bit, and each token row's slots equal that row alone (T = 1). "few": few
-    experts, so that rows share them (up to 7 slots of one expert). The "tiles" shapes are prompt pieces: from 32
-    slots on the GPU groups an IQ2_XXS selection by expert into tiles of up to 16 slots (matmul.cu k_sel_tiles),
-    runs longer than a tile, hundreds of one-slot tiles, and over 1024 slots (two pieces)."""
+    experts, so that rows share them (up to 7 slots of one expert). The "tiles" shapes are prompt pieces: from 64
+    slots on the GPU groups a selection by expert into tiles of up to 16 slots (matmul.cu k_sel_tiles): runs
+    longer than a tile, hundreds of one-slot tiles, and over 1024 slots (two pieces)."""
     rng = fresh_rng()
     if shape == "few":
         E, k, T = int(rng.integers(2, 6)), 2, int(rng.integers(2, 8))

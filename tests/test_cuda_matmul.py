@@ -84,6 +84,8 @@ def test_types_without_a_kernel_refuse(typ):
 
 
 def test_device_name_and_launch_timing():
+    """The device is named, and the launch timer bench_cuda.py reports from gives a (median, min) pair. How fast
+    a launch is belongs to the bench (gpu-h200.json's launch_us), not to this test."""
     assert "cuda:0" in _core.backend_name("cuda")
-    timing = _core.cuda_bench_launch(reps=3)
-    assert 0 < timing[1] <= timing[0] < 1e-3
+    median, least = _core.cuda_bench_launch(reps=3)
+    assert 0 < least <= median and np.isfinite(median)
