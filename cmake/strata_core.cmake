@@ -26,5 +26,15 @@ foreach(src ${CORE_SOURCES})
     set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma;-mf16c;-mbmi2")
   endif()
 endforeach()
+# The row ops' loops (rowops_impl.h: exp, silu, sigmoid; dn_chunked_impl.h) clamp their inputs. Under the default
+# -ftrapping-math GCC if-converts those clamps only with AVX-512's masks, so the AVX2 and baseline builds ran the
+# loops one float at a time (exp was a third of an AVX2 attention job). -fno-trapping-math lets it vectorize them
+# everywhere; it changes no value (no reassociation, no contraction, NaN and signed zeros kept), so every ISA's
+# row ops still give the same bits.
+foreach(src ${CORE_SOURCES})
+  if(src MATCHES "/(rowops|dn_chunked|deltanet_chunked)[^/]*\\.cpp$")
+    set_property(SOURCE ${src} APPEND PROPERTY COMPILE_OPTIONS -fno-trapping-math)
+  endif()
+endforeach()
 
 include(${CMAKE_CURRENT_LIST_DIR}/strata_cuda.cmake)  # the CUDA backend: off unless asked (STRATA_CUDA)

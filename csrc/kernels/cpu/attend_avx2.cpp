@@ -6,9 +6,11 @@
 // summation order is its own (attend.h: paths may differ in the last bits); within the path every output
 // depends only on its own query and cells.
 //
-// The blocked path (the default) runs groups of kG = 2 consecutive queries together (16 registers: 2 queries
-// x 4 cells of score accumulators, 2 queries x 4 vectors of o) so that each key and value vector loaded
-// feeds 2 FMAs; the softmax sums of 8 queries run side by side. Every score, sum and output goes through
+// The blocked path (the default) runs groups of kG = 3 consecutive queries together (12 accumulators: 3
+// queries x 4 cells of scores, 3 queries x 4 vectors of o; with the 3 query vectors or probabilities and the
+// one key or value vector, all 16 registers) so that each key and value vector loaded feeds 3 FMAs and the
+// 12 FMA chains keep both FMA pipes busy (2 queries, 8 chains: 49 GFLOP/s a thread on a Zen 3, 3: 67, of a
+// 96 peak; docs/BENCHMARKS.md); the softmax sums of 8 queries run side by side. Every score, sum and output goes through
 // exactly the operations of the one-query path (attend_one, the kernel before blocking) in the same order,
 // so the two give the same bits (tests/test_attention_blocked.py).
 #include <immintrin.h>
@@ -139,7 +141,7 @@ void attend_one(const AttendArgs& args, float* sc) {
 
 // ---- the blocked path
 
-constexpr int kG = 2;         // queries per group
+constexpr int kG = 3;         // queries per group
 constexpr int64_t kB = 32;    // cells per block of the p.V pass
 
 // reduce4 of the score accumulators of G queries (q[i]) on the 4 cells whose keys are kc[0..4): per cell
@@ -148,24 +150,24 @@ constexpr int64_t kB = 32;    // cells per block of the p.V pass
 template <int NC, int G>
 __attribute__((always_inline)) inline void cells4(const float* const* q, const float* const* kc, __m256* r) {
   __m256 acc[G][4];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
   for (int i = 0; i < G; i++)
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) acc[i][j] = _mm256_setzero_ps();
 #pragma GCC unroll 1
   for (int d = 0; d < NC; d++) {
     __m256 qv[G];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int i = 0; i < G; i++) qv[i] = _mm256_loadu_ps(q[i] + 8 * d);
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
       __m256 kv = _mm256_loadu_ps(kc[j] + 8 * d);
       asm("" : "+x"(kv));  // one load in a register for the G FMAs (the compiler would load it G times)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
       for (int i = 0; i < G; i++) acc[i][j] = _mm256_fmadd_ps(qv[i], kv, acc[i][j]);
     }
   }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
   for (int i = 0; i < G; i++) r[i] = reduce4(acc[i]);
 }
 
@@ -176,7 +178,7 @@ inline void scores_group(const float* const* q, float* const* out, const float* 
   __m256 r2[2][G];  // reduce4 of cells 0-3 and 4-7, per query
   cells4<NC, G>(q, kc, r2[0]);
   cells4<NC, G>(q, kc + 4, r2[1]);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
   for (int i = 0; i < G; i++) {
     const __m256 h[2] = {r2[0][i], r2[1][i]};
     _mm256_storeu_ps(out[i], _mm256_mul_ps(reduce_groups(h), scale));
@@ -190,24 +192,24 @@ inline void pv_group(const float* const* s, float* const* o, const AttendArgs& a
   constexpr int kO = G == 1 ? (NC < 8 ? NC : 8) : 4;
   for (int d0 = 0; d0 < NC; d0 += kO) {
     __m256 acc[G][kO];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int i = 0; i < G; i++)
 #pragma GCC unroll 8
       for (int d = 0; d < kO; d++) acc[i][d] = _mm256_loadu_ps(o[i] + 8 * (d0 + d));
     for (int64_t c = c0; c < c1; c++) {
       __m256 p[G];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
       for (int i = 0; i < G; i++) p[i] = _mm256_set1_ps(s[i][c]);
       const float* vp = a.v + (kCells ? (int64_t)a.cells[c] : c) * a.ldkv + 8 * d0;
 #pragma GCC unroll 8
       for (int d = 0; d < kO; d++) {
         __m256 vv = _mm256_loadu_ps(vp + 8 * d);
         asm("" : "+x"(vv));  // one load in a register for the G FMAs
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int i = 0; i < G; i++) acc[i][d] = _mm256_fmadd_ps(p[i], vv, acc[i][d]);
       }
     }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int i = 0; i < G; i++)
 #pragma GCC unroll 8
       for (int d = 0; d < kO; d++) _mm256_storeu_ps(o[i] + 8 * (d0 + d), acc[i][d]);
@@ -251,7 +253,8 @@ void attend_blocked(const AttendArgs& args, float* sc) {
       const float* q[kG];
       float* out[kG];
       for (int i = 0; i < g; i++) q[i] = qp(i0 + i), out[i] = sc + (i0 + i) * ld_sc + c0;
-      if (g == 2) scores_group<NC, 2>(q, out, kc, scale);
+      if (g == 3) scores_group<NC, 3>(q, out, kc, scale);
+      else if (g == 2) scores_group<NC, 2>(q, out, kc, scale);
       else scores_group<NC, 1>(q, out, kc, scale);
     }
   }
@@ -294,7 +297,8 @@ void attend_blocked(const AttendArgs& args, float* sc) {
       for (int i = 0; i < g; i++) s[i] = sc + (i0 + i) * ld_sc, o[i] = op(i0 + i);
       const int64_t ce = std::max(c0, std::min(c0 + kB, ncells(i0)));  // ncells(i0): the group's fewest
       if (c0 < ce) {
-        if (g == 2) pv_group<NC, 2, kCells>(s, o, a, c0, ce);
+        if (g == 3) pv_group<NC, 3, kCells>(s, o, a, c0, ce);
+        else if (g == 2) pv_group<NC, 2, kCells>(s, o, a, c0, ce);
         else pv_group<NC, 1, kCells>(s, o, a, c0, ce);
       }
       for (int i = 0; i < g; i++) {
