@@ -210,9 +210,9 @@ __global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __r
   extern __shared__ int4 fq[];  // full: [t][block][lane k] activation values, then the scales fd[t][block]
   const int64_t fq_n = TT > 1 && full ? (kTiled ? TT : T) * nb * 16 : 0;  // kTiled: room for a whole tile
   const float* fd = reinterpret_cast<const float*>(fq + fq_n);
-  if (!kTiled && sel) {  // as k_float's
+  if (!kTiled) {  // with sel as k_float's; without, grid row y is activation row y (the row split; 0 in a 1-D grid)
     const int slot = blockIdx.y;
-    W += (size_t)sel[slot] * ebytes;
+    if (sel) W += (size_t)sel[slot] * ebytes;
     q += (int64_t)(slot / xdiv) * nb * QK_K;
     dx += (int64_t)(slot / xdiv) * nb;
     y += (int64_t)slot * ldy;
@@ -546,7 +546,8 @@ struct Iq2Part1 {
 // reduce16's tree over the lanes, as k_int: the same float operations in the same order, so the same bits.
 // Activations: k_quantize's lane-major layout, value 32 s + 2 k + i at 16 k + 2 s + i: pair m of thread (s, l)
 // is the 16-bit word at 64 l + 16 m + 2 s. Blocks are taken kU at a time, their loads issued together.
-// sel as k_int's (blockIdx.y = slot). 256 threads = 8 rows a block.
+// sel as k_int's (blockIdx.y = slot; without sel, blockIdx.y = activation row: the row split). 256 threads = 8 rows
+// a block.
 // kPair (matmul_sel_swiglu): the warp also takes row r of W2 (the up matrix, same shape) over the same activation
 // loads, writes it to y2 and silu(y) * y2 to y: layers.cu's silu_mul, the same operations.
 template <int kU, bool kPair>
@@ -556,10 +557,12 @@ __global__ void __launch_bounds__(256) k_iq2xxs_warp1(const uint8_t* __restrict_
                                                      float* __restrict__ y, float* __restrict__ y2, int64_t ldy,
                                                      const int32_t* __restrict__ sel, size_t ebytes, size_t ebytes2,
                                                      int xdiv) {
-  if (sel) {
+  {  // with sel, grid row y is slot y; without, activation row y (the row split; 0 in a 1-D grid)
     const int slot = blockIdx.y;
-    W += (size_t)sel[slot] * ebytes;
-    if constexpr (kPair) W2 += (size_t)sel[slot] * ebytes2;
+    if (sel) {
+      W += (size_t)sel[slot] * ebytes;
+      if constexpr (kPair) W2 += (size_t)sel[slot] * ebytes2;
+    }
     q += (int64_t)(slot / xdiv) * nb * QK_K;
     dx += (int64_t)(slot / xdiv) * nb;
     y += (int64_t)slot * ldy;
@@ -914,12 +917,20 @@ size_t full_stage_bytes(int T, int64_t cols) {
   const size_t b = (size_t)T * cols + (size_t)T * (cols / QK_K) * sizeof(float);
   return b <= kFullStageMax ? b : 0;
 }
-// Dynamic shared memory up to kFullStageMax for kern: static and dynamic together over 48 KB need it (a host call,
-// not a stream operation: allowed while a step is recorded).
+// Dynamic shared memory up to kFullStageMax for kern: static and dynamic together over 48 KB need it. Set once per
+// device, for every k_int that stages its rows (allow_int_smem, from init_tables).
 template <class K>
 void allow_smem(K kern) {
   check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kFullStageMax),
         "allow k_int's shared memory");
+}
+template <class D>
+void allow_int_smem() {
+  allow_smem(k_int<D, 2>);
+  allow_smem(k_int<D, 4>);
+  allow_smem(k_int<D, 8>);
+  allow_smem(k_int<D, 16>);
+  allow_smem(k_int<D, kTileRows, true>);
 }
 
 // The residual add, then k_rmsnorm of the sum: x[i] = x[i] + y[i] (written back), the row staged as it is formed.
@@ -995,10 +1006,23 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
   const dim3 grid((unsigned)(groups < cap ? groups : cap));  // groups (the IQ tables: once each)
   auto go = [&](auto kern) {
     const size_t fb = T > 1 && threads == 256 ? full_stage_bytes(T, W.cols) : 0;  // 64: more blocks an SM instead
-    if (fb) allow_smem(kern);
     kern<<<grid, threads, fb, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1, nullptr, nullptr,
                                     nullptr, nullptr, fb ? 1 : 0);
   };
+  if (T > 4 && threads == 64) {
+    // Small matrices over a prompt's rows (the 80B file's attention, DeltaNet and shared-expert products): a block per
+    // (row group, activation row), each the T = 1 kernel, instead of 2-4 warps an SM each summing all T rows in turn
+    // (docs/BENCHMARKS.md, issue 19's ninth milestone). Each row's value is the T = 1 kernel's, as every T's is.
+    if constexpr (std::is_same_v<D, IQ2_XXS>) {
+      k_iq2xxs_warp1<kIq2U, false><<<dim3((unsigned)((W.rows + 7) / 8), (unsigned)T), 256, 0, st>>>(
+          W.data, nullptr, W.row_bytes, W.rows, nb, q, dx, y, nullptr, ldy, nullptr, 0, 0, 1);
+    } else {
+      const dim3 g2((unsigned)(groups < kMaxIntBlocks ? groups : kMaxIntBlocks), (unsigned)T);
+      k_int<D, 1><<<g2, threads, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, 1, y, ldy, nullptr, 0, 1, nullptr,
+                                          nullptr, nullptr, nullptr, 0);
+    }
+    return;
+  }
   if constexpr (std::is_same_v<D, IQ2_XXS>) {  // a warp per row: T = 1 alone, up to 4 rows together
     const int rpw = nb <= 2 ? 4 : 1;
     const unsigned gx = (unsigned)((W.rows + 8 * rpw - 1) / (8 * rpw));
@@ -1083,6 +1107,10 @@ void init_tables() {
   check(cudaMemcpyToSymbol(g_ksigns, kKsigns, sizeof(kKsigns)), "copy the IQ sign table");
   check(cudaMemcpyToSymbol(g_iq4_values, kIq4Values, sizeof(kIq4Values)), "copy the IQ4 values");
   check(cudaMemcpyToSymbol(g_mxfp4_values, kMxfp4Values, sizeof(kMxfp4Values)), "copy the MXFP4 values");
+  for (uint32_t type = 0; type < 64; type++)  // every type with_decoder knows
+    with_decoder(type, [](auto dec, auto kind) {
+      if constexpr (decltype(kind)::value == ActKind::Q8_256) allow_int_smem<decltype(dec)>();
+    });
 }
 
 bool matmul_supported(uint32_t type) {
@@ -1164,7 +1192,6 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
           // two waves of 2 blocks an SM (k_int<D, 16>'s registers), grid-stride over the row groups
           const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, (132 * 4 + gy - 1) / gy));
           const size_t fb = full_stage_bytes(kTileRows, W0.cols);
-          if (fb) allow_smem(k_int<D, kTileRows, true>);
           k_int<D, kTileRows, true><<<dim3((unsigned)gx, (unsigned)gy), 256, fb, st>>>(
               W0.data, W0.row_bytes, W0.rows, nb, q, dx, 0, y, ldy, sel, ebytes, xdiv, tb.e, tb.n, tb.slot, tb.count,
               fb ? 1 : 0);
