@@ -8,11 +8,12 @@
 //
 // The blocked path (the default) runs groups of kG = 3 consecutive queries together (12 accumulators: 3
 // queries x 4 cells of scores, 3 queries x 4 vectors of o; with the 3 query vectors or probabilities and the
-// one key or value vector, all 16 registers) so that each key and value vector loaded feeds 3 FMAs and the
-// 12 FMA chains keep both FMA pipes busy (2 queries, 8 chains: 49 GFLOP/s a thread on a Zen 3, 3: 67, of a
-// 96 peak; docs/BENCHMARKS.md); the softmax sums of 8 queries run side by side. Every score, sum and output goes through
-// exactly the operations of the one-query path (attend_one, the kernel before blocking) in the same order,
-// so the two give the same bits (tests/test_attention_blocked.py).
+// one key or value vector, all 16 registers) so that each key and value vector loaded feeds 3 FMAs and 12
+// FMA chains keep both FMA pipes busy (with 2 queries, 8 chains for two pipes of 4-cycle latency; 3 ran
+// ~1.6x faster on a Zen 3, docs/BENCHMARKS.md issue 17 session 14); the softmax sums of 8 queries run side by
+// side. Every score, sum and output goes through exactly the operations of the one-query path (attend_one,
+// the kernel before blocking) in the same order, so the two give the same bits
+// (tests/test_attention_blocked.py).
 #include <immintrin.h>
 
 #include <algorithm>

@@ -1013,7 +1013,7 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
     // Small matrices over several rows (the 80B file's attention, DeltaNet and shared-expert products): a block per
     // (row group, activation row), each the T = 1 kernel, as k_float's small matrices, instead of 2-4 warps an SM each
     // summing all T rows in turn (docs/BENCHMARKS.md, issue 19's ninth milestone: the 80B prompt piece's dense
-    // products 79 -> 43 ms). Each row's value is the T = 1 kernel's, as every T's is.
+    // products 79 -> 59 ms). Each row's value is the T = 1 kernel's, as every T's is.
     if constexpr (std::is_same_v<D, IQ2_XXS>) {
       k_iq2xxs_warp1<kIq2U, false><<<dim3((unsigned)((W.rows + 7) / 8), (unsigned)T), 256, 0, st>>>(
           W.data, nullptr, W.row_bytes, W.rows, nb, q, dx, y, nullptr, ldy, nullptr, 0, 0, 1);
