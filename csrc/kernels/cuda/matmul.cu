@@ -1000,44 +1000,39 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
   const int64_t g16 = (W.rows + kRowsPerBlock - 1) / kRowsPerBlock;
   const int threads = threads_for(g16);
   const int64_t groups = (W.rows + threads / 16 - 1) / (threads / 16);  // at most 4096 blocks, each over several
-  // T = 1: a block per row group (spread over the waves: capping it at one wave of fat blocks slowed the 80B step,
-  // docs/BENCHMARKS.md fifth milestone); T > 1: one wave (T > 4: 2 blocks an SM, their registers), grid-stride
-  const int64_t cap = T == 1 ? kMaxIntBlocks : 132 * (T > 4 ? 2 : 3);
-  const dim3 grid((unsigned)(groups < cap ? groups : cap));  // groups (the IQ tables: once each)
-  auto go = [&](auto kern) {
-    const size_t fb = T > 1 && threads == 256 ? full_stage_bytes(T, W.cols) : 0;  // 64: more blocks an SM instead
-    kern<<<grid, threads, fb, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1, nullptr, nullptr,
-                                    nullptr, nullptr, fb ? 1 : 0);
-  };
-  if (T > 1 && threads == 64) {
-    // Small matrices over several rows (the 80B file's attention, DeltaNet and shared-expert products): a block per
-    // (row group, activation row), each the T = 1 kernel, as k_float's small matrices, instead of 2-4 warps an SM each
-    // summing all T rows in turn (docs/BENCHMARKS.md, issue 19's ninth milestone: the 80B prompt piece's dense
-    // products 79 -> 59 ms). Each row's value is the T = 1 kernel's, as every T's is.
+  if (T == 1 || threads == 64) {
+    // A block per (row group, activation row), each the T = 1 kernel (IQ2_XXS: a warp per row). T = 1: spread over
+    // the waves (capping it at one wave of fat blocks slowed the 80B step, docs/BENCHMARKS.md fifth milestone). Small
+    // matrices over several rows (the 80B file's attention, DeltaNet and shared-expert products) take it too, as
+    // k_float's small matrices, instead of 2-4 warps an SM each summing all T rows in turn (docs/BENCHMARKS.md,
+    // issue 19's ninth milestone: the 80B prompt piece's dense products 79 -> 59 ms). Each row's value is the T = 1
+    // kernel's, as every T's is.
     if constexpr (std::is_same_v<D, IQ2_XXS>) {
       k_iq2xxs_warp1<kIq2U, false><<<dim3((unsigned)((W.rows + 7) / 8), (unsigned)T), 256, 0, st>>>(
           W.data, nullptr, W.row_bytes, W.rows, nb, q, dx, y, nullptr, ldy, nullptr, 0, 0, 1);
     } else {
-      const dim3 g2((unsigned)(groups < kMaxIntBlocks ? groups : kMaxIntBlocks), (unsigned)T);
-      k_int<D, 1><<<g2, threads, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, 1, y, ldy, nullptr, 0, 1, nullptr,
+      const dim3 g1((unsigned)(groups < kMaxIntBlocks ? groups : kMaxIntBlocks), (unsigned)T);
+      k_int<D, 1><<<g1, threads, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, 1, y, ldy, nullptr, 0, 1, nullptr,
                                           nullptr, nullptr, nullptr, 0);
     }
     return;
   }
-  if constexpr (std::is_same_v<D, IQ2_XXS>) {  // a warp per row: T = 1 alone, up to 4 rows together
+  // T > 1 on 256-thread blocks: one wave (T > 4: 2 blocks an SM, their registers), grid-stride
+  const int64_t cap = 132 * (T > 4 ? 2 : 3);
+  const dim3 grid((unsigned)(groups < cap ? groups : cap));  // groups (the IQ tables: once each)
+  auto go = [&](auto kern) {
+    const size_t fb = full_stage_bytes(T, W.cols);
+    kern<<<grid, threads, fb, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1, nullptr, nullptr,
+                                    nullptr, nullptr, fb ? 1 : 0);
+  };
+  if constexpr (std::is_same_v<D, IQ2_XXS>) {  // a warp per row, up to 4 rows together
     const int rpw = nb <= 2 ? 4 : 1;
     const unsigned gx = (unsigned)((W.rows + 8 * rpw - 1) / (8 * rpw));
     auto warp = [&](auto kern) { kern<<<gx, 256, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, y, ldy, T, rpw); };
-    if (T == 1) {
-      k_iq2xxs_warp1<kIq2U, false><<<(unsigned)((W.rows + 7) / 8), 256, 0, st>>>(
-          W.data, nullptr, W.row_bytes, W.rows, nb, q, dx, y, nullptr, ldy, nullptr, 0, 0, 1);
-      return;
-    }
     if (T == 2) return warp(k_iq2xxs_warp<2, 2>);
     if (T <= 4) return warp(k_iq2xxs_warp<2, 4>);
   }
-  if (T == 1) go(k_int<D, 1>);
-  else if (T == 2) go(k_int<D, 2>);
+  if (T == 2) go(k_int<D, 2>);
   else if (T <= 4) go(k_int<D, 4>);
   else if (T <= 8) go(k_int<D, 8>);
   else go(k_int<D, 16>);
