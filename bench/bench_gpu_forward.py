@@ -159,6 +159,11 @@ def main(argv=None) -> int:
     ap.add_argument("--stream", action="append", default=[], metavar="FILE:FRAC")
     ap.add_argument("--prompt", type=int, default=512, help="prefill prompt tokens (0: no prefill row)")
     ap.add_argument("--backend", default="cuda", choices=("cuda", "cpu-backend"))
+    ap.add_argument("--dp4a", action="store_true",
+                    help="IQ2_XXS products of 5+ rows and expert tiles on the dp4a kernels, not the tensor cores "
+                         "(the same bits; for A/B runs)")
+    ap.add_argument("--mma-min-rows", type=int, default=5,
+                    help="dense IQ2_XXS products of this many rows or more on the tensor cores (default 5)")
     a = ap.parse_args(argv)
     streams = []
     for spec in a.stream:
@@ -181,8 +186,10 @@ def main(argv=None) -> int:
     else:
         med, _ = _core.cuda_bench_copy(1 << 30, 5)
         bw = 2 * (1 << 30) / med
+    if a.backend == "cuda":
+        _core.cuda_prefer_mma(not a.dp4a, a.mma_min_rows)
     device = _core.backend_name("cuda") if a.backend == "cuda" else "cpu-backend (the backend forward on the CPU)"
-    res = {"device": device, "bw_gbs": bw / 1e9, "models": [], "streamed": []}
+    res = {"device": device, "bw_gbs": bw / 1e9, "tensor_cores": _core.cuda_mma_used(), "models": [], "streamed": []}
     for p in a.models:
         try:
             res["models"].append(bench_model(p, a.reps, bw, a.prompt, a.backend))

@@ -89,3 +89,52 @@ def test_device_name_and_launch_timing():
     assert "cuda:0" in _core.backend_name("cuda")
     median, least = _core.cuda_bench_launch(reps=3)
     assert 0 < least <= median and np.isfinite(median)
+
+
+def test_iq2xxs_tensor_cores_equal_dp4a_and_cpu_ref():
+    """IQ2_XXS products of 5+ rows take the int8 tensor cores (csrc/kernels/cuda/iq2_mma.cuh: P_k = 256 P_hi + P_lo by two
+    MMAs, exact); they equal the dp4a kernels and the CPU's scalar kernel bit for bit: rows across the 16-row tiles,
+    T within a pass (5..16) and over several (64), and blocks at the largest lane sums (every sub-block scale 15, all
+    signs +, activations at +-127) where the (float)P bias needs |P| < 2^22."""
+    rng = np.random.default_rng()
+    assert _core.cuda_mma_used(), "the H200 has int8 tensor cores: the products must take them"
+    cases = [(int(rng.integers(1, 70)), 2048, T) for T in (5, 8, 9, 16, 64, 70)] + [(37, 512, 13)]
+    for rows, cols, T in cases + [(40, 1024, 12)]:
+        w = weights(rng, "IQ2_XXS", rows, cols)
+        x = (rng.standard_normal((T, cols)) * rng.uniform(0.01, 100)).astype(np.float32)
+        if (rows, cols, T) == (40, 1024, 12):  # the largest |P|: scale nibble 15 and no negative sign in every sub-block
+            blocks = w.reshape(rows, cols // 256, 66).copy()
+            for sb in range(8):  # sub-block sb's sign / scale word at 2 + 8 sb + 4: 0xf0000000
+                blocks[:, :, 6 + 8 * sb:9 + 8 * sb] = 0
+                blocks[:, :, 9 + 8 * sb] = 0xF0
+            w = blocks.ravel()
+            x = np.sign(rng.standard_normal((T, cols))).astype(np.float32)  # q = +-127 everywhere
+            x[:6] = 1.0  # and all positive: P at its maximum
+        want = _core.matmul(w, "IQ2_XXS", rows, cols, x, isa="scalar")
+        got = _core.backend_matmul("cuda", w, "IQ2_XXS", rows, cols, x)
+        try:
+            _core.cuda_prefer_mma(False)
+            dp4a = _core.backend_matmul("cuda", w, "IQ2_XXS", rows, cols, x)
+        finally:
+            _core.cuda_prefer_mma(True)
+        msg = f"{rows}x{cols} T={T}"
+        np.testing.assert_array_equal(bits(got), bits(want), err_msg=msg)
+        np.testing.assert_array_equal(bits(dp4a), bits(want), err_msg=msg)
+
+
+def test_iq2xxs_tensor_cores_from_two_rows():
+    """The tensor-core kernel over 2..4 rows (min_rows = 2; the default takes it from 5): still the CPU's bits."""
+    rng = np.random.default_rng()
+    try:
+        _core.cuda_prefer_mma(True, 2)
+        for T in (2, 3, 4):
+            rows = int(rng.integers(1, 70))
+            w = weights(rng, "IQ2_XXS", rows, 2048)
+            x = rng.standard_normal((T, 2048)).astype(np.float32)
+            np.testing.assert_array_equal(bits(_core.backend_matmul("cuda", w, "IQ2_XXS", rows, 2048, x)),
+                                          bits(_core.matmul(w, "IQ2_XXS", rows, 2048, x, isa="scalar")),
+                                          err_msg=f"{rows} rows T={T}")
+    finally:
+        _core.cuda_prefer_mma(True)
+    with pytest.raises(ValueError, match="min_rows"):
+        _core.cuda_prefer_mma(True, 1)

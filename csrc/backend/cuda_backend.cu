@@ -250,9 +250,10 @@ class CudaBackend final : public Backend {
     void* sc = scratch(cuda::matmul_scratch_bytes(W.type, T, W.cols));
     const ActKind kind = act_kind(W.type);
     const bool intq = kind != ActKind::Float;
-    const bool hit = intq && T <= 16 && q_hit(kind, x, ldx, T, W.cols);
+    const int pass = cuda::matmul_pass_rows(W.type);  // longer T: passes, the scratch holds the last one
+    const bool hit = intq && T <= pass && q_hit(kind, x, ldx, T, W.cols);
     cuda::matmul(W, x, ldx, T, y, ldy, sc, stream_, hit);
-    if (intq) qc_[cur_] = T <= 16 ? QCache{kind, x, ldx, T, W.cols} : QCache{};
+    if (intq) qc_[cur_] = T <= pass ? QCache{kind, x, ldx, T, W.cols} : QCache{};
     written(y, (int64_t)(T - 1) * ldy + W.rows);
   }
   void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y,
@@ -557,6 +558,9 @@ CudaTiming cuda_time_matmul(Backend& be, uint32_t type, int64_t rows, int64_t co
 CudaTiming cuda_time_calls(Backend& be, int per_pass, int reps, const std::function<void(int)>& one) {
   return time_passes(as_cuda(be), per_pass, reps, one);
 }
+
+void cuda_prefer_mma(bool on, int min_rows) { cuda::prefer_mma(on, min_rows); }
+bool cuda_mma_used() { return cuda::mma_used(); }
 
 CudaTiming cuda_time_launch(Backend& be, int reps) {
   CudaBackend& c = as_cuda(be);

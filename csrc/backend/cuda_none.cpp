@@ -21,6 +21,8 @@ CudaTiming cuda_time_matmul(Backend&, uint32_t, int64_t, int64_t, const uint8_t*
 CudaTiming cuda_time_launch(Backend&, int) { no_cuda(); }
 CudaTiming cuda_time_copy(Backend&, size_t, int) { no_cuda(); }
 CudaTiming cuda_time_calls(Backend&, int, int, const std::function<void(int)>&) { no_cuda(); }
+void cuda_prefer_mma(bool, int) { no_cuda(); }
+bool cuda_mma_used() { return false; }
 
 }  // namespace strata
 #endif

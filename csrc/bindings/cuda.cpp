@@ -316,6 +316,10 @@ void init_cuda(nb::module_& m) {
       },
       nb::arg("w"), nb::arg("type"), nb::arg("rows"), nb::arg("cols"), nb::arg("nmat"), nb::arg("x"), nb::arg("Ts"),
       nb::arg("reps") = 10);
+  m.def("cuda_prefer_mma", &cuda_prefer_mma, nb::arg("on"), nb::arg("min_rows") = 5,
+        "Tests and benches: whether the IQ2_XXS products of min_rows+ rows and the expert tiles take the int8 tensor cores "
+        "(default on where the card has them) or the dp4a kernels; the same bits either way.");
+  m.def("cuda_mma_used", &cuda_mma_used, "Whether those products take the tensor cores now (False without CUDA).");
   m.def(
       "cuda_bench_launch",
       [](int reps) {

@@ -360,6 +360,14 @@ __global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __r
   }
 }
 
+// Whether the IQ2_XXS products of many rows take the tensor cores (iq2_mma.cuh): the card is sm_80 or later (set
+// by init_tables) and tests / benches have not turned them off (cuda_prefer_mma). The same bits either way.
+bool g_mma_card = false;
+bool g_mma_on = true;
+bool mma_available() { return g_mma_card && g_mma_on; }
+int g_mma_min_t = 5;  // rows from which the dense IQ2_XXS products take k_iq2xxs_mma (2..4: k_iq2xxs_warp)
+constexpr int kMmaMaxT = 64;  // activation rows per k_iq2xxs_mma launch (a prompt piece in one; other types: kMaxT)
+
 constexpr int kIq2U = 4;   // k_iq2xxs_warp: blocks of a row per step at T = 1 (2 for more rows: registers)
 
 // One IQ2_XXS block's share of thread (s, l): the grid index, the sign / scale word, the scale d's bits.
@@ -738,6 +746,8 @@ __global__ void __launch_bounds__(256, 2) k_iq2xxs_tiles(const uint8_t* __restri
   }
 }
 
+#include "kernels/cuda/iq2_mma.cuh"  // needs iq2_tables, tile_header (above)
+
 // Scratch of the tiles after the activations: tile_e, tile_n (kTileMaxSlots each), tile_slot (kTileRows a tile), the
 // tile count.
 constexpr size_t kTileScratch = ((2 + kTileRows) * kTileMaxSlots + 4) * sizeof(int32_t);
@@ -776,6 +786,16 @@ void launch_iq2_sel(const MatView& W, const uint8_t* W2, size_t eb, size_t eb2, 
     return;
   }
   over_tile_pieces(sel, n, xdiv, tb, st, [&](int gy) {
+    if (mma_available()) {  // the tensor cores (iq2_mma.cuh): a warp per 16 weight rows of the tile's expert
+      const int64_t g16 = (W.rows + 15) / 16;
+      const int64_t gx = std::max<int64_t>(1, std::min<int64_t>((g16 + kMmaWarps - 1) / kMmaWarps, (2048 + gy - 1) / gy));
+      const dim3 grid((unsigned)gx, (unsigned)gy);
+      k_iq2xxs_tiles_mma<1, kPair><<<grid, 32 * kMmaWarps, 0, st>>>(
+          W.data, W2, W.row_bytes, W.rows, nb, q, dx, y, y2, ldy, eb, eb2, xdiv, tb.e, tb.n, tb.slot, tb.count);
+      k_iq2xxs_tiles_mma<2, kPair><<<grid, 32 * kMmaWarps, 0, st>>>(
+          W.data, W2, W.row_bytes, W.rows, nb, q, dx, y, y2, ldy, eb, eb2, xdiv, tb.e, tb.n, tb.slot, tb.count);
+      return;
+    }
     auto go = [&](auto kern, int R) {  // ~2048 blocks in all (8 an SM), at most a warp per R weight rows
       const int64_t gx = std::max<int64_t>(1, std::min<int64_t>((W.rows + 8 * R - 1) / (8 * R), (2048 + gy - 1) / gy));
       kern<<<dim3((unsigned)gx, (unsigned)gy), 256, 0, st>>>(W.data, W2, W.row_bytes, W.rows, nb, q, dx, y, y2, ldy, eb,
@@ -1000,6 +1020,15 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
   const int64_t g16 = (W.rows + kRowsPerBlock - 1) / kRowsPerBlock;
   const int threads = threads_for(g16);
   const int64_t groups = (W.rows + threads / 16 - 1) / (threads / 16);  // at most 4096 blocks, each over several
+  if constexpr (std::is_same_v<D, IQ2_XXS>) {
+    if (T >= g_mma_min_t && mma_available()) {  // the tensor cores, a warp per 16 weight rows (iq2_mma.cuh)
+      const unsigned gx = (unsigned)((g16 + kMmaWarps - 1) / kMmaWarps);
+      if (T <= 8) k_iq2xxs_mma<1><<<gx, 32 * kMmaWarps, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy);
+      else k_iq2xxs_mma<2><<<dim3(gx, (unsigned)((T + 15) / 16)), 32 * kMmaWarps, 0, st>>>(W.data, W.row_bytes, W.rows,
+                                                                                          nb, q, dx, T, y, ldy);
+      return;
+    }
+  }
   if (T == 1 || threads == 64) {
     // A block per (row group, activation row), each the T = 1 kernel (IQ2_XXS: a warp per row). T = 1: spread over
     // the waves (capping it at one wave of fat blocks slowed the 80B step, docs/BENCHMARKS.md fifth milestone). Small
@@ -1098,6 +1127,10 @@ bool with_decoder(uint32_t type, F&& f) {
 }  // namespace
 
 void init_tables() {
+  int dev = 0, major = 0;
+  check(cudaGetDevice(&dev), "get the current device");
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "read the compute capability");
+  g_mma_card = major >= 8;
   check(cudaMemcpyToSymbol(g_iq2xxs_grid, kIq2xxsGrid, sizeof(kIq2xxsGrid)), "copy the IQ2_XXS grid");
   check(cudaMemcpyToSymbol(g_iq3xxs_grid, kIq3xxsGrid, sizeof(kIq3xxsGrid)), "copy the IQ3_XXS grid");
   check(cudaMemcpyToSymbol(g_ksigns, kKsigns, sizeof(kKsigns)), "copy the IQ sign table");
@@ -1108,6 +1141,13 @@ void init_tables() {
       if constexpr (decltype(kind)::value == ActKind::Q8_256) allow_int_smem<decltype(dec)>();
     });
 }
+
+void prefer_mma(bool on, int min_rows) {
+  STRATA_CHECK(min_rows >= 2, "cuda prefer_mma: min_rows = ", min_rows, " (at least 2: one row is the warp kernel's)");
+  g_mma_on = on;
+  g_mma_min_t = min_rows;
+}
+bool mma_used() { return mma_available(); }
 
 bool matmul_supported(uint32_t type) {
   return with_decoder(type, [](auto, auto) {});
@@ -1120,11 +1160,16 @@ static size_t act_bytes(uint32_t type, int64_t rows, int64_t cols) {
   return (size_t)rows * cols + (size_t)rows * (cols / (kind == ActKind::Q8_32 ? 32 : QK_K)) * sizeof(float);
 }
 
-size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols) { return act_bytes(type, T < kMaxT ? T : kMaxT, cols); }
+int matmul_pass_rows(uint32_t type) { return type == GGML_IQ2_XXS && mma_available() ? kMmaMaxT : kMaxT; }
+
+size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols) {
+  return act_bytes(type, std::min(T, matmul_pass_rows(type)), cols);
+}
 
 void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch, void* stream,
             bool quantized) {
-  STRATA_CHECK(!quantized || T <= kMaxT, "cuda matmul: a quantized activation of ", T, " rows (at most ", kMaxT, ")");
+  const int pass = matmul_pass_rows(W.type);
+  STRATA_CHECK(!quantized || T <= pass, "cuda matmul: a quantized activation of ", T, " rows (at most ", pass, ")");
   STRATA_CHECK(T >= 1 && W.rows >= 1 && W.cols >= 1, "cuda matmul: T = ", T, ", W is ", W.rows, " x ", W.cols);
   STRATA_CHECK(!int_act_type(W.type) || W.cols % QK_K == 0, "cuda matmul: ", type_name(W.type), " needs cols % 256 == 0, got ",
                W.cols);
@@ -1133,8 +1178,8 @@ void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int6
   STRATA_CHECK(ldx >= W.cols && ldy >= W.rows, "cuda matmul: ldx = ", ldx, " < cols or ldy = ", ldy, " < rows");
   STRATA_CHECK(((uintptr_t)W.data & 1) == 0, "cuda matmul: weights at an odd address");
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  for (int t0 = 0; t0 < T; t0 += kMaxT) {  // passes of at most 16 rows: each row's value is the same in any pass
-    const int Tp = T - t0 < kMaxT ? T - t0 : kMaxT;
+  for (int t0 = 0; t0 < T; t0 += pass) {  // passes of at most 16 (64) rows: each row's value is the same in any pass
+    const int Tp = T - t0 < pass ? T - t0 : pass;
     const float* xp = x + t0 * ldx;
     float* yp = y + t0 * ldy;
     const bool ok = with_decoder(W.type, [&](auto dec, auto kind) {

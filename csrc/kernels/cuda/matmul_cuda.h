@@ -16,11 +16,19 @@
 namespace strata::cuda {
 
 void init_tables();  // the decoders' lookup tables onto the current device (once per device)
+// Tests and benches: whether the IQ2_XXS products of min_rows or more rows (default 5) and the expert tiles take the
+// int8 tensor cores (iq2_mma.cuh; default on, where the card has them: sm_80+) or the dp4a kernels. The same bits
+// either way (tested).
+void prefer_mma(bool on, int min_rows = 5);
+bool mma_used();
 // Bytes of scratch (device) that matmul() needs for T rows of `cols` columns of weight type `type`.
 size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols);
+// Activation rows matmul() takes per pass for `type` (16; 64 for IQ2_XXS on the tensor cores): longer T runs in
+// passes, and the scratch then holds the last pass's quantization only.
+int matmul_pass_rows(uint32_t type);
 // Issued on `stream` (a cudaStream_t); returns at once. Throws std::invalid_argument for an unsupported type.
 // quantized: scratch already holds x's T rows quantized for W.cols columns (an earlier product of the same rows and
-// the same act_kind, T <= 16): the quantization is not issued again.
+// the same act_kind, T <= matmul_pass_rows(W.type)): the quantization is not issued again.
 void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch,
             void* stream, bool quantized = false);
 // Expert products over a device selection (backend.h matmul_sel): slot s < n: y[s] = W_{sel[s]} . x[s / xdiv].

@@ -1,0 +1,282 @@
+// IQ2_XXS products of many activation rows on the int8 tensor cores (mma.sync m16n8k16), with matmul.h's exact
+// lane order. Included by matmul.cu after the IQ2_XXS tables (iq2_tables) it uses; sm_80 and later
+// (mma_available()); the caller keeps the dp4a kernels for older cards.
+//
+// Why this is exact. matmul.h's value of y[t][r] needs, per 256-block, the 16 integer lane sums
+//   P_k = sum over the 16 values v of lane k (v mod 32 in {2k, 2k + 1}) of w[v] q[v],   w = (2 sc + 1) * grid * sign,
+// then L_k = fma(d * dx, (float)P_k, L_k) over the blocks in order and reduce16's tree. The tensor core computes
+// integer dot products exactly (int32 accumulators), and P_k is an integer, so any way of summing it gives the
+// same P_k. One MMA per lane k: A = the 16 weight rows' 16 values of lane k (16 x 16), B = the same 16 values of 8
+// activation rows (k_quantize's lane-major layout keeps them contiguous: value 32 s + 2 k + i at 16 k + 2 s + i,
+// the MMA's K index 2 s + i), C = P_k for 16 rows x 8 activation rows. w needs 12 bits (|w| <= 31 * 43), so A is
+// w's two bytes: w = 256 hi + lo, hi signed, lo unsigned; two MMAs (s8 x s8 and u8 x s8) and P = 256 P_hi + P_lo,
+// exact in int32 (|P| <= 16 * 1333 * 127 < 2^22). Then (float)P by the 2^23 + 2^22 bias (exact for |P| < 2^22) and
+// the same fma chain and tree as the dp4a kernels: the same bits (tests/test_cuda_matmul.py, bit for bit against
+// the CPU's scalar kernel).
+//
+// Fragments (PTX ISA, mma.m16n8k16 integer): thread (g, c4) = (lane / 4, lane % 4) holds A rows g and g + 8 at K
+// 4 c4 .. 4 c4 + 3 (sub-blocks 2 c4 and 2 c4 + 1 of the 256-block), B's K 4 c4 .. 4 c4 + 3 of activation row g, and
+// C at rows g, g + 8 and activation rows 2 c4, 2 c4 + 1. So each thread decodes 4 sub-blocks (2 rows x 2) of each
+// block once and keeps all 16 lanes of its 4 outputs per 8 activation rows: reduce16 needs no shuffle.
+// No namespace of its own: it is included inside matmul.cu's (anonymous, in strata::cuda).
+#pragma once
+
+__device__ __forceinline__ bool mma_compiled() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return true;
+#else
+  return false;
+#endif
+}
+
+// d[4] = A . B + c (every element of C = c): A u8 (lo) or s8 (hi) 16 x 16, B s8 16 x 8.
+template <bool kUnsignedA>
+__device__ __forceinline__ void mma_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b, int c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (kUnsignedA)
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b), "r"(c));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b), "r"(c));
+#else
+  d[0] = d[1] = d[2] = d[3] = 0;
+  __trap();  // the host never launches these kernels below sm_80 (mma_available)
+#endif
+}
+
+constexpr int kMmaBias = 0x4B400000;         // the bits of 2^23 + 2^22: bits + P is the float 2^23 + 2^22 + P
+constexpr float kMmaBiasF = 12582912.f;      // 2^23 + 2^22
+
+// Thread (g, c4)'s share of one IQ2_XXS block of rows g and g + 8 (i = 0, 1): sub-blocks 2 c4 + h (h = 0, 1), each
+// its 4 grid indices and its sign / scale word; and the rows' d bits.
+struct Iq2MmaPart {
+  uint32_t idx[2][2], aux[2][2];
+  uint16_t dh[2];
+  __device__ __forceinline__ void load(const uint8_t* b0, const uint8_t* b1, int c4) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      const uint8_t* blk = i ? b1 : b0;
+      const uint8_t* p = blk + 2 + 16 * c4;  // sub-block s at blk + 2 + 8 s: even (66-byte blocks at even rows)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        idx[i][h] = u32_at2(p + 8 * h);
+        aux[i][h] = u32_at2(p + 8 * h + 4);
+      }
+      dh[i] = __ldg(reinterpret_cast<const uint16_t*>(blk));
+    }
+  }
+  __device__ __forceinline__ float d(int i) const { return __fmul_rn(__half2float(__ushort_as_half(dh[i])), 0.125f); }
+};
+
+// The 16-bit w of value pair m (values 2 m, 2 m + 1) of grid entry l, as a word (w0 | w1 << 16): the grid bytes
+// times the scale (positive, no carry between the halves), then negated per half where the sign bit is set
+// ((x ^ 0xffff) + 1: no carry out, x >= 8).
+__device__ __forceinline__ uint32_t iq2_pair16(uint32_t gw, uint32_t mw, int m, uint32_t ls) {
+  const uint32_t gp = __byte_perm(gw, 0, (m & 1) ? 0x4342 : 0x4140);
+  const uint32_t mm = __byte_perm(mw, 0, (m & 1) ? 0x3322 : 0x1100);
+  return ((gp * ls) ^ mm) + (mm & 0x00010001u);
+}
+
+// The warp's 16 weight rows r0 .. r0 + 15 of W (rows past `rows` read row rows - 1, their outputs unused) against
+// NT x 8 activation rows: thread (g, c4)'s B rows qb[n] (activation row 8 n + g; q of block 0) and its C rows' dx
+// (dxc[n][j]: activation row 8 n + 2 c4 + j). out[n][e]: the finished value (matmul.h's y) of weight row
+// r0 + g + 8 (e >> 1) and activation row 8 n + 2 c4 + (e & 1).
+template <int NT>
+__device__ __forceinline__ void iq2_mma_rows(const uint8_t* __restrict__ W, size_t row_bytes, int64_t r0,
+                                             int64_t rows, int64_t nb, const int8_t* const (&qb)[NT],
+                                             const float* const (&dxc)[NT][2], const uint64_t* grid,
+                                             const uint64_t* smask, float (&out)[NT][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
+  const uint8_t* row0 = W + (r0 + g < rows ? r0 + g : rows - 1) * row_bytes;
+  const uint8_t* row1 = W + (r0 + g + 8 < rows ? r0 + g + 8 : rows - 1) * row_bytes;
+  float L[NT][4][16];
+#pragma unroll
+  for (int n = 0; n < NT; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+#pragma unroll
+      for (int k = 0; k < 16; k++) L[n][e][k] = 0.f;
+  Iq2MmaPart part;
+  part.load(row0, row1, c4);
+  for (int64_t b = 0; b < nb; b++) {
+    const Iq2MmaPart cur = part;
+    if (b + 1 < nb) part.load(row0 + (b + 1) * IQ2_XXS::kBytes, row1 + (b + 1) * IQ2_XXS::kBytes, c4);
+    float dd[NT][4];
+    {
+      const float d0 = cur.d(0), d1 = cur.d(1);
+#pragma unroll
+      for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+          const float dxv = __ldg(dxc[n][j] + b);
+          dd[n][j] = __fmul_rn(d0, dxv);
+          dd[n][2 + j] = __fmul_rn(d1, dxv);
+        }
+    }
+#pragma unroll
+    for (int l = 0; l < 4; l++) {  // grid entry l: lanes 4 l .. 4 l + 3
+      uint32_t wp[2][2][4];
+#pragma unroll
+      for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          const uint64_t gv = grid[(cur.idx[i][h] >> (8 * l)) & 255];
+          const uint64_t mk = smask[(cur.aux[i][h] >> (7 * l)) & 127];
+          const uint32_t ls = 2 * (cur.aux[i][h] >> 28) + 1;
+#pragma unroll
+          for (int m = 0; m < 4; m++)
+            wp[i][h][m] = iq2_pair16(m < 2 ? (uint32_t)gv : (uint32_t)(gv >> 32),
+                                     m < 2 ? (uint32_t)mk : (uint32_t)(mk >> 32), m, ls);
+        }
+#pragma unroll
+      for (int m = 0; m < 4; m++) {
+        const int k = 4 * l + m;
+        const uint32_t lo0 = __byte_perm(wp[0][0][m], wp[0][1][m], 0x6420);
+        const uint32_t lo1 = __byte_perm(wp[1][0][m], wp[1][1][m], 0x6420);
+        const uint32_t hi0 = __byte_perm(wp[0][0][m], wp[0][1][m], 0x7531);
+        const uint32_t hi1 = __byte_perm(wp[1][0][m], wp[1][1][m], 0x7531);
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+          const uint32_t bq = __ldg(reinterpret_cast<const uint32_t*>(qb[n] + b * QK_K + 16 * k + 4 * c4));
+          int plo[4], phi[4];
+          mma_k16<true>(plo, lo0, lo1, bq, kMmaBias);
+          mma_k16<false>(phi, hi0, hi1, bq, 0);
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            const float p = __fsub_rn(__int_as_float(phi[e] * 256 + plo[e]), kMmaBiasF);  // (float)P, exact
+            L[n][e][k] = fmaf(dd[n][e], p, L[n][e][k]);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < NT; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {  // reduce16's tree, then k_int's y = s - Lm with Lm = 0
+      float s8[8], s4[4];
+#pragma unroll
+      for (int j = 0; j < 8; j++) s8[j] = __fadd_rn(L[n][e][j], L[n][e][j + 8]);
+#pragma unroll
+      for (int j = 0; j < 4; j++) s4[j] = __fadd_rn(s8[j], s8[j + 4]);
+      const float s = __fadd_rn(__fadd_rn(s4[0], s4[2]), __fadd_rn(s4[1], s4[3]));
+      out[n][e] = __fsub_rn(s, 0.f);
+    }
+}
+
+constexpr int kMmaWarps = 4;  // warps a block: each 16 weight rows
+
+// Dense rows: y[t][r] for t < T over W's rows, a warp per 16 rows (block x: kMmaWarps of them) and 8 NT activation
+// rows (block y: rows 8 NT y ..).
+template <int NT>
+__global__ void __launch_bounds__(32 * kMmaWarps) k_iq2xxs_mma(const uint8_t* __restrict__ W, size_t row_bytes,
+                                                               int64_t rows, int64_t nb, const int8_t* __restrict__ q,
+                                                               const float* __restrict__ dx, int T,
+                                                               float* __restrict__ y, int64_t ldy) {
+  __shared__ uint64_t grid[256];
+  __shared__ uint64_t smask[128];
+  iq2_tables(grid, smask);
+  __syncthreads();
+  const int lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
+  const int64_t r0 = ((int64_t)blockIdx.x * kMmaWarps + (threadIdx.x >> 5)) * 16;
+  if (r0 >= rows) return;  // whole warps; no barrier follows
+  const int64_t cols = nb * QK_K;
+  const int t0 = (int)blockIdx.y * 8 * NT;
+  const int8_t* qb[NT];
+  const float* dxc[NT][2];
+#pragma unroll
+  for (int n = 0; n < NT; n++) {
+    const int tb = t0 + 8 * n + g < T ? t0 + 8 * n + g : T - 1;
+    qb[n] = q + tb * cols;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+      const int tc = t0 + 8 * n + 2 * c4 + j < T ? t0 + 8 * n + 2 * c4 + j : T - 1;
+      dxc[n][j] = dx + tc * nb;
+    }
+  }
+  float out[NT][4];
+  iq2_mma_rows<NT>(W, row_bytes, r0, rows, nb, qb, dxc, grid, smask, out);
+#pragma unroll
+  for (int n = 0; n < NT; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int64_t r = r0 + g + 8 * (e >> 1);
+      const int t = t0 + 8 * n + 2 * c4 + (e & 1);
+      if (r < rows && t < T) y[(int64_t)t * ldy + r] = out[n][e];
+    }
+}
+
+// Expert tiles (k_sel_tiles), as k_iq2xxs_tiles: block (x, y) takes tiles y, y + gridDim.y, ...; warp w of block x
+// takes the expert's 16-row groups x kMmaWarps + w, then + kMmaWarps gridDim.x. The tile's slots are the MMA's
+// activation rows (slot / xdiv; past the count: the first slot again, outputs unused); NT = 1 for tiles of at most
+// 8 slots. kPair: gate (W) and up (W2) in turn over the same slots, then y2 = up and y = silu(gate) * up.
+template <int NT, bool kPair>
+__device__ __forceinline__ void iq2_mma_tile(const uint8_t* We, const uint8_t* We2, size_t row_bytes, int64_t rows,
+                                             int64_t nb, const int8_t* q, const float* dx, float* y, float* y2,
+                                             int64_t ldy, const int32_t* xrow, const int32_t* yrow, int cnt,
+                                             const uint64_t* grid, const uint64_t* smask) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
+  const int64_t cols = nb * QK_K;
+  const int8_t* qb[NT];
+  const float* dxc[NT][2];
+#pragma unroll
+  for (int n = 0; n < NT; n++) {
+    const int jb = 8 * n + g < cnt ? 8 * n + g : 0;
+    qb[n] = q + (int64_t)xrow[jb] * cols;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+      const int jc = 8 * n + 2 * c4 + j < cnt ? 8 * n + 2 * c4 + j : 0;
+      dxc[n][j] = dx + (int64_t)xrow[jc] * nb;
+    }
+  }
+  const int64_t step = (int64_t)16 * kMmaWarps * gridDim.x;
+  for (int64_t r0 = ((int64_t)blockIdx.x * kMmaWarps + (threadIdx.x >> 5)) * 16; r0 < rows; r0 += step) {
+    float out[NT][4], up[kPair ? NT : 1][4];
+    iq2_mma_rows<NT>(We, row_bytes, r0, rows, nb, qb, dxc, grid, smask, out);
+    if constexpr (kPair) iq2_mma_rows<NT>(We2, row_bytes, r0, rows, nb, qb, dxc, grid, smask, up);
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int64_t r = r0 + g + 8 * (e >> 1);
+        const int j = 8 * n + 2 * c4 + (e & 1);
+        if (r >= rows || j >= cnt) continue;
+        const int64_t o = (int64_t)yrow[j] * ldy + r;
+        if constexpr (kPair) {
+          y2[o] = up[n][e];
+          y[o] = __fmul_rn(silu_of(out[n][e]), up[n][e]);
+        } else {
+          y[o] = out[n][e];
+        }
+      }
+  }
+}
+
+// Launched twice over the same tiles: NT = 1 takes the tiles of at most 8 slots, NT = 2 the others (one NT a kernel:
+// registers).
+template <int NT, bool kPair>
+__global__ void __launch_bounds__(32 * kMmaWarps) k_iq2xxs_tiles_mma(
+    const uint8_t* __restrict__ W, const uint8_t* __restrict__ W2, size_t row_bytes, int64_t rows, int64_t nb,
+    const int8_t* __restrict__ q, const float* __restrict__ dx, float* __restrict__ y, float* __restrict__ y2,
+    int64_t ldy, size_t ebytes, size_t ebytes2, int xdiv, const int32_t* __restrict__ tile_e,
+    const int32_t* __restrict__ tile_n, const int32_t* __restrict__ tile_slot, const int32_t* __restrict__ ntiles) {
+  __shared__ uint64_t grid[256];
+  __shared__ uint64_t smask[128];
+  __shared__ int32_t xrow[kTileRows], yrow[kTileRows];
+  __shared__ int32_t tile_expert, tile_count;
+  iq2_tables(grid, smask);
+  const int nt = ntiles[0];
+  for (int tile = blockIdx.y; tile < nt; tile += gridDim.y) {
+    __syncthreads();  // the tables are in; the previous tile's reads of the header are done
+    tile_header(tile, tile_e, tile_n, tile_slot, xdiv, xrow, yrow, &tile_expert, &tile_count);
+    __syncthreads();
+    const int cnt = tile_count;
+    if ((cnt <= 8) != (NT == 1)) continue;  // the other launch's tile
+    const uint8_t* We = W + (size_t)tile_expert * ebytes;
+    const uint8_t* We2 = kPair ? W2 + (size_t)tile_expert * ebytes2 : nullptr;
+    iq2_mma_tile<NT, kPair>(We, We2, row_bytes, rows, nb, q, dx, y, y2, ldy, xrow, yrow, cnt, grid, smask);
+  }
+}
