@@ -312,9 +312,19 @@ def test_matmul_sel_swiglu_equals_cpu_and_its_parts(typ):
     assert np.array_equal(bits(want), bits(g))
 
 
-@pytest.mark.parametrize("typ", ["IQ2_XXS", "Q4_K"])
+@pytest.mark.parametrize("typ", ["IQ2_XXS", "IQ2_XXS-dp4a", "Q4_K"])
 @pytest.mark.parametrize("shape", ["few", "tiles-long-runs", "tiles-many-experts", "tiles-pieces"])
 def test_moe_experts_union_equals_cpu_and_slots(typ, shape):
+    """The IQ2_XXS tiles on the tensor cores (iq2_mma.cuh, the default) and on the dp4a kernels ("-dp4a")."""
+    typ, _, dp4a = typ.partition("-")
+    try:
+        _core.cuda_prefer_mma(not dp4a)
+        _moe_experts_case(typ, shape)
+    finally:
+        _core.cuda_prefer_mma(True)
+
+
+def _moe_experts_case(typ, shape):
     """A window's routed experts (gate / up / SwiGLU in one kernel for IQ2_XXS, then down over the same selection)
     equal the CPU backend's bit for bit, and each token row's slots equal that row alone (T = 1). "few": few
     experts, so that rows share them (up to 7 slots of one expert). The "tiles" shapes are prompt pieces: from 64

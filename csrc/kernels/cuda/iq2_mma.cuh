@@ -1,5 +1,5 @@
 // IQ2_XXS products of many activation rows on the int8 tensor cores (mma.sync m16n8k16), with matmul.h's exact
-// lane order. Included by matmul.cu after the IQ2_XXS tables (iq2_tables) it uses; sm_80 and later
+// lane order. Included by matmul.cu after the IQ2_XXS tables (iq2_tables) and the tile loop (over_tiles) it uses; sm_80 and later
 // (mma_available()); the caller keeps the dp4a kernels for older cards.
 //
 // Why this is exact. matmul.h's value of y[t][r] needs, per 256-block, the 16 integer lane sums
@@ -265,18 +265,11 @@ __global__ void __launch_bounds__(32 * kMmaWarps) k_iq2xxs_tiles_mma(
     const int32_t* __restrict__ tile_n, const int32_t* __restrict__ tile_slot, const int32_t* __restrict__ ntiles) {
   __shared__ uint64_t grid[256];
   __shared__ uint64_t smask[128];
-  __shared__ int32_t xrow[kTileRows], yrow[kTileRows];
-  __shared__ int32_t tile_expert, tile_count;
   iq2_tables(grid, smask);
-  const int nt = ntiles[0];
-  for (int tile = blockIdx.y; tile < nt; tile += gridDim.y) {
-    __syncthreads();  // the tables are in; the previous tile's reads of the header are done
-    tile_header(tile, tile_e, tile_n, tile_slot, xdiv, xrow, yrow, &tile_expert, &tile_count);
-    __syncthreads();
-    const int cnt = tile_count;
-    if ((cnt <= 8) != (NT == 1)) continue;  // the other launch's tile
-    const uint8_t* We = W + (size_t)tile_expert * ebytes;
-    const uint8_t* We2 = kPair ? W2 + (size_t)tile_expert * ebytes2 : nullptr;
+  over_tiles(tile_e, tile_n, tile_slot, ntiles, xdiv, [&](int expert, int cnt, const int32_t* xrow, const int32_t* yrow) {
+    if ((cnt <= 8) != (NT == 1)) return;  // the other launch's tile
+    const uint8_t* We = W + (size_t)expert * ebytes;
+    const uint8_t* We2 = kPair ? W2 + (size_t)expert * ebytes2 : nullptr;
     iq2_mma_tile<NT, kPair>(We, We2, row_bytes, rows, nb, q, dx, y, y2, ldy, xrow, yrow, cnt, grid, smask);
-  }
+  });
 }

@@ -180,6 +180,24 @@ __device__ __forceinline__ void tile_header(int tile, const int32_t* __restrict_
   }
 }
 
+// The tile kernels' loop: block y takes tiles y, y + gridDim.y, ... and runs body(expert, count, xrow, yrow) with the
+// tile's header in shared memory. The caller's shared tables are loaded before the call (its first barrier covers
+// them); body has no barrier.
+template <class F>
+__device__ __forceinline__ void over_tiles(const int32_t* __restrict__ tile_e, const int32_t* __restrict__ tile_n,
+                                           const int32_t* __restrict__ tile_slot, const int32_t* __restrict__ ntiles,
+                                           int xdiv, F&& body) {
+  __shared__ int32_t xrow[kTileRows], yrow[kTileRows];
+  __shared__ int32_t tile_expert, tile_count;
+  const int nt = ntiles[0];
+  for (int tile = blockIdx.y; tile < nt; tile += gridDim.y) {
+    __syncthreads();  // the tables are in; the previous tile's reads of the header are done
+    tile_header(tile, tile_e, tile_n, tile_slot, xdiv, xrow, yrow, &tile_expert, &tile_count);
+    __syncthreads();
+    body(tile_expert, tile_count, xrow, yrow);
+  }
+}
+
 // Int8 activations: per block b, lane k's exact integer sum P over its 16 values, then L = fma(d * dx, P, L);
 // with mins Lm = fma(dmin * dx, M, Lm), M = sum_v m(v) q[v] over the whole block (an integer: any order).
 // The weight bytes go through shared memory kChunk blocks at a time: the 16 lanes of a row load the chunk's bytes
@@ -655,20 +673,14 @@ __global__ void __launch_bounds__(256, 2) k_iq2xxs_tiles(const uint8_t* __restri
                                                         const int32_t* __restrict__ ntiles) {
   __shared__ uint64_t grid[256];
   __shared__ uint64_t smask[128];  // as k_iq2xxs_warp1's
-  __shared__ int32_t xrow[kTileRows], yrow[kTileRows];
-  __shared__ int32_t tile_expert, tile_count;
   iq2_tables(grid, smask);
   const int t = threadIdx.x & 31, s = t >> 2, l = t & 3;
   const bool hi4 = (t >> 4) & 1, hi3 = (t >> 3) & 1;
   const int64_t cols = nb * QK_K;
   const int64_t r_first = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
   const int64_t r_step = (int64_t)gridDim.x * (blockDim.x >> 5) * R;
-  const int nt = ntiles[0];
-  for (int tile = blockIdx.y; tile < nt; tile += gridDim.y) {
-    __syncthreads();  // the tables are in; the previous tile's reads of the header are done
-    tile_header(tile, tile_e, tile_n, tile_slot, xdiv, xrow, yrow, &tile_expert, &tile_count);
-    __syncthreads();
-    const int cnt = tile_count;
+  over_tiles(tile_e, tile_n, tile_slot, ntiles, xdiv, [&](int tile_expert, int cnt, const int32_t* xrow,
+                                                          const int32_t* yrow) {
     const uint8_t* We = W + (size_t)tile_expert * ebytes;
     const uint8_t* We2 = kPair ? W2 + (size_t)tile_expert * ebytes2 : nullptr;
     for (int64_t r0 = r_first; r0 < rows; r0 += r_step) {
@@ -743,10 +755,10 @@ __global__ void __launch_bounds__(256, 2) k_iq2xxs_tiles(const uint8_t* __restri
         }
       }
     }
-  }
+  });
 }
 
-#include "kernels/cuda/iq2_mma.cuh"  // needs iq2_tables, tile_header (above)
+#include "kernels/cuda/iq2_mma.cuh"  // needs iq2_tables, over_tiles (above)
 
 // Scratch of the tiles after the activations: tile_e, tile_n (kTileMaxSlots each), tile_slot (kTileRows a tile), the
 // tile count.
