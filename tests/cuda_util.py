@@ -2,6 +2,8 @@
 with (synth's generator: real GGUF block bytes), and the skip mark for tests that need a CUDA device."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
@@ -25,3 +27,13 @@ def weights(rng: np.random.Generator, typ: str, rows: int, cols: int) -> np.ndar
 def bits(a: np.ndarray) -> np.ndarray:
     """float32 bit patterns, so that equality means bit for bit (signed zeros and NaN payloads included)."""
     return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+@contextmanager
+def tensor_cores(on: bool, min_rows: int = 5):
+    """The IQ2_XXS products' kernels for the block (cuda_prefer_mma), the default (on, 5 rows) restored after."""
+    _core.cuda_prefer_mma(on, min_rows)
+    try:
+        yield
+    finally:
+        _core.cuda_prefer_mma(True)

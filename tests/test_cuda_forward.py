@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from backend_util import decode_equal, tiny_qwen35moe, windows_equal
-from cuda_util import CUDA_TYPES, bits, needs_cuda, weights
+from cuda_util import CUDA_TYPES, bits, needs_cuda, tensor_cores, weights
 from seeds import fresh_rng
 from strata_py import _core
 from strata_py.model import Model
@@ -317,11 +317,8 @@ def test_matmul_sel_swiglu_equals_cpu_and_its_parts(typ):
 def test_moe_experts_union_equals_cpu_and_slots(typ, shape):
     """The IQ2_XXS tiles on the tensor cores (iq2_mma.cuh, the default) and on the dp4a kernels ("-dp4a")."""
     typ, _, dp4a = typ.partition("-")
-    try:
-        _core.cuda_prefer_mma(not dp4a)
+    with tensor_cores(not dp4a):
         _moe_experts_case(typ, shape)
-    finally:
-        _core.cuda_prefer_mma(True)
 
 
 def _moe_experts_case(typ, shape):

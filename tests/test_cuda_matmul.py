@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cuda_util import CUDA_TYPES, NOT_ON_CUDA, bits, needs_cuda, weights
+from cuda_util import CUDA_TYPES, NOT_ON_CUDA, bits, needs_cuda, tensor_cores, weights
 from kquant import ACT32_TYPES
 from strata_py import _core
 
@@ -94,7 +94,7 @@ def test_device_name_and_launch_timing():
 def test_iq2xxs_tensor_cores_equal_dp4a_and_cpu_ref():
     """IQ2_XXS products of 5+ rows take the int8 tensor cores (csrc/kernels/cuda/iq2_mma.cuh: P_k = 256 P_hi + P_lo by two
     MMAs, exact); they equal the dp4a kernels and the CPU's scalar kernel bit for bit: rows across the 16-row tiles,
-    T within a pass (5..16) and over several (64), and blocks at the largest lane sums (every sub-block scale 15, all
+    T within a pass (5..16) and over several (64, 70), and blocks at the largest lane sums (every sub-block scale 15, all
     signs +, activations at +-127) where the (float)P bias needs |P| < 2^22."""
     rng = np.random.default_rng()
     assert _core.cuda_mma_used(), "the H200 has int8 tensor cores: the products must take them"
@@ -112,11 +112,8 @@ def test_iq2xxs_tensor_cores_equal_dp4a_and_cpu_ref():
             x[:6] = 1.0  # and all positive: P at its maximum
         want = _core.matmul(w, "IQ2_XXS", rows, cols, x, isa="scalar")
         got = _core.backend_matmul("cuda", w, "IQ2_XXS", rows, cols, x)
-        try:
-            _core.cuda_prefer_mma(False)
+        with tensor_cores(False):
             dp4a = _core.backend_matmul("cuda", w, "IQ2_XXS", rows, cols, x)
-        finally:
-            _core.cuda_prefer_mma(True)
         msg = f"{rows}x{cols} T={T}"
         np.testing.assert_array_equal(bits(got), bits(want), err_msg=msg)
         np.testing.assert_array_equal(bits(dp4a), bits(want), err_msg=msg)
@@ -125,8 +122,7 @@ def test_iq2xxs_tensor_cores_equal_dp4a_and_cpu_ref():
 def test_iq2xxs_tensor_cores_from_two_rows():
     """The tensor-core kernel over 2..4 rows (min_rows = 2; the default takes it from 5): still the CPU's bits."""
     rng = np.random.default_rng()
-    try:
-        _core.cuda_prefer_mma(True, 2)
+    with tensor_cores(True, 2):
         for T in (2, 3, 4):
             rows = int(rng.integers(1, 70))
             w = weights(rng, "IQ2_XXS", rows, 2048)
@@ -134,7 +130,5 @@ def test_iq2xxs_tensor_cores_from_two_rows():
             np.testing.assert_array_equal(bits(_core.backend_matmul("cuda", w, "IQ2_XXS", rows, 2048, x)),
                                           bits(_core.matmul(w, "IQ2_XXS", rows, 2048, x, isa="scalar")),
                                           err_msg=f"{rows} rows T={T}")
-    finally:
-        _core.cuda_prefer_mma(True)
     with pytest.raises(ValueError, match="min_rows"):
         _core.cuda_prefer_mma(True, 1)

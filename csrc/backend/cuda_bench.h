@@ -23,10 +23,10 @@ CudaTiming cuda_time_copy(Backend& cuda, size_t bytes, int reps);
 
 // `one(i)` for i in [0, per_pass) per pass (anything issued on the CUDA backend's stream), `reps` passes after a
 // warm-up pass: median and min seconds per call.
+CudaTiming cuda_time_calls(Backend& cuda, int per_pass, int reps, const std::function<void(int)>& one);
+
 // Tests and benches: cuda::prefer_mma (the IQ2_XXS tensor-core products, default on) and whether they are used now.
 void cuda_prefer_mma(bool on, int min_rows);
 bool cuda_mma_used();
-
-CudaTiming cuda_time_calls(Backend& cuda, int per_pass, int reps, const std::function<void(int)>& one);
 
 }  // namespace strata

@@ -169,6 +169,20 @@ __device__ __forceinline__ void iq2_mma_rows(const uint8_t* __restrict__ W, size
 
 constexpr int kMmaWarps = 4;  // warps a block: each 16 weight rows
 
+// Thread (g, c4)'s activation rows for iq2_mma_rows: qb[n] for MMA column 8 n + g (B) and dxc[n][j] for columns
+// 8 n + 2 c4 + j (C), each at activation row row_of(column) of q / dx (rows of nb blocks).
+template <int NT, class F>
+__device__ __forceinline__ void mma_act_rows(const int8_t* q, const float* dx, int64_t nb, F&& row_of,
+                                             const int8_t* (&qb)[NT], const float* (&dxc)[NT][2]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
+#pragma unroll
+  for (int n = 0; n < NT; n++) {
+    qb[n] = q + row_of(8 * n + g) * nb * QK_K;
+#pragma unroll
+    for (int j = 0; j < 2; j++) dxc[n][j] = dx + row_of(8 * n + 2 * c4 + j) * nb;
+  }
+}
+
 // Dense rows: y[t][r] for t < T over W's rows, a warp per 16 rows (block x: kMmaWarps of them) and 8 NT activation
 // rows (block y: rows 8 NT y ..).
 template <int NT>
@@ -183,20 +197,10 @@ __global__ void __launch_bounds__(32 * kMmaWarps) k_iq2xxs_mma(const uint8_t* __
   const int lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
   const int64_t r0 = ((int64_t)blockIdx.x * kMmaWarps + (threadIdx.x >> 5)) * 16;
   if (r0 >= rows) return;  // whole warps; no barrier follows
-  const int64_t cols = nb * QK_K;
   const int t0 = (int)blockIdx.y * 8 * NT;
   const int8_t* qb[NT];
-  const float* dxc[NT][2];
-#pragma unroll
-  for (int n = 0; n < NT; n++) {
-    const int tb = t0 + 8 * n + g < T ? t0 + 8 * n + g : T - 1;
-    qb[n] = q + tb * cols;
-#pragma unroll
-    for (int j = 0; j < 2; j++) {
-      const int tc = t0 + 8 * n + 2 * c4 + j < T ? t0 + 8 * n + 2 * c4 + j : T - 1;
-      dxc[n][j] = dx + tc * nb;
-    }
-  }
+  const float* dxc[NT][2];  // columns past T: row T - 1 (outputs unused)
+  mma_act_rows<NT>(q, dx, nb, [&](int j) { return (int64_t)(t0 + j < T ? t0 + j : T - 1); }, qb, dxc);
   float out[NT][4];
   iq2_mma_rows<NT>(W, row_bytes, r0, rows, nb, qb, dxc, grid, smask, out);
 #pragma unroll
@@ -219,19 +223,9 @@ __device__ __forceinline__ void iq2_mma_tile(const uint8_t* We, const uint8_t* W
                                              int64_t ldy, const int32_t* xrow, const int32_t* yrow, int cnt,
                                              const uint64_t* grid, const uint64_t* smask) {
   const int lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
-  const int64_t cols = nb * QK_K;
   const int8_t* qb[NT];
-  const float* dxc[NT][2];
-#pragma unroll
-  for (int n = 0; n < NT; n++) {
-    const int jb = 8 * n + g < cnt ? 8 * n + g : 0;
-    qb[n] = q + (int64_t)xrow[jb] * cols;
-#pragma unroll
-    for (int j = 0; j < 2; j++) {
-      const int jc = 8 * n + 2 * c4 + j < cnt ? 8 * n + 2 * c4 + j : 0;
-      dxc[n][j] = dx + (int64_t)xrow[jc] * nb;
-    }
-  }
+  const float* dxc[NT][2];  // columns past the count: the first slot (outputs unused)
+  mma_act_rows<NT>(q, dx, nb, [&](int j) { return (int64_t)xrow[j < cnt ? j : 0]; }, qb, dxc);
   const int64_t step = (int64_t)16 * kMmaWarps * gridDim.x;
   for (int64_t r0 = ((int64_t)blockIdx.x * kMmaWarps + (threadIdx.x >> 5)) * 16; r0 < rows; r0 += step) {
     float out[NT][4], up[kPair ? NT : 1][4];
