@@ -3,7 +3,7 @@ C(T) / C(1) for T = 1, 2, 4, 8, 16, per model file, on backend="cuda" (weights a
 weight bytes one T = 1 step reads and the fraction of the HBM floor that is (bytes / step time / bandwidth).
 
     python bench/bench_gpu_forward.py MODEL.gguf [MODEL2.gguf ...] [--reps 30] [--bw-gbs 4300] [--json OUT]
-        [--stream MODEL.gguf:0.25 ...] [--prompt 512] [--backend cuda]
+        [--stream MODEL.gguf:0.25 ...] [--prompt 512] [--backend cuda] [--launches on,off]
 
 Each timed step is Session.run(T tokens) + commit(T) after a 64-token prompt (commit(T) keeps every row: no replay),
 wall clock over --reps steps after 3 warm-up steps, median of 3 rounds; run() returns after the logits are on the
@@ -13,6 +13,9 @@ bandwidth of the floor (default: the device-to-device copy bandwidth measured he
 Prefill: a --prompt-token prompt (512, as llama-bench's pp512) as one prompt window on a new session, the last
 row's logits only (generate's prefill), median of 3 after one warm-up; prefill_tok_s = tokens / that time (0 skips).
 --backend cpu-backend runs the resident rows over the CPU backend (a local check of this bench; give --bw-gbs).
+--launches on,no-prefetch,off: an A/B of the kernel launches (programmatic dependent launch and the dense products'
+weight prefetch, csrc/kernels/cuda/launch.cuh) on the same loaded model, the modes alternating in every round, each
+on its own sessions (recorded steps keep the mode they were recorded in): a row per mode.
 
 --stream FILE:FRAC[:on|off] (repeatable): the same file with the routed experts streamed from pinned host memory into
 a GPU budget of FRAC of their bytes (Model.load(cache_mib=...), csrc/model/backend_experts.h), prefetch on and off
@@ -87,37 +90,61 @@ def time_prefill(m, V: int, n: int, rng) -> float:
     return float(np.median(times[1:]))
 
 
-def bench_model(path: str, reps: int, bw: float, prompt: int = 0, backend: str = "cuda") -> dict:
+def set_launches(mode: str, backend: str) -> None:
+    """Kernel launches (cuda_prefer_pdl): "on" = programmatic dependent launch + the dense weight prefetch (the
+    default), "no-prefetch", "off". Recorded steps keep the mode they were recorded in: each mode gets new sessions."""
+    if backend == "cuda":
+        _core.cuda_prefer_pdl(mode != "off", mode == "on")
+
+
+def bench_model(path: str, reps: int, bw: float, prompt: int = 0, backend: str = "cuda",
+                launches: tuple[str, ...] = ("on",)) -> list[dict]:
+    """One row per launch mode, the modes alternating within each round on the same loaded model."""
     t0 = time.perf_counter()
     m = Model.load(path, backend=backend)
     cfg = m.config
     V = m.n_vocab
     rng = np.random.default_rng(0)
-    s = prompted_session(m, rng)
+    sessions = {}
+    for mode in launches:
+        set_launches(mode, backend)
+        sessions[mode] = prompted_session(m, rng)
     load_s = time.perf_counter() - t0
-    per = {T: [] for T in TS}
-    for _ in range(3):  # rounds, the window sizes alternating
-        for T in TS:
-            per[T].append(time_steps(s, V, T, reps if T == 1 else max(5, reps // 2), rng))
-            if s.position > 3500:
-                s = prompted_session(m, rng)
-    med = {T: float(np.median(v)) for T, v in per.items()}
+    per = {mode: {T: [] for T in TS} for mode in launches}
+    for _ in range(3):  # rounds, the launch modes and window sizes alternating
+        for mode in launches:
+            set_launches(mode, backend)
+            for T in TS:
+                per[mode][T].append(time_steps(sessions[mode], V, T, reps if T == 1 else max(5, reps // 2), rng))
+                if sessions[mode].position > 3500:
+                    sessions[mode] = prompted_session(m, rng)
+    sessions.clear()
+    pre = {mode: [] for mode in launches}
+    if prompt:
+        for _ in range(1 if len(launches) == 1 else 2):
+            for mode in launches:
+                set_launches(mode, backend)
+                pre[mode].append(time_prefill(m, V, prompt, rng))
+    set_launches("on", backend)
     dense, experts, total = tensor_bytes(path)
     nb = dense + experts * cfg["n_expert_used"] // cfg["n_expert"]  # the bytes a T = 1 step reads
-    res = {"model": Path(path).name, "file_gib": total / 2**30, "load_and_prompt_s": load_s,
-           "step_s": {str(T): med[T] for T in TS}, "decode_tok_s": 1 / med[1],
-           "c_over_c1": {str(T): med[T] / med[1] for T in TS}, "step_bytes": nb,
-           "hbm_floor_fraction": nb / med[1] / bw, "bw_gbs": bw / 1e9}
-    if prompt:
-        del s
-        res["prefill_tokens"] = prompt
-        res["prefill_tok_s"] = prompt / time_prefill(m, V, prompt, rng)
-    print(f"{res['model']}: {res['file_gib']:.2f} GiB, decode {res['decode_tok_s']:.1f} tok/s "
-          f"({med[1] * 1e3:.2f} ms/step, {nb / 1e9:.3f} GB/step = {100 * res['hbm_floor_fraction']:.1f} % of the "
-          f"{bw / 1e9:.0f} GB/s floor); C(T)/C(1): " +
-          ", ".join(f"T={T} {med[T] / med[1]:.2f}" for T in TS) +
-          (f"; prefill {prompt} tokens {res['prefill_tok_s']:.0f} tok/s" if prompt else ""), flush=True)
-    return res
+    rows = []
+    for mode in launches:
+        med = {T: float(np.median(v)) for T, v in per[mode].items()}
+        res = {"model": Path(path).name, "launches": mode, "file_gib": total / 2**30, "load_and_prompt_s": load_s,
+               "step_s": {str(T): med[T] for T in TS}, "decode_tok_s": 1 / med[1],
+               "c_over_c1": {str(T): med[T] / med[1] for T in TS}, "step_bytes": nb,
+               "hbm_floor_fraction": nb / med[1] / bw, "bw_gbs": bw / 1e9}
+        if prompt:
+            res["prefill_tokens"] = prompt
+            res["prefill_tok_s"] = prompt / float(np.median(pre[mode]))
+        print(f"{res['model']} (launches {mode}): {res['file_gib']:.2f} GiB, decode {res['decode_tok_s']:.1f} tok/s "
+              f"({med[1] * 1e3:.2f} ms/step, {nb / 1e9:.3f} GB/step = {100 * res['hbm_floor_fraction']:.1f} % of the "
+              f"{bw / 1e9:.0f} GB/s floor); C(T)/C(1): " +
+              ", ".join(f"T={T} {med[T] / med[1]:.2f}" for T in TS) +
+              (f"; prefill {prompt} tokens {res['prefill_tok_s']:.0f} tok/s" if prompt else ""), flush=True)
+        rows.append(res)
+    return rows
 
 
 def bench_streamed(path: str, frac: float, prefetch: bool, reps: int, backend: str = "cuda") -> dict:
@@ -164,7 +191,14 @@ def main(argv=None) -> int:
                          "(the same bits; for A/B runs)")
     ap.add_argument("--mma-min-rows", type=int, default=5,
                     help="dense IQ2_XXS products of this many rows or more on the tensor cores (default 5)")
+    ap.add_argument("--launches", default="on",
+                    help="comma list of kernel launch modes, alternated on each loaded model, a row each: on "
+                         "(programmatic dependent launch + the dense weight prefetch, the default), no-prefetch, off")
     a = ap.parse_args(argv)
+    launches = tuple(a.launches.split(","))
+    bad = [x for x in launches if x not in ("on", "no-prefetch", "off")]
+    if bad or len(set(launches)) != len(launches):
+        ap.error(f"bad option --launches {a.launches!r}: a comma list of distinct on, no-prefetch, off")
     streams = []
     for spec in a.stream:
         f, _, frac = spec.rpartition(":")
@@ -192,7 +226,7 @@ def main(argv=None) -> int:
     res = {"device": device, "bw_gbs": bw / 1e9, "tensor_cores": _core.cuda_mma_used(), "models": [], "streamed": []}
     for p in a.models:
         try:
-            res["models"].append(bench_model(p, a.reps, bw, a.prompt, a.backend))
+            res["models"] += bench_model(p, a.reps, bw, a.prompt, a.backend, launches)
         except Exception as e:  # one file failing must not lose the others' rows
             print(f"{p}: {type(e).__name__}: {e}", flush=True)
             res["models"].append({"model": Path(p).name, "error": f"{type(e).__name__}: {e}"})

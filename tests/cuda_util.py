@@ -30,6 +30,17 @@ def bits(a: np.ndarray) -> np.ndarray:
 
 
 @contextmanager
+def pdl(mode: str):
+    """Kernel launches for the block (cuda_prefer_pdl): "on" (programmatic dependent launch and the weight prefetch,
+    the default), "no-prefetch" or "off"; the default restored after."""
+    _core.cuda_prefer_pdl(mode != "off", mode == "on")
+    try:
+        yield
+    finally:
+        _core.cuda_prefer_pdl(True, True)
+
+
+@contextmanager
 def tensor_cores(on: bool, min_rows: int = 5):
     """The IQ2_XXS products' kernels for the block (cuda_prefer_mma), the default (on, 5 rows) restored after."""
     _core.cuda_prefer_mma(on, min_rows)

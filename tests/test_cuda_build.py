@@ -41,3 +41,37 @@ def test_every_cuda_source_compiles(tmp_path):
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     for o in objs:
         assert (build / o).stat().st_size > 0, o
+
+
+def kernel_bodies(text: str):
+    """(name, body head) of each __global__ function defined in a CUDA source."""
+    import re
+    for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(", text):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        brace = text.index("{", i)
+        yield m.group(1), text[brace + 1:brace + 400]
+
+
+def test_every_kernel_waits_for_its_predecessor_first():
+    """launch.cuh's contract, read off the sources: every kernel of csrc/kernels/cuda is launched by launch() (which
+    may carry programmatic dependent launch, so its blocks can start while the kernel before still runs) and calls
+    pdl_wait() before anything else, but for the L2 prefetch of its weights (prefetch_rows, a cache hint). A kernel
+    without it could read its input before the kernel that writes it is done."""
+    import re
+    srcs = sorted((ROOT / "csrc/kernels/cuda").glob("*.cu*"))
+    names = []
+    for p in srcs:
+        text = re.sub(r"//[^\n]*", "", p.read_text())  # code only
+        assert "<<<" not in text, f"{p.name}: a <<<>>> launch (kernels launch by launch.cuh's launch())"
+        for name, head in kernel_bodies(text):
+            stmts = [s.strip() for s in head.split(";")]
+            first = next(s for s in stmts if not s.startswith("if (!kTiled && !sel) prefetch_rows")
+                         and not re.match(r"(if \(!sel\) )?prefetch_rows\(", s))
+            assert first == "pdl_wait()", f"{p.name}: kernel {name} does not start with pdl_wait(): {head[:160]!r}"
+            names.append(name)
+    assert len(names) >= 30 and "k_iq2xxs_warp1" in names and "k_iq2xxs_mma" in names, names
+    # the backend's own kernel (the launch-latency probe) is launched plainly, without the attribute
+    assert re.findall(r"(\w+)<<<", (ROOT / "csrc/backend/cuda_backend.cu").read_text()) == ["k_empty"]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from backend_util import decode_equal, tiny_qwen35moe, windows_equal
-from cuda_util import CUDA_TYPES, bits, needs_cuda, tensor_cores, weights
+from cuda_util import CUDA_TYPES, bits, needs_cuda, pdl, tensor_cores, weights
 from seeds import fresh_rng
 from strata_py import _core
 from strata_py.model import Model
@@ -393,12 +393,28 @@ def test_gpu_session_windows(request, which):
         windows_equal(m, "cuda", fresh_rng(), n_windows=16, label=which)
 
 
-def test_gpu_recorded_steps_equal_cpu(tiny_q8_model, default_model):
+@pytest.mark.parametrize("launches", ["on", "no-prefetch", "off"])
+def test_gpu_recorded_steps_equal_cpu(tiny_q8_model, default_model, iq2_model, launches):
     """Decode steps and verify windows replayed from their recordings (CUDA graphs) give the CPU session's logits
     bit for bit: T = 1 steps across a 256-cell bucket of the attention launches, repeated verify windows with full
-    keeps (the DeltaNet states swap: two recordings) and partial keeps."""
+    keeps (the DeltaNet states swap: two recordings) and partial keeps. With programmatic dependent launch (sm_90+:
+    each kernel's blocks scheduled while the one before still runs, launch.cuh) and the dense products' weight
+    prefetch, without the prefetch, and without either: the same bits (the CPU's) every way."""
+    with pdl(launches):
+        recorded_steps_equal_cpu((tiny_q8_model, default_model, iq2_model))
+        assert _core.cuda_pdl_used() == (launches != "off" and pdl_card())  # after a backend is up (its card read)
+
+
+def pdl_card() -> bool:
+    """Whether the device is sm_90 or later (programmatic dependent launch), read off cuda_info()."""
+    import re
+    m = re.search(r"sm_(\d+)", _core.cuda_info())
+    return bool(m) and int(m.group(1)) >= 90
+
+
+def recorded_steps_equal_cpu(models):
     from backend_util import assert_same
-    for m in (tiny_q8_model, default_model):
+    for m in models:
         rng = fresh_rng()
         before = _core.recorded_step_replays()
         ref = m.session(n_ctx=320, max_window=8, backend="cpu")

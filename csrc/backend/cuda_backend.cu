@@ -561,6 +561,8 @@ CudaTiming cuda_time_calls(Backend& be, int per_pass, int reps, const std::funct
 
 void cuda_prefer_mma(bool on, int min_rows) { cuda::prefer_mma(on, min_rows); }
 bool cuda_mma_used() { return cuda::mma_used(); }
+void cuda_prefer_pdl(bool on, bool prefetch) { cuda::prefer_pdl(on, prefetch); }
+bool cuda_pdl_used() { return cuda::pdl_on(); }
 
 CudaTiming cuda_time_launch(Backend& be, int reps) {
   CudaBackend& c = as_cuda(be);

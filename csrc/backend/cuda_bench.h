@@ -28,5 +28,9 @@ CudaTiming cuda_time_calls(Backend& cuda, int per_pass, int reps, const std::fun
 // Tests and benches: cuda::prefer_mma (the IQ2_XXS tensor-core products, default on) and whether they are used now.
 void cuda_prefer_mma(bool on, int min_rows);
 bool cuda_mma_used();
+// Tests and benches: cuda::prefer_pdl (programmatic dependent launch and the weight prefetch, default on) and whether
+// launches carry it now.
+void cuda_prefer_pdl(bool on, bool prefetch);
+bool cuda_pdl_used();
 
 }  // namespace strata

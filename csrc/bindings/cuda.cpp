@@ -320,6 +320,11 @@ void init_cuda(nb::module_& m) {
         "Tests and benches: whether the IQ2_XXS products of min_rows+ rows and the expert tiles take the int8 tensor cores "
         "(default on where the card has them) or the dp4a kernels; the same bits either way.");
   m.def("cuda_mma_used", &cuda_mma_used, "Whether those products take the tensor cores now (False without CUDA).");
+  m.def("cuda_prefer_pdl", &cuda_prefer_pdl, nb::arg("on"), nb::arg("prefetch") = true,
+        "Tests and benches: whether kernels launch with programmatic dependent launch (default on where the card has "
+        "it: sm_90+) and, with it, whether the dense products prefetch their weights toward L2 first; the same bits "
+        "either way.");
+  m.def("cuda_pdl_used", &cuda_pdl_used, "Whether launches carry programmatic dependent launch now (False without CUDA).");
   m.def(
       "cuda_bench_launch",
       [](int reps) {

@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "kernels/cuda/exp_inl.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_cuda.h"
 #include "util/common.h"
 
@@ -31,6 +32,7 @@ __device__ __forceinline__ float max_nan_loses(float m, float x) { return x > m 
 // that long contexts spread over the whole card.
 __global__ void __launch_bounds__(kThreads) k_scores(AttendArgs a, float* __restrict__ scratch, int64_t stride,
                                                      const int32_t* __restrict__ n_dev) {
+  pdl_wait();
   const int t = blockIdx.x / a.nh, h = blockIdx.x % a.nh, tid = threadIdx.x;
   const float* q = a.q + t * a.ldq_t + h * a.ldq_h;
   const int64_t n = (n_dev ? (int64_t)*n_dev : a.n) + t;
@@ -58,6 +60,7 @@ __global__ void __launch_bounds__(kThreads) k_scores(AttendArgs a, float* __rest
 // 2-4. the maximum, exp_shift with the running sum, then o; a block per (row, head).
 __global__ void __launch_bounds__(kThreads) k_softmax_v(AttendArgs a, float* __restrict__ scratch, int64_t stride,
                                                         const int32_t* __restrict__ n_dev) {
+  pdl_wait();
   const int t = blockIdx.x / a.nh, h = blockIdx.x % a.nh, tid = threadIdx.x;
   const int64_t n = (n_dev ? (int64_t)*n_dev : a.n) + t;
   float* sc = scratch + (int64_t)blockIdx.x * stride;
@@ -140,9 +143,9 @@ void attend(const AttendArgs& a, float* scratch, void* stream, const int32_t* n_
   const int64_t cell_blocks = (a.n + a.T - 1 + kCellsPerScoreBlock - 1) / kCellsPerScoreBlock;
   if (cell_blocks > 0) {
     STRATA_CHECK(cell_blocks < 65536, "cuda attend: ", a.n, " cells are more than one launch covers");
-    k_scores<<<dim3((unsigned)(a.T * a.nh), (unsigned)cell_blocks), kThreads, 0, st>>>(a, scratch, stride, n_dev);
+    launch(k_scores, dim3((unsigned)(a.T * a.nh), (unsigned)cell_blocks), kThreads, 0, st, a, scratch, stride, n_dev);
   }
-  k_softmax_v<<<(unsigned)(a.T * a.nh), kThreads, 0, st>>>(a, scratch, stride, n_dev);
+  launch(k_softmax_v, (unsigned)(a.T * a.nh), kThreads, 0, st, a, scratch, stride, n_dev);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) fail<std::runtime_error>("cuda: launch of the attention kernels: ", cudaGetErrorString(e));
 }

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "backend/backend.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_cuda.h"
 #include "util/common.h"
 
@@ -27,6 +28,7 @@ template <int DK>
 __global__ void __launch_bounds__(32) k_dn_rows(float* __restrict__ S0, float* __restrict__ S_work,
                                                 const __grid_constant__ DnLaunch L, int T, int sw, int64_t dk,
                                                 int64_t dv) {
+  pdl_wait();
   const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= dv) return;
   constexpr int kReg = DK > 0 ? DK : 1;
@@ -92,6 +94,7 @@ __global__ void __launch_bounds__(32) k_dn_rows(float* __restrict__ S0, float* _
 template <int DK>
 __global__ void __launch_bounds__(32) k_dn_rows_split(float* __restrict__ S0, float* __restrict__ S_work,
                                                       const __grid_constant__ DnLaunch L, int T, int sw, int64_t dv) {
+  pdl_wait();
   constexpr int H = DK / 2;
   const int lane = threadIdx.x, half = lane >> 4, lo = lane & 15;
   const int64_t j = (int64_t)blockIdx.x * 16 + lo;
@@ -163,9 +166,9 @@ void dn_rows(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64
     // this launch's first row, and S_work is still to be made)
     float* S0 = t0 <= n_src ? S : S_work;
     const int sw = t0 <= n_src ? (n_src - t0 < n ? n_src - t0 : n) : n;
-    if (dk == 128) k_dn_rows_split<128><<<(unsigned)((dv + 15) / 16), 32, 0, st>>>(S0, S_work, L, n, sw, dv);
-    else if (dk == 64) k_dn_rows<64><<<grid, 32, 0, st>>>(S0, S_work, L, n, sw, dk, dv);
-    else k_dn_rows<0><<<grid, 32, 0, st>>>(S0, S_work, L, n, sw, dk, dv);
+    if (dk == 128) launch(k_dn_rows_split<128>, (unsigned)((dv + 15) / 16), 32, 0, st, S0, S_work, L, n, sw, dv);
+    else if (dk == 64) launch(k_dn_rows<64>, grid, 32, 0, st, S0, S_work, L, n, sw, dk, dv);
+    else launch(k_dn_rows<0>, grid, 32, 0, st, S0, S_work, L, n, sw, dk, dv);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) fail<std::runtime_error>("cuda: launch of the dn_rows kernel: ", cudaGetErrorString(e));
   }
@@ -190,6 +193,7 @@ __device__ __forceinline__ HeadRow head_row(const DnHeads& a, int64_t h, int t) 
 template <int DK>
 __global__ void __launch_bounds__(32) k_dn_heads(float* __restrict__ S, float* __restrict__ S_work,
                                                  const __grid_constant__ DnHeads A, int T, int n_src) {
+  pdl_wait();
   const int64_t h = blockIdx.y, dk = A.dk, dv = A.dv;
   const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= dv) return;
@@ -254,6 +258,7 @@ __global__ void __launch_bounds__(32) k_dn_heads(float* __restrict__ S, float* _
 template <int DK>
 __global__ void __launch_bounds__(32) k_dn_heads_split(float* __restrict__ S, float* __restrict__ S_work,
                                                        const __grid_constant__ DnHeads A, int T, int n_src) {
+  pdl_wait();
   constexpr int H = DK / 2;
   const int64_t h = blockIdx.y, dv = A.dv;
   const int lane = threadIdx.x, half = lane >> 4, lo = lane & 15;
@@ -320,9 +325,11 @@ void dn_heads(float* S, float* S_work, const DnHeads& a, int T, int n_src, void*
                ", nk = ", a.nk, ", nv = ", a.nv);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const unsigned nv = (unsigned)a.nv;
-  if (a.dk == 128) k_dn_heads_split<128><<<dim3((unsigned)((a.dv + 15) / 16), nv), 32, 0, st>>>(S, S_work, a, T, n_src);
-  else if (a.dk == 64) k_dn_heads<64><<<dim3((unsigned)((a.dv + 31) / 32), nv), 32, 0, st>>>(S, S_work, a, T, n_src);
-  else k_dn_heads<0><<<dim3((unsigned)((a.dv + 31) / 32), nv), 32, 0, st>>>(S, S_work, a, T, n_src);
+  if (a.dk == 128) launch(k_dn_heads_split<128>, dim3((unsigned)((a.dv + 15) / 16), nv), 32, 0, st, S, S_work, a, T,
+                          n_src);
+  else if (a.dk == 64) launch(k_dn_heads<64>, dim3((unsigned)((a.dv + 31) / 32), nv), 32, 0, st, S, S_work, a, T,
+                              n_src);
+  else launch(k_dn_heads<0>, dim3((unsigned)((a.dv + 31) / 32), nv), 32, 0, st, S, S_work, a, T, n_src);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) fail<std::runtime_error>("cuda: launch of the dn_heads kernel: ", cudaGetErrorString(e));
 }

@@ -190,6 +190,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps) k_iq2xxs_mma(const uint8_t* __
                                                                int64_t rows, int64_t nb, const int8_t* __restrict__ q,
                                                                const float* __restrict__ dx, int T,
                                                                float* __restrict__ y, int64_t ldy) {
+  prefetch_rows(W, row_bytes, rows, (int64_t)blockIdx.x * kMmaWarps * 16, kMmaWarps * 16);
+  pdl_wait();
   __shared__ uint64_t grid[256];
   __shared__ uint64_t smask[128];
   iq2_tables(grid, smask);
@@ -257,6 +259,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps) k_iq2xxs_tiles_mma(
     const int8_t* __restrict__ q, const float* __restrict__ dx, float* __restrict__ y, float* __restrict__ y2,
     int64_t ldy, size_t ebytes, size_t ebytes2, int xdiv, const int32_t* __restrict__ tile_e,
     const int32_t* __restrict__ tile_n, const int32_t* __restrict__ tile_slot, const int32_t* __restrict__ ntiles) {
+  pdl_wait();
   __shared__ uint64_t grid[256];
   __shared__ uint64_t smask[128];
   iq2_tables(grid, smask);

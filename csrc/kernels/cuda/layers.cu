@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "kernels/cuda/exp_inl.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/libm_inl.cuh"
 #include "kernels/cuda/ops_cuda.h"
 #include "util/common.h"
@@ -38,6 +39,7 @@ __device__ __forceinline__ float dot16_warp(const float* a, const float* b, int6
 __device__ __forceinline__ float sigmoid_of(float g) { return __fdiv_rn(1.f, __fadd_rn(1.f, exp_inl_dev(-g))); }
 
 __global__ void k_add(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
+  pdl_wait();
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) x[i] = __fadd_rn(x[i], y[i]);
 }
@@ -45,6 +47,7 @@ __global__ void k_add(float* __restrict__ x, const float* __restrict__ y, int64_
 // rowops causal_conv_silu: o = 0, o = o + w[j] * h[t + j] for j = 0..K-1, then silu.
 __global__ void k_conv_silu(const float* __restrict__ hist, const float* __restrict__ w_t, int T, int64_t n, int64_t ld,
                             int K, float* __restrict__ out) {
+  pdl_wait();
   const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int t = blockIdx.y;
   if (c >= n) return;
@@ -57,6 +60,7 @@ __global__ void k_conv_silu(const float* __restrict__ hist, const float* __restr
 __global__ void k_dn_gates(float* __restrict__ conv, int64_t ld, const float* __restrict__ ba,
                            const float* __restrict__ ssm_a, const float* __restrict__ dt_bias, int64_t nk, int64_t nv,
                            int64_t dk, float qscale, float* __restrict__ eg, float* __restrict__ beta) {
+  pdl_wait();
   const int64_t g = blockIdx.x, r = nv / nk, key_dim = nk * dk;
   const int t = blockIdx.y, lane = threadIdx.x;
   float* row = conv + (int64_t)t * ld;
@@ -83,6 +87,7 @@ __global__ void k_dn_untile(const float* __restrict__ rawf, float* __restrict__ 
                             const float* __restrict__ fz, float* __restrict__ z, const float* __restrict__ fb,
                             const float* __restrict__ fa, float* __restrict__ ba, const int32_t* __restrict__ fh,
                             int64_t nk, int64_t nv, int64_t dv) {
+  pdl_wait();
   const int t = blockIdx.y;
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, d_inner = nv * dv, r = nv / nk;
   if (i < cd) {
@@ -101,6 +106,7 @@ __global__ void k_dn_untile(const float* __restrict__ rawf, float* __restrict__ 
 }
 __global__ void k_dn_retile(const float* __restrict__ y, float* __restrict__ out, const int32_t* __restrict__ fh,
                             int64_t nv, int64_t dv) {
+  pdl_wait();
   const int t = blockIdx.y;
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, d_inner = nv * dv;
   if (i < d_inner) out[(int64_t)t * d_inner + fh[i / dv] * dv + i % dv] = y[(int64_t)t * d_inner + i];
@@ -109,6 +115,7 @@ __global__ void k_dn_retile(const float* __restrict__ y, float* __restrict__ out
 // rmsnorm(x; w) of one row of n per warp, then y *= silu(z) or sigmoid(z) (rowops mul_silu / mul_sigmoid).
 __global__ void k_gated_norm(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ z,
                              int64_t n, float eps, bool sig, float* __restrict__ y) {
+  pdl_wait();
   const int64_t row = blockIdx.x;
   const float* xr = x + row * n;
   const float r = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(dot16_warp(xr, xr, n), (float)n), eps)));
@@ -121,11 +128,13 @@ __global__ void k_gated_norm(const float* __restrict__ x, const float* __restric
 
 __global__ void k_mul_sigmoid_rows(float* __restrict__ o, int64_t ldo, const float* __restrict__ g, int64_t ldg,
                                    int64_t n) {
+  pdl_wait();
   const int64_t row = blockIdx.y, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) o[row * ldo + i] = __fmul_rn(o[row * ldo + i], sigmoid_of(g[row * ldg + i]));
 }
 
 __global__ void k_silu_mul(float* __restrict__ g, const float* __restrict__ u, int64_t n) {
+  pdl_wait();
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) g[i] = __fmul_rn(silu_of(g[i]), u[i]);
 }
@@ -134,6 +143,7 @@ __global__ void k_silu_mul(float* __restrict__ g, const float* __restrict__ u, i
 __global__ void k_norm_rope(float* x, int64_t ldt, int64_t ldh, int nh, const float* __restrict__ w, int64_t hd,
                             float eps, const float* __restrict__ cs, const float* __restrict__ sn, int64_t n_rot,
                             int64_t pos0, const int32_t* __restrict__ pos) {
+  pdl_wait();
   if (pos) pos0 = *pos;  // a recorded step: the position from device memory
   const int t = blockIdx.x / nh, h = blockIdx.x % nh;
   float* v = x + t * ldt + h * ldh;
@@ -154,6 +164,7 @@ __global__ void k_norm_rope(float* x, int64_t ldt, int64_t ldh, int nh, const fl
 // Rows of k and v into the cache at the position read from device memory (recorded steps).
 __global__ void k_kv_store(const float* __restrict__ k, const float* __restrict__ v, int64_t width,
                            float* __restrict__ kc, float* __restrict__ vc, const int32_t* __restrict__ pos) {
+  pdl_wait();
   const int t = blockIdx.y;
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= width) return;
@@ -166,6 +177,7 @@ __global__ void k_kv_store(const float* __restrict__ k, const float* __restrict_
 // order, the products the warp computed into shared memory), then sigmoid (libm exp).
 __global__ void k_shared_gate(const float* __restrict__ gate, const float* __restrict__ x, int64_t H,
                               float* __restrict__ sg) {
+  pdl_wait();
   __shared__ float prod[1024];
   const float* xt = x + (int64_t)blockIdx.x * H;
   float gl = 0.f;
@@ -185,6 +197,7 @@ __global__ void k_shared_gate(const float* __restrict__ gate, const float* __res
 // moe.cpp's combine: o = 0, o = o + wt_j * y_j for j = 0..k-1 (axpy: a multiply, then an add), then o + sg * sh.
 __global__ void k_moe_combine(const float* __restrict__ yg, const float* __restrict__ wt, int k, int64_t H,
                               const float* __restrict__ sh, const float* __restrict__ sg, float* __restrict__ out) {
+  pdl_wait();
   const int t = blockIdx.y;
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= H) return;
@@ -198,77 +211,79 @@ __global__ void k_moe_combine(const float* __restrict__ yg, const float* __restr
 
 void add(float* x, const float* y, int64_t n, void* stream) {
   if (n <= 0) return;
-  k_add<<<blocks(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(x, y, n);
+  launch(k_add, blocks(n, 256), 256, 0, static_cast<cudaStream_t>(stream), x, y, n);
   launched("add");
 }
 
 void conv_silu(const float* hist, const float* w_t, int T, int64_t n, int64_t ld, int K, float* out, void* stream) {
   STRATA_CHECK(T >= 1 && n >= 1 && K >= 1, "cuda conv_silu: T = ", T, ", n = ", n, ", K = ", K);
-  k_conv_silu<<<dim3(blocks(n, 128), (unsigned)T), 128, 0, static_cast<cudaStream_t>(stream)>>>(hist, w_t, T, n, ld, K,
-                                                                                               out);
+  launch(k_conv_silu, dim3(blocks(n, 128), (unsigned)T), 128, 0, static_cast<cudaStream_t>(stream), hist, w_t, T, n, ld,
+         K, out);
   launched("conv_silu");
 }
 
 void dn_gates(float* conv, int64_t ld, const float* ba, const float* ssm_a, const float* dt_bias, int T, int64_t nk,
               int64_t nv, int64_t dk, float qscale, float* eg, float* beta, void* stream) {
   STRATA_CHECK(T >= 1 && nk >= 1 && nv % nk == 0, "cuda dn_gates: T = ", T, ", nk = ", nk, ", nv = ", nv);
-  k_dn_gates<<<dim3((unsigned)nk, (unsigned)T), 32, 0, static_cast<cudaStream_t>(stream)>>>(conv, ld, ba, ssm_a, dt_bias,
-                                                                                          nk, nv, dk, qscale, eg, beta);
+  launch(k_dn_gates, dim3((unsigned)nk, (unsigned)T), 32, 0, static_cast<cudaStream_t>(stream), conv, ld, ba, ssm_a,
+         dt_bias, nk, nv, dk, qscale, eg, beta);
   launched("dn_gates");
 }
 
 void dn_untile(const float* rawf, float* raw, int64_t cd, int64_t key_dim, const float* fz, float* z, const float* fb,
                const float* fa, float* ba, const int32_t* fh, int T, int64_t nk, int64_t nv, int64_t dv, void* stream) {
-  k_dn_untile<<<dim3(blocks(cd, 256), (unsigned)T), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      rawf, raw, cd, key_dim, fz, z, fb, fa, ba, fh, nk, nv, dv);
+  launch(k_dn_untile, dim3(blocks(cd, 256), (unsigned)T), 256, 0, static_cast<cudaStream_t>(stream), rawf, raw, cd,
+         key_dim, fz, z, fb, fa, ba, fh, nk, nv, dv);
   launched("dn_untile");
 }
 
 void dn_retile(const float* y, float* out, const int32_t* fh, int T, int64_t nv, int64_t dv, void* stream) {
-  k_dn_retile<<<dim3(blocks(nv * dv, 256), (unsigned)T), 256, 0, static_cast<cudaStream_t>(stream)>>>(y, out, fh, nv, dv);
+  launch(k_dn_retile, dim3(blocks(nv * dv, 256), (unsigned)T), 256, 0, static_cast<cudaStream_t>(stream), y, out, fh,
+         nv, dv);
   launched("dn_retile");
 }
 
 void gated_norm(const float* x, const float* w, const float* z, int64_t n, int rows, float eps, bool sig, float* y,
                 void* stream) {
   if (rows <= 0) return;
-  k_gated_norm<<<(unsigned)rows, 32, 0, static_cast<cudaStream_t>(stream)>>>(x, w, z, n, eps, sig, y);
+  launch(k_gated_norm, (unsigned)rows, 32, 0, static_cast<cudaStream_t>(stream), x, w, z, n, eps, sig, y);
   launched("gated_norm");
 }
 
 void mul_sigmoid_rows(float* o, int64_t ldo, const float* g, int64_t ldg, int64_t n, int rows, void* stream) {
   if (rows <= 0) return;
-  k_mul_sigmoid_rows<<<dim3(blocks(n, 128), (unsigned)rows), 128, 0, static_cast<cudaStream_t>(stream)>>>(o, ldo, g, ldg, n);
+  launch(k_mul_sigmoid_rows, dim3(blocks(n, 128), (unsigned)rows), 128, 0, static_cast<cudaStream_t>(stream), o, ldo, g,
+         ldg, n);
   launched("mul_sigmoid_rows");
 }
 
 void silu_mul(float* g, const float* u, int64_t n, void* stream) {
   if (n <= 0) return;
-  k_silu_mul<<<blocks(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(g, u, n);
+  launch(k_silu_mul, blocks(n, 256), 256, 0, static_cast<cudaStream_t>(stream), g, u, n);
   launched("silu_mul");
 }
 
 void norm_rope(float* x, int64_t ldt, int64_t ldh, int T, int nh, const float* w, int64_t hd, float eps, const float* cs,
                const float* sn, int64_t n_rot, int64_t pos0, void* stream) {
   STRATA_CHECK(T >= 1 && nh >= 1 && n_rot <= hd, "cuda norm_rope: T = ", T, ", nh = ", nh, ", n_rot = ", n_rot);
-  k_norm_rope<<<(unsigned)(T * nh), 32, 0, static_cast<cudaStream_t>(stream)>>>(x, ldt, ldh, nh, w, hd, eps, cs, sn,
-                                                                               n_rot, pos0, nullptr);
+  launch(k_norm_rope, (unsigned)(T * nh), 32, 0, static_cast<cudaStream_t>(stream), x, ldt, ldh, nh, w, hd, eps, cs, sn,
+         n_rot, pos0, nullptr);
   launched("norm_rope");
 }
 
 void norm_rope_at(float* x, int64_t ldt, int64_t ldh, int T, int nh, const float* w, int64_t hd, float eps,
                   const float* cs, const float* sn, int64_t n_rot, const int32_t* pos, void* stream) {
   STRATA_CHECK(T >= 1 && nh >= 1 && n_rot <= hd && pos, "cuda norm_rope_at: T = ", T, ", nh = ", nh, ", n_rot = ", n_rot);
-  k_norm_rope<<<(unsigned)(T * nh), 32, 0, static_cast<cudaStream_t>(stream)>>>(x, ldt, ldh, nh, w, hd, eps, cs, sn,
-                                                                               n_rot, 0, pos);
+  launch(k_norm_rope, (unsigned)(T * nh), 32, 0, static_cast<cudaStream_t>(stream), x, ldt, ldh, nh, w, hd, eps, cs, sn,
+         n_rot, 0, pos);
   launched("norm_rope");
 }
 
 void kv_store(const float* k, const float* v, int T, int64_t width, float* kc, float* vc, const int32_t* pos,
               void* stream) {
   STRATA_CHECK(T >= 1 && width >= 1 && pos, "cuda kv_store: T = ", T, ", width = ", width);
-  k_kv_store<<<dim3(blocks(width, 256), (unsigned)T), 256, 0, static_cast<cudaStream_t>(stream)>>>(k, v, width, kc, vc,
-                                                                                                  pos);
+  launch(k_kv_store, dim3(blocks(width, 256), (unsigned)T), 256, 0, static_cast<cudaStream_t>(stream), k, v, width, kc,
+         vc, pos);
   launched("kv_store");
 }
 
@@ -276,15 +291,15 @@ void moe_combine(const float* yg, const float* wt, int T, int k, int64_t H, cons
                  const float* x, float* out, float* sg, void* stream, bool gate_ready) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (sh && !gate_ready) {
-    k_shared_gate<<<(unsigned)T, 256, 0, st>>>(gate_shexp, x, H, sg);
+    launch(k_shared_gate, (unsigned)T, 256, 0, st, gate_shexp, x, H, sg);
     launched("shared_gate");
   }
-  k_moe_combine<<<dim3(blocks(H, 256), (unsigned)T), 256, 0, st>>>(yg, wt, k, H, sh, sg, out);
+  launch(k_moe_combine, dim3(blocks(H, 256), (unsigned)T), 256, 0, st, yg, wt, k, H, sh, sg, out);
   launched("moe_combine");
 }
 
 void shared_gate(const float* gate_shexp, const float* x, int T, int64_t H, float* sg, void* stream) {
-  k_shared_gate<<<(unsigned)T, 256, 0, static_cast<cudaStream_t>(stream)>>>(gate_shexp, x, H, sg);
+  launch(k_shared_gate, (unsigned)T, 256, 0, static_cast<cudaStream_t>(stream), gate_shexp, x, H, sg);
   launched("shared_gate");
 }
 

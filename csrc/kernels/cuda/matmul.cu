@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/decode.cuh"
 #include "kernels/cuda/exp_inl.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matmul_cuda.h"
 #include "kernels/iq_tables.h"
 #include "kernels/quants.h"
@@ -25,6 +26,14 @@ constexpr int64_t kRowsForR4 = (int64_t)kRowsPerBlock * 4 * 132 * 8;  // 67584 (
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail<std::runtime_error>("cuda: ", what, ": ", cudaGetErrorString(e));
+}
+
+// 1: the dense products (no expert selection) prefetch their block's first weight rows toward L2 before pdl_wait,
+// so that the weights' DRAM latency overlaps the kernel before (launch.cuh). init_tables / prefer_pdl set it.
+__constant__ int c_prefetch;
+__device__ __forceinline__ void prefetch_rows(const uint8_t* W, size_t row_bytes, int64_t rows, int64_t r0, int64_t n) {
+  if (c_prefetch && threadIdx.x == 0 && blockIdx.y == 0 && r0 < rows)  // grid rows y > 0: the same weights
+    pdl_prefetch(W + r0 * row_bytes, (size_t)(n < rows - r0 ? n : rows - r0) * row_bytes);
 }
 
 // matmul.h's tree over the 16 lanes of a row (lane j of the 16-thread group holds l[j]); lane 0 gets the sum.
@@ -46,6 +55,8 @@ __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, si
                                                int64_t cols, const float* __restrict__ x, int64_t ldx, int T,
                                                float* __restrict__ y, int64_t ldy, const int32_t* __restrict__ sel,
                                                size_t ebytes, int xdiv) {
+  if (!sel) prefetch_rows(W, row_bytes, rows, (int64_t)blockIdx.x * (blockDim.x >> 4) * R, (blockDim.x >> 4) * R);
+  pdl_wait();
   if (sel) {
     const int slot = blockIdx.y;
     W += (size_t)sel[slot] * ebytes;
@@ -118,6 +129,7 @@ __global__ void __launch_bounds__(kTileMaxSlots) k_sel_tiles(const int32_t* __re
                                                              int32_t* __restrict__ tile_e, int32_t* __restrict__ tile_n,
                                                              int32_t* __restrict__ tile_slot,
                                                              int32_t* __restrict__ ntiles) {
+  pdl_wait();
   __shared__ int32_t key[kTileMaxSlots];  // the slots' experts: unsorted, then in sorted order
   __shared__ int32_t sorted[kTileMaxSlots];  // the slot at each sorted place
   __shared__ int warp_tot[kTileMaxSlots / 32], warp_pre[kTileMaxSlots / 32];
@@ -224,6 +236,8 @@ __global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __r
                                              size_t ebytes, int xdiv, const int32_t* __restrict__ tile_e,
                                              const int32_t* __restrict__ tile_n, const int32_t* __restrict__ tile_slot,
                                              const int32_t* __restrict__ ntiles, int full) {
+  if (!kTiled && !sel) prefetch_rows(W, row_bytes, rows, (int64_t)blockIdx.x * (blockDim.x >> 4), blockDim.x >> 4);
+  pdl_wait();
   static_assert(!kTiled || TT == kTileRows, "k_int: tiles of kTileRows slots");
   extern __shared__ int4 fq[];  // full: [t][block][lane k] activation values, then the scales fd[t][block]
   const int64_t fq_n = TT > 1 && full ? (kTiled ? TT : T) * nb * 16 : 0;  // kTiled: room for a whole tile
@@ -467,6 +481,8 @@ __global__ void __launch_bounds__(256) k_iq2xxs_warp(const uint8_t* __restrict__
                                                      int64_t nb, const int8_t* __restrict__ q,
                                                      const float* __restrict__ dx, float* __restrict__ y, int64_t ldy,
                                                      int T, int rpw) {
+  prefetch_rows(W, row_bytes, rows, (int64_t)blockIdx.x * (blockDim.x >> 5) * rpw, (blockDim.x >> 5) * rpw);
+  pdl_wait();
   __shared__ uint64_t grid[256];
   __shared__ uint64_t smask[128];  // g_ksigns[i] as byte masks: byte e = 0xff where bit e is set (negative)
   const int t = threadIdx.x & 31, s = t >> 2, l = t & 3;
@@ -583,6 +599,8 @@ __global__ void __launch_bounds__(256) k_iq2xxs_warp1(const uint8_t* __restrict_
                                                      float* __restrict__ y, float* __restrict__ y2, int64_t ldy,
                                                      const int32_t* __restrict__ sel, size_t ebytes, size_t ebytes2,
                                                      int xdiv) {
+  if (!sel) prefetch_rows(W, row_bytes, rows, (int64_t)blockIdx.x * (blockDim.x >> 5), blockDim.x >> 5);
+  pdl_wait();
   {  // with sel, grid row y is slot y; without, activation row y (the row split; 0 in a 1-D grid)
     const int slot = blockIdx.y;
     if (sel) {
@@ -671,6 +689,7 @@ __global__ void __launch_bounds__(256, 2) k_iq2xxs_tiles(const uint8_t* __restri
                                                         const int32_t* __restrict__ tile_n,
                                                         const int32_t* __restrict__ tile_slot,
                                                         const int32_t* __restrict__ ntiles) {
+  pdl_wait();
   __shared__ uint64_t grid[256];
   __shared__ uint64_t smask[128];  // as k_iq2xxs_warp1's
   iq2_tables(grid, smask);
@@ -772,16 +791,16 @@ struct TileBufs {
   TileBufs(void* scratch, size_t act) : TileBufs(reinterpret_cast<int32_t*>(static_cast<uint8_t*>(scratch) + tile_offset(act))) {}
 };
 bool use_tiles(int n, int xdiv) { return n >= kTileMinSlots && xdiv <= kTileMaxSlots; }
-// For each piece [off, off + m) of at most kTileMaxSlots slots (whole activation rows): k_sel_tiles, then launch(gy),
+// For each piece [off, off + m) of at most kTileMaxSlots slots (whole activation rows): k_sel_tiles, then products(gy),
 // the products over that piece's tiles with gy = min(m, kTileBlocksY) blocks in y. In stream order: a piece's tiles
 // are read before the next piece's are made.
 template <class F>
-void over_tile_pieces(const int32_t* sel, int n, int xdiv, const TileBufs& tb, cudaStream_t st, F&& launch) {
+void over_tile_pieces(const int32_t* sel, int n, int xdiv, const TileBufs& tb, cudaStream_t st, F&& products) {
   const int piece = kTileMaxSlots - kTileMaxSlots % xdiv;
   for (int off = 0; off < n; off += piece) {
     const int m = std::min(piece, n - off);
-    k_sel_tiles<<<1, kTileMaxSlots, 0, st>>>(sel, off, m, tb.e, tb.n, tb.slot, tb.count);
-    launch(std::min(m, kTileBlocksY));
+    launch(k_sel_tiles, 1, kTileMaxSlots, 0, st, sel, off, m, tb.e, tb.n, tb.slot, tb.count);
+    products(std::min(m, kTileBlocksY));
   }
 }
 
@@ -793,8 +812,8 @@ void launch_iq2_sel(const MatView& W, const uint8_t* W2, size_t eb, size_t eb2, 
                     cudaStream_t st) {
   const int64_t nb = W.cols / QK_K;
   if (!use_tiles(n, xdiv)) {
-    k_iq2xxs_warp1<kIq2U, kPair><<<dim3((unsigned)((W.rows + 7) / 8), (unsigned)n), 256, 0, st>>>(
-        W.data, W2, W.row_bytes, W.rows, nb, q, dx, y, y2, ldy, sel, eb, eb2, xdiv);
+    launch(k_iq2xxs_warp1<kIq2U, kPair>, dim3((unsigned)((W.rows + 7) / 8), (unsigned)n), 256, 0, st, W.data, W2,
+           W.row_bytes, W.rows, nb, q, dx, y, y2, ldy, sel, eb, eb2, xdiv);
     return;
   }
   over_tile_pieces(sel, n, xdiv, tb, st, [&](int gy) {
@@ -802,16 +821,16 @@ void launch_iq2_sel(const MatView& W, const uint8_t* W2, size_t eb, size_t eb2, 
       const int64_t g16 = (W.rows + 15) / 16;
       const int64_t gx = std::max<int64_t>(1, std::min<int64_t>((g16 + kMmaWarps - 1) / kMmaWarps, (2048 + gy - 1) / gy));
       const dim3 grid((unsigned)gx, (unsigned)gy);
-      k_iq2xxs_tiles_mma<1, kPair><<<grid, 32 * kMmaWarps, 0, st>>>(
-          W.data, W2, W.row_bytes, W.rows, nb, q, dx, y, y2, ldy, eb, eb2, xdiv, tb.e, tb.n, tb.slot, tb.count);
-      k_iq2xxs_tiles_mma<2, kPair><<<grid, 32 * kMmaWarps, 0, st>>>(
-          W.data, W2, W.row_bytes, W.rows, nb, q, dx, y, y2, ldy, eb, eb2, xdiv, tb.e, tb.n, tb.slot, tb.count);
+      launch(k_iq2xxs_tiles_mma<1, kPair>, grid, 32 * kMmaWarps, 0, st, W.data, W2, W.row_bytes, W.rows, nb, q, dx, y,
+             y2, ldy, eb, eb2, xdiv, tb.e, tb.n, tb.slot, tb.count);
+      launch(k_iq2xxs_tiles_mma<2, kPair>, grid, 32 * kMmaWarps, 0, st, W.data, W2, W.row_bytes, W.rows, nb, q, dx, y,
+             y2, ldy, eb, eb2, xdiv, tb.e, tb.n, tb.slot, tb.count);
       return;
     }
     auto go = [&](auto kern, int R) {  // ~2048 blocks in all (8 an SM), at most a warp per R weight rows
       const int64_t gx = std::max<int64_t>(1, std::min<int64_t>((W.rows + 8 * R - 1) / (8 * R), (2048 + gy - 1) / gy));
-      kern<<<dim3((unsigned)gx, (unsigned)gy), 256, 0, st>>>(W.data, W2, W.row_bytes, W.rows, nb, q, dx, y, y2, ldy, eb,
-                                                             eb2, xdiv, tb.e, tb.n, tb.slot, tb.count);
+      launch(kern, dim3((unsigned)gx, (unsigned)gy), 256, 0, st, W.data, W2, W.row_bytes, W.rows, nb, q, dx, y, y2, ldy,
+             eb, eb2, xdiv, tb.e, tb.n, tb.slot, tb.count);
     };
     // the experts' gate / up (2048 columns: 8 blocks a row): a row's 8 blocks at once; the down product (512
     // columns: 2 blocks) 4 rows at once
@@ -827,6 +846,7 @@ void launch_iq2_sel(const MatView& W, const uint8_t* W2, size_t eb, size_t eb2, 
 // reads its 16 values with one 16-byte load.
 __global__ void __launch_bounds__(256) k_quantize(const float* __restrict__ x, int64_t ldx, int64_t nb,
                                                   int8_t* __restrict__ q, float* __restrict__ dx) {
+  pdl_wait();
   const int t = blockIdx.y;
   const int64_t b = blockIdx.x;
   const float v = x[t * ldx + b * QK_K + threadIdx.x];
@@ -847,6 +867,7 @@ __global__ void __launch_bounds__(256) k_quantize(const float* __restrict__ x, i
 // the same formulas as k_quantize. Stored plainly: q[t * cols + c], dx[t * nb + b].
 __global__ void __launch_bounds__(256) k_quantize32(const float* __restrict__ x, int64_t ldx, int64_t nb,
                                                     int8_t* __restrict__ q, float* __restrict__ dx) {
+  pdl_wait();
   const int t = blockIdx.y;
   const int64_t b = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
   if (b >= nb) return;  // whole warps
@@ -868,6 +889,8 @@ __global__ void __launch_bounds__(256) k_b32q(const uint8_t* __restrict__ W, siz
                                               int64_t nb, const int8_t* __restrict__ q, const float* __restrict__ dx,
                                               int T, float* __restrict__ y, int64_t ldy, const int32_t* __restrict__ sel,
                                               size_t ebytes, int xdiv) {
+  if (!sel) prefetch_rows(W, row_bytes, rows, (int64_t)blockIdx.x * (blockDim.x >> 4), blockDim.x >> 4);
+  pdl_wait();
   if (sel) {
     const int slot = blockIdx.y;
     W += (size_t)sel[slot] * ebytes;
@@ -910,6 +933,7 @@ __global__ void __launch_bounds__(256) k_b32q(const uint8_t* __restrict__ W, siz
 constexpr int kNormStage = 8192;
 __global__ void __launch_bounds__(256) k_rmsnorm(const float* __restrict__ x, int64_t ldx, const float* __restrict__ w,
                                                  int64_t n, float eps, float* __restrict__ y, int64_t ldy) {
+  pdl_wait();
   __shared__ float xs[kNormStage];
   __shared__ float rr;
   const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
@@ -969,6 +993,7 @@ void allow_int_smem() {
 __global__ void __launch_bounds__(256) k_add_rmsnorm(float* __restrict__ x, const float* __restrict__ yv,
                                                      const float* __restrict__ w, int64_t n, float eps,
                                                      float* __restrict__ out) {
+  pdl_wait();
   __shared__ float xs[kNormStage];
   __shared__ float rr;
   const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
@@ -1004,11 +1029,11 @@ void launch_float_r(const MatView& W, const float* x, int64_t ldx, int T, float*
   const int64_t per_block = (int64_t)(threads / 16) * R;
   const dim3 grid((unsigned)((W.rows + per_block - 1) / per_block));
   auto go = [&](auto kern) {
-    kern<<<grid, threads, 0, st>>>(W.data, W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy, nullptr, 0, 1);
+    launch(kern, grid, threads, 0, st, W.data, W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy, nullptr, 0, 1);
   };
   if (threads == 64 && T > 1) {  // small matrices (the router): a block per (rows, activation row), each T = 1
-    k_float<D, 1, R><<<dim3(grid.x, (unsigned)T), threads, 0, st>>>(W.data, W.row_bytes, W.rows, W.cols, x, ldx, 1, y,
-                                                                    ldy, nullptr, 0, 1);
+    launch(k_float<D, 1, R>, dim3(grid.x, (unsigned)T), threads, 0, st, W.data, W.row_bytes, W.rows, W.cols, x, ldx, 1,
+           y, ldy, nullptr, 0, 1);
     return;
   }
   if (T == 1) go(k_float<D, 1, R>);
@@ -1035,9 +1060,9 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
   if constexpr (std::is_same_v<D, IQ2_XXS>) {
     if (T >= g_mma_min_t && mma_available()) {  // the tensor cores, a warp per 16 weight rows (iq2_mma.cuh)
       const unsigned gx = (unsigned)((g16 + kMmaWarps - 1) / kMmaWarps);
-      if (T <= 8) k_iq2xxs_mma<1><<<gx, 32 * kMmaWarps, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy);
-      else k_iq2xxs_mma<2><<<dim3(gx, (unsigned)((T + 15) / 16)), 32 * kMmaWarps, 0, st>>>(W.data, W.row_bytes, W.rows,
-                                                                                          nb, q, dx, T, y, ldy);
+      if (T <= 8) launch(k_iq2xxs_mma<1>, gx, 32 * kMmaWarps, 0, st, W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy);
+      else launch(k_iq2xxs_mma<2>, dim3(gx, (unsigned)((T + 15) / 16)), 32 * kMmaWarps, 0, st, W.data, W.row_bytes,
+                  W.rows, nb, q, dx, T, y, ldy);
       return;
     }
   }
@@ -1049,12 +1074,12 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
     // issue 19's ninth milestone: the 80B prompt piece's dense products 79 -> 59 ms). Each row's value is the T = 1
     // kernel's, as every T's is.
     if constexpr (std::is_same_v<D, IQ2_XXS>) {
-      k_iq2xxs_warp1<kIq2U, false><<<dim3((unsigned)((W.rows + 7) / 8), (unsigned)T), 256, 0, st>>>(
-          W.data, nullptr, W.row_bytes, W.rows, nb, q, dx, y, nullptr, ldy, nullptr, 0, 0, 1);
+      launch(k_iq2xxs_warp1<kIq2U, false>, dim3((unsigned)((W.rows + 7) / 8), (unsigned)T), 256, 0, st, W.data, nullptr,
+             W.row_bytes, W.rows, nb, q, dx, y, nullptr, ldy, nullptr, 0, 0, 1);
     } else {
       const dim3 g1((unsigned)(groups < kMaxIntBlocks ? groups : kMaxIntBlocks), (unsigned)T);
-      k_int<D, 1><<<g1, threads, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, 1, y, ldy, nullptr, 0, 1, nullptr,
-                                          nullptr, nullptr, nullptr, 0);
+      launch(k_int<D, 1>, g1, threads, 0, st, W.data, W.row_bytes, W.rows, nb, q, dx, 1, y, ldy, nullptr, 0, 1, nullptr,
+             nullptr, nullptr, nullptr, 0);
     }
     return;
   }
@@ -1063,13 +1088,15 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
   const dim3 grid((unsigned)(groups < cap ? groups : cap));  // groups (the IQ tables: once each)
   auto go = [&](auto kern) {
     const size_t fb = full_stage_bytes(T, W.cols);
-    kern<<<grid, threads, fb, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1, nullptr, nullptr,
-                                    nullptr, nullptr, fb ? 1 : 0);
+    launch(kern, grid, threads, fb, st, W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1, nullptr,
+           nullptr, nullptr, nullptr, fb ? 1 : 0);
   };
   if constexpr (std::is_same_v<D, IQ2_XXS>) {  // a warp per row, up to 4 rows together
     const int rpw = nb <= 2 ? 4 : 1;
     const unsigned gx = (unsigned)((W.rows + 8 * rpw - 1) / (8 * rpw));
-    auto warp = [&](auto kern) { kern<<<gx, 256, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, y, ldy, T, rpw); };
+    auto warp = [&](auto kern) {
+      launch(kern, gx, 256, 0, st, W.data, W.row_bytes, W.rows, nb, q, dx, y, ldy, T, rpw);
+    };
     if (T == 2) return warp(k_iq2xxs_warp<2, 2>);
     if (T <= 4) return warp(k_iq2xxs_warp<2, 4>);
   }
@@ -1085,7 +1112,7 @@ void launch_int(const MatView& W, const float* x, int64_t ldx, int T, float* y, 
   const int64_t nb = W.cols / QK_K;
   int8_t* q = static_cast<int8_t*>(scratch);
   float* dx = reinterpret_cast<float*>(q + (size_t)T * W.cols);  // cols % 256 == 0: 4-byte aligned
-  if (!quantized) k_quantize<<<dim3((unsigned)nb, (unsigned)T), 256, 0, st>>>(x, ldx, nb, q, dx);
+  if (!quantized) launch(k_quantize, dim3((unsigned)nb, (unsigned)T), 256, 0, st, x, ldx, nb, q, dx);
   launch_int_q<D>(W, q, dx, T, y, ldy, st);
 }
 
@@ -1095,10 +1122,12 @@ void launch_b32q(const MatView& W, const float* x, int64_t ldx, int T, float* y,
   const int64_t nb = W.cols / 32;
   int8_t* q = static_cast<int8_t*>(scratch);
   float* dx = reinterpret_cast<float*>(q + (size_t)T * W.cols);  // cols % 32 == 0: 4-byte aligned
-  if (!quantized) k_quantize32<<<dim3((unsigned)((nb + 7) / 8), (unsigned)T), 256, 0, st>>>(x, ldx, nb, q, dx);
+  if (!quantized) launch(k_quantize32, dim3((unsigned)((nb + 7) / 8), (unsigned)T), 256, 0, st, x, ldx, nb, q, dx);
   const int threads = threads_for((W.rows + kRowsPerBlock - 1) / kRowsPerBlock);
   const dim3 grid((unsigned)((W.rows + threads / 16 - 1) / (threads / 16)));
-  auto go = [&](auto kern) { kern<<<grid, threads, 0, st>>>(W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1); };
+  auto go = [&](auto kern) {
+    launch(kern, grid, threads, 0, st, W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1);
+  };
   if (T == 1) go(k_b32q<D, 1>);
   else if (T == 2) go(k_b32q<D, 2>);
   else if (T <= 4) go(k_b32q<D, 4>);
@@ -1138,11 +1167,27 @@ bool with_decoder(uint32_t type, F&& f) {
 
 }  // namespace
 
+bool g_pdl_card = false;  // sm_90 or later (init_tables)
+bool g_pdl_on = true, g_prefetch_on = true;
+void set_prefetch() {
+  const int v = g_pdl_card && g_pdl_on && g_prefetch_on ? 1 : 0;
+  check(cudaMemcpyToSymbol(c_prefetch, &v, sizeof v), "set the weight prefetch");
+}
+
+void prefer_pdl(bool on, bool prefetch) {
+  g_pdl_on = on;
+  g_prefetch_on = prefetch;
+  set_prefetch();
+}
+bool pdl_on() { return g_pdl_card && g_pdl_on; }
+
 void init_tables() {
   int dev = 0, major = 0;
   check(cudaGetDevice(&dev), "get the current device");
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "read the compute capability");
   g_mma_card = major >= 8;
+  g_pdl_card = major >= 9;
+  set_prefetch();
   check(cudaMemcpyToSymbol(g_iq2xxs_grid, kIq2xxsGrid, sizeof(kIq2xxsGrid)), "copy the IQ2_XXS grid");
   check(cudaMemcpyToSymbol(g_iq3xxs_grid, kIq3xxsGrid, sizeof(kIq3xxsGrid)), "copy the IQ3_XXS grid");
   check(cudaMemcpyToSymbol(g_ksigns, kKsigns, sizeof(kKsigns)), "copy the IQ sign table");
@@ -1225,15 +1270,17 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
       const int64_t nb = W0.cols / 32;
       int8_t* q = static_cast<int8_t*>(scratch);
       float* dx = reinterpret_cast<float*>(q + (size_t)n_x * W0.cols);
-      if (!quantized) k_quantize32<<<dim3((unsigned)((nb + 7) / 8), (unsigned)n_x), 256, 0, st>>>(x, ldx, nb, q, dx);
+      if (!quantized) launch(k_quantize32, dim3((unsigned)((nb + 7) / 8), (unsigned)n_x), 256, 0, st, x, ldx, nb, q,
+                             dx);
       const int threads = threads_for((W0.rows + kRowsPerBlock - 1) / kRowsPerBlock * n);
       const dim3 grid((unsigned)((W0.rows + threads / 16 - 1) / (threads / 16)), (unsigned)n);
-      k_b32q<D, 1><<<grid, threads, 0, st>>>(W0.data, W0.row_bytes, W0.rows, nb, q, dx, 1, y, ldy, sel, ebytes, xdiv);
+      launch(k_b32q<D, 1>, grid, threads, 0, st, W0.data, W0.row_bytes, W0.rows, nb, q, dx, 1, y, ldy, sel, ebytes,
+             xdiv);
     } else if constexpr (decltype(kind)::value == ActKind::Q8_256) {
       const int64_t nb = W0.cols / QK_K;
       int8_t* q = static_cast<int8_t*>(scratch);
       float* dx = reinterpret_cast<float*>(q + (size_t)n_x * W0.cols);
-      if (!quantized) k_quantize<<<dim3((unsigned)nb, (unsigned)n_x), 256, 0, st>>>(x, ldx, nb, q, dx);
+      if (!quantized) launch(k_quantize, dim3((unsigned)nb, (unsigned)n_x), 256, 0, st, x, ldx, nb, q, dx);
       const TileBufs tb(scratch, act_bytes(W0.type, n_x, W0.cols));
       if constexpr (std::is_same_v<D, IQ2_XXS>) {
         launch_iq2_sel<false>(W0, nullptr, ebytes, 0, sel, n, xdiv, q, dx, y, nullptr, ldy, tb, st);
@@ -1245,22 +1292,21 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
           // two waves of 2 blocks an SM (k_int<D, 16>'s registers), grid-stride over the row groups
           const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, (132 * 4 + gy - 1) / gy));
           const size_t fb = full_stage_bytes(kTileRows, W0.cols);
-          k_int<D, kTileRows, true><<<dim3((unsigned)gx, (unsigned)gy), 256, fb, st>>>(
-              W0.data, W0.row_bytes, W0.rows, nb, q, dx, 0, y, ldy, sel, ebytes, xdiv, tb.e, tb.n, tb.slot, tb.count,
-              fb ? 1 : 0);
+          launch(k_int<D, kTileRows, true>, dim3((unsigned)gx, (unsigned)gy), 256, fb, st, W0.data, W0.row_bytes,
+                 W0.rows, nb, q, dx, 0, y, ldy, sel, ebytes, xdiv, tb.e, tb.n, tb.slot, tb.count, fb ? 1 : 0);
         });
         return;
       }
       const int threads = threads_for((W0.rows + kRowsPerBlock - 1) / kRowsPerBlock * n);
       const int64_t groups = (W0.rows + threads / 16 - 1) / (threads / 16);
       const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, kMaxIntBlocks / n));
-      k_int<D, 1><<<dim3((unsigned)gx, (unsigned)n), threads, 0, st>>>(W0.data, W0.row_bytes, W0.rows, nb, q, dx, 1, y, ldy,
-                                                                  sel, ebytes, xdiv, nullptr, nullptr, nullptr, nullptr, 0);
+      launch(k_int<D, 1>, dim3((unsigned)gx, (unsigned)n), threads, 0, st, W0.data, W0.row_bytes, W0.rows, nb, q, dx, 1,
+             y, ldy, sel, ebytes, xdiv, nullptr, nullptr, nullptr, nullptr, 0);
     } else {
       const int threads = threads_for((W0.rows + kRowsPerBlock - 1) / kRowsPerBlock * n);
       const dim3 grid((unsigned)((W0.rows + threads / 16 - 1) / (threads / 16)), (unsigned)n);
-      k_float<D, 1, 1><<<grid, threads, 0, st>>>(W0.data, W0.row_bytes, W0.rows, W0.cols, x, ldx, 1, y, ldy, sel, ebytes,
-                                             xdiv);
+      launch(k_float<D, 1, 1>, grid, threads, 0, st, W0.data, W0.row_bytes, W0.rows, W0.cols, x, ldx, 1, y, ldy, sel,
+             ebytes, xdiv);
     }
   });
   if (!ok) fail<std::invalid_argument>("cuda matmul_sel: no CUDA kernel for weight type ", type_name(W0.type));
@@ -1280,7 +1326,7 @@ bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, 
   const int64_t nb = Wg.cols / QK_K;
   int8_t* q = static_cast<int8_t*>(scratch);
   float* dx = reinterpret_cast<float*>(q + (size_t)n_x * Wg.cols);
-  if (!quantized) k_quantize<<<dim3((unsigned)nb, (unsigned)n_x), 256, 0, st>>>(x, ldx, nb, q, dx);
+  if (!quantized) launch(k_quantize, dim3((unsigned)nb, (unsigned)n_x), 256, 0, st, x, ldx, nb, q, dx);
   launch_iq2_sel<true>(Wg, Wu.data, gate_bytes, up_bytes, sel, n, xdiv, q, dx, g, u, Wg.rows,
                        TileBufs(scratch, act_bytes(Wg.type, n_x, Wg.cols)), st);
   check(cudaGetLastError(), "launch of the fused expert gate / up kernel");
@@ -1293,6 +1339,7 @@ namespace {
 // dequantizer's one product per value).
 template <class D>
 __global__ void k_embed(const uint8_t* table, size_t row_bytes, int64_t cols, const int32_t* ids, float* out) {
+  pdl_wait();
   const uint8_t* row = table + (size_t)ids[blockIdx.x] * row_bytes;
   float* o = out + (size_t)blockIdx.x * cols;
   for (int64_t c = threadIdx.x; c < cols; c += 256) o[c] = D::value(row, c);
@@ -1320,7 +1367,7 @@ void embed_rows(const MatView& table, const int32_t* ids, int T, float* out, voi
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool ok = with_value_type(table.type, [&](auto d) {
     using D = decltype(d);
-    k_embed<D><<<(unsigned)T, 256, 0, st>>>(table.data, table.row_bytes, table.cols, ids, out);
+    launch(k_embed<D>, (unsigned)T, 256, 0, st, table.data, table.row_bytes, table.cols, ids, out);
   });
   if (!ok) fail<std::invalid_argument>("cuda embed_rows: no device dequantizer for type ", type_name(table.type));
   check(cudaGetLastError(), "launch of the embedding kernel");
@@ -1329,13 +1376,13 @@ void embed_rows(const MatView& table, const int32_t* ids, int T, float* out, voi
 void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y, int64_t ldy,
              void* stream) {
   STRATA_CHECK(T >= 1 && n >= 1, "cuda rmsnorm: T = ", T, ", n = ", n);
-  k_rmsnorm<<<T, 256, 0, static_cast<cudaStream_t>(stream)>>>(x, ldx, w, n, eps, y, ldy);
+  launch(k_rmsnorm, T, 256, 0, static_cast<cudaStream_t>(stream), x, ldx, w, n, eps, y, ldy);
   check(cudaGetLastError(), "launch of the rmsnorm kernel");
 }
 
 bool add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out, void* stream) {
   if (n > kNormStage || T < 1) return false;
-  k_add_rmsnorm<<<T, 256, 0, static_cast<cudaStream_t>(stream)>>>(x, y, w, n, eps, out);
+  launch(k_add_rmsnorm, T, 256, 0, static_cast<cudaStream_t>(stream), x, y, w, n, eps, out);
   check(cudaGetLastError(), "launch of the add + rmsnorm kernel");
   return true;
 }

@@ -21,6 +21,11 @@ void init_tables();  // the decoders' lookup tables onto the current device (onc
 // either way (tested).
 void prefer_mma(bool on, int min_rows = 5);
 bool mma_used();
+// Tests and benches: whether kernels are launched with programmatic dependent launch (launch.cuh; default on, where
+// the card has it: sm_90+), and with it whether the dense products prefetch their weights before pdl_wait (default
+// on; the current device's setting). The same bits either way (tested).
+void prefer_pdl(bool on, bool prefetch = true);
+bool pdl_on();
 // Bytes of scratch (device) that matmul() needs for T rows of `cols` columns of weight type `type`.
 size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols);
 // Activation rows matmul() takes per pass for `type` (16; 64 for IQ2_XXS on the tensor cores): longer T runs in

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "kernels/cuda/exp_inl.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_cuda.h"
 #include "util/common.h"
 
@@ -21,6 +22,7 @@ constexpr int kThreads = 512;
 
 __global__ void __launch_bounds__(kThreads) k_route(const float* __restrict__ logits, int64_t E, int k,
                                                     int32_t* __restrict__ sel, float* __restrict__ wt) {
+  pdl_wait();
   extern __shared__ float p[];  // [E] floats, then [k] ints, then the selection bits
   int32_t* idx = reinterpret_cast<int32_t*>(p + E);
   __shared__ float red[kThreads / 32];
@@ -122,7 +124,7 @@ void moe_route(const float* logits, int T, int64_t E, int k, int32_t* sel, float
   STRATA_CHECK(T >= 1, "moe_route: T = ", T);
   const size_t smem = (size_t)E * 4 + (size_t)k * 4 + (size_t)(E + 31) / 32 * 4;
   STRATA_CHECK(smem <= 48 * 1024, "cuda moe_route: ", E, " experts do not fit the kernel's shared memory");
-  k_route<<<(unsigned)T, kThreads, smem, static_cast<cudaStream_t>(stream)>>>(logits, E, k, sel, wt);
+  launch(k_route, (unsigned)T, kThreads, smem, static_cast<cudaStream_t>(stream), logits, E, k, sel, wt);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) fail<std::runtime_error>("cuda: launch of the routing kernel: ", cudaGetErrorString(e));
 }

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_cuda.h"
 #include "util/common.h"
 
@@ -93,6 +94,7 @@ __device__ T block_reduce(T v, Op op, T* red) {
 }
 
 __global__ void __launch_bounds__(kThreads) k_prepare(SampleArgs a) {
+  pdl_wait();
   __shared__ float redf[32];
   __shared__ long long redi[32];
   const int t = blockIdx.x, tid = threadIdx.x;
@@ -202,6 +204,7 @@ __device__ int64_t walk(const double* w, int64_t n, double* stage, F f) {
 }
 
 __global__ void __launch_bounds__(kThreads) k_choose(SampleArgs a) {
+  pdl_wait();
   __shared__ long long redi[32];
   __shared__ double stage[kChunk];
   const int t = blockIdx.x, tid = threadIdx.x;
@@ -284,6 +287,7 @@ constexpr int kArgmaxThreads = 512;
 // the second pass, so which zero the max keeps does not matter), then the lowest id holding it; `none` when that
 // largest is -inf (every logit NaN or -inf).
 __global__ void __launch_bounds__(kArgmaxThreads) k_argmax(const float* logits, int64_t V, int32_t none, int32_t* out) {
+  pdl_wait();
   __shared__ float redf[32];
   __shared__ long long redi[32];
   const float* row = logits + blockIdx.x * V;
@@ -324,7 +328,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) k_argmax(const float* logits, 
 
 void argmax_rows(const float* logits, int T, int64_t n_vocab, int32_t none, int32_t* out, void* stream) {
   STRATA_CHECK(T >= 1 && n_vocab >= 1 && n_vocab <= INT32_MAX, "cuda argmax_rows: T = ", T, ", n_vocab = ", n_vocab);
-  k_argmax<<<(unsigned)T, kArgmaxThreads, 0, static_cast<cudaStream_t>(stream)>>>(logits, n_vocab, none, out);
+  launch(k_argmax, (unsigned)T, kArgmaxThreads, 0, static_cast<cudaStream_t>(stream), logits, n_vocab, none, out);
   check(cudaGetLastError(), "launch of the argmax kernel");
 }
 
@@ -362,14 +366,14 @@ void sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingPara
   a.info = reinterpret_cast<RowInfo*>(base + L.info);
   a.seg_begin = reinterpret_cast<int64_t*>(base + L.offsets);
   a.seg_end = a.seg_begin + T;
-  k_prepare<<<(unsigned)T, kThreads, 0, st>>>(a);
+  launch(k_prepare, (unsigned)T, kThreads, 0, st, a);
   check(cudaGetLastError(), "launch of the sampling kernel (prepare)");
   if (p.temperature == 0.f) return;
   size_t temp = L.total - L.temp;
   check(cub::DeviceSegmentedRadixSort::SortKeys(base + L.temp, temp, a.keys, const_cast<uint64_t*>(a.sorted),
                                                 (int64_t)T * n_vocab, T, a.seg_begin, a.seg_end, 0, 64, st),
         "the sampling sort");
-  k_choose<<<(unsigned)T, kThreads, 0, st>>>(a);
+  launch(k_choose, (unsigned)T, kThreads, 0, st, a);
   check(cudaGetLastError(), "launch of the sampling kernel (choose)");
 }
 
