@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backend_util import decode_equal, tiny_qwen35moe, windows_equal
+from backend_util import assert_same, decode_equal, tiny_qwen35moe, windows_equal
 from cuda_util import CUDA_TYPES, bits, needs_cuda, pdl, tensor_cores, weights
 from seeds import fresh_rng
 from strata_py import _core
@@ -393,16 +393,32 @@ def test_gpu_session_windows(request, which):
         windows_equal(m, "cuda", fresh_rng(), n_windows=16, label=which)
 
 
-@pytest.mark.parametrize("launches", ["on", "no-prefetch", "off"])
-def test_gpu_recorded_steps_equal_cpu(tiny_q8_model, default_model, iq2_model, launches):
+def test_gpu_recorded_steps_equal_cpu(tiny_q8_model, default_model, iq2_model):
     """Decode steps and verify windows replayed from their recordings (CUDA graphs) give the CPU session's logits
     bit for bit: T = 1 steps across a 256-cell bucket of the attention launches, repeated verify windows with full
     keeps (the DeltaNet states swap: two recordings) and partial keeps. With programmatic dependent launch (sm_90+:
-    each kernel's blocks scheduled while the one before still runs, launch.cuh) and the dense products' weight
-    prefetch, without the prefetch, and without either: the same bits (the CPU's) every way."""
-    with pdl(launches):
-        recorded_steps_equal_cpu((tiny_q8_model, default_model, iq2_model))
-        assert _core.cuda_pdl_used() == (launches != "off" and pdl_card())  # after a backend is up (its card read)
+    each kernel's blocks scheduled while the one before still runs, launch.cuh; the default, with the dense
+    products' weight prefetch) and without it: the same bits (the CPU's) both ways."""
+    for m in (tiny_q8_model, default_model, iq2_model):
+        rng = fresh_rng()
+        plan = [("prompt", rng.integers(0, m.n_vocab, 240).tolist(), 240)]
+        plan += [(f"step {i}", rng.integers(0, m.n_vocab, 1).tolist(), 1) for i in range(24)]  # positions 240..263:
+        plan += [(f"window {w}", rng.integers(0, m.n_vocab, 4).tolist(),  # the bucket changes at 256
+                  4 if w % 3 else int(rng.integers(1, 4))) for w in range(10)]
+        ref = m.session(n_ctx=320, max_window=8, backend="cpu")
+        want = []
+        for _, toks, keep in plan:  # the CPU session once, every launch mode against it
+            want.append(ref.run(toks))
+            ref.commit(keep)
+        for mode in ("on", "off"):
+            with pdl(mode):
+                before = _core.recorded_step_replays()
+                got = m.session(n_ctx=320, max_window=8, backend="cuda")
+                for (label, toks, keep), w in zip(plan, want):
+                    assert_same(w, got.run(toks), f"{label}, launches {mode}")
+                    got.commit(keep)
+                assert _core.recorded_step_replays() - before >= 16  # the recorded path ran (most steps)
+                assert _core.cuda_pdl_used() == (mode == "on" and pdl_card())
 
 
 def pdl_card() -> bool:
@@ -410,31 +426,6 @@ def pdl_card() -> bool:
     import re
     m = re.search(r"sm_(\d+)", _core.cuda_info())
     return bool(m) and int(m.group(1)) >= 90
-
-
-def recorded_steps_equal_cpu(models):
-    from backend_util import assert_same
-    for m in models:
-        rng = fresh_rng()
-        before = _core.recorded_step_replays()
-        ref = m.session(n_ctx=320, max_window=8, backend="cpu")
-        got = m.session(n_ctx=320, max_window=8, backend="cuda")
-        toks = rng.integers(0, m.n_vocab, 240).tolist()
-        assert_same(ref.run(toks), got.run(toks), "prompt")
-        ref.commit(240)
-        got.commit(240)
-        for step in range(24):  # positions 240..263: the bucket changes at 256
-            t = rng.integers(0, m.n_vocab, 1).tolist()
-            assert_same(ref.run(t), got.run(t), f"step {step}")
-            ref.commit(1)
-            got.commit(1)
-        for w in range(10):
-            t = rng.integers(0, m.n_vocab, 4).tolist()
-            assert_same(ref.run(t), got.run(t), f"window {w}")
-            keep = 4 if w % 3 else int(rng.integers(1, 4))
-            ref.commit(keep)
-            got.commit(keep)
-        assert _core.recorded_step_replays() - before >= 16  # the recorded path ran (most steps)
 
 
 def test_gpu_session_long_prompt(tiny_q8_model):
