@@ -98,7 +98,9 @@ if ! $PY -c "from strata_py import _core; print(_core.cuda_info())"; then  # a c
 fi
 
 t0=$(date +%s)
-timeout 300 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_*.py tests/test_backend.py tests/test_backend_forward.py tests/test_backend_experts.py \
+# SIGINT at the cap: pytest stops as on ^C and still writes junit.xml and the slowest tests for what ran (rc 124)
+timeout -s INT -k 30 300 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_*.py tests/test_backend.py \
+  tests/test_backend_forward.py tests/test_backend_experts.py --durations=15 \
   --junitxml="$OUT/junit.xml" >"$OUT/tests.log" 2>&1
 tests_rc=$?
 tests_s=$(( $(date +%s) - t0 ))
@@ -161,11 +163,19 @@ if (out / "junit.xml").exists():
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     n, fail, err, skip = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
     cases = {c.get("name"): c for c in suite.iter("testcase")}
-else:  # pytest cut off by its cap: nothing passed
+else:  # pytest killed without its report: nothing passed
     n, fail, err, skip, cases = 0, 0, 1, 0, {}
+capped = tests_rc == 124  # stopped at the 5-minute cap: the tests after it did not run
 def passed(prefix):
+    """Whether the tests named prefix* passed: False on a failure, None where the cap may have cut them off."""
     sel = [c for name, c in cases.items() if name.startswith(prefix)]
-    return bool(sel) and all(len(c) == 0 for c in sel)
+    if any(len(c) for c in sel):
+        return False
+    return None if capped else bool(sel)
+def every(results):
+    """passed() over several prefixes: False if one failed, else None if one is unknown, else True."""
+    results = list(results)
+    return False if False in results else None if None in results else True
 bench = json.loads((out / "bench_cuda.json").read_text()) if (out / "bench_cuda.json").exists() else {}
 def load(name):
     return json.loads((out / name).read_text()) if (out / name).exists() else {}
@@ -245,12 +255,12 @@ res = {
     "stream25_ratio_vs_llamacpp": ratio("stream25_ratio_vs_llamacpp", s25, R80, "tg64_experts_on_cpu"),
     # the GPU session's logits == the CPU session's bit for bit (T = 1, prompt and verify windows with random keeps,
     # 5 models), and suffix-drafted == plain decoding on the GPU (tests/test_cuda_forward.py)
-    "windows_bit_identical": (passed("test_gpu_session_windows") and passed("test_gpu_session_long_prompt")
-                              and passed("test_gpu_speculative_equals_plain")) if cases else None,
+    "windows_bit_identical": every(passed(p) for p in ("test_gpu_session_windows", "test_gpu_session_long_prompt",
+                                                        "test_gpu_speculative_equals_plain")) if cases else None,
     "gpu_decode_equals_cpu": passed("test_gpu_decode") if cases else None,
-    "layer_ops_equal_cpu": all(passed(p) for p in ("test_add_silu_mul", "test_conv_silu", "test_dn_gates",
-                                                   "test_dn_heads", "test_gated_norm", "test_moe_combine",
-                                                   "test_dn_untile", "test_matmul_sel")) if cases else None,
+    "layer_ops_equal_cpu": every(passed(p) for p in ("test_add_silu_mul", "test_conv_silu", "test_dn_gates",
+                                                     "test_dn_heads", "test_gated_norm", "test_moe_combine",
+                                                     "test_dn_untile", "test_matmul_sel")) if cases else None,
     "forward": {r["model"]: {k: r[k] for k in ("decode_tok_s", "step_s", "c_over_c1", "step_bytes",
                                                 "hbm_floor_fraction", "file_gib", "load_and_prompt_s",
                                                 "prefill_tokens", "prefill_tok_s") if k in r} for r in fm.values()},
@@ -267,12 +277,13 @@ res = {
     "products_t_rows_equal_one_row": passed("test_t_rows_equal_one_row"),
     "rmsnorm_equals_cpu": passed("test_rmsnorm_equals_cpu"),
     "dn_rows_equal_cpu": passed("test_dn_rows_equals_cpu"),
-    "attend_equals_attend_ref": passed("test_attend_") and passed("test_attend_equals_attend_ref"),
+    "attend_equals_attend_ref": every([passed("test_attend_"), passed("test_attend_equals_attend_ref")]),
     "moe_route_equals_cpu": passed("test_moe_route_equals_cpu"),
     "sample_rows_equal_cpu": passed("test_sample_rows_"),
-    "ops_t_rows_equal_one_row": all(passed(f"test_{op}_window_equals_one_row_calls")
-                                    for op in ("dn_rows", "attend", "moe_route", "sample_rows")),
-    "tests": {"total": n, "failed": fail + err, "skipped": skip, "seconds": tests_s, "rc": tests_rc},
+    "ops_t_rows_equal_one_row": every(passed(f"test_{op}_window_equals_one_row_calls")
+                                      for op in ("dn_rows", "attend", "moe_route", "sample_rows")),
+    "tests": {"total": n, "failed": fail + err, "skipped": skip, "seconds": tests_s, "rc": tests_rc,
+              "capped": capped},
     "build_seconds": build_s, "copy_gbs": bench.get("copy_gbs"), "launch_us": bench.get("launch_us"),
     "product_c4_over_c1_expert_iq2_xxs": c_ratio("expert_gate", "IQ2_XXS", 4),
     "product_c16_over_c1_expert_iq2_xxs": c_ratio("expert_gate", "IQ2_XXS", 16),
@@ -285,7 +296,8 @@ res = {
 res["llamacpp_sources"] = sources  # where each ratio's llama.cpp figure comes from
 (out / "gpu-h200.json").write_text(json.dumps(res, indent=1) + "\n")
 lines = [f"strata gpu_check {res['date']} commit {commit[:12]}", str(res["device"]),
-         f"build {build_s} s; tests: {n} run, {fail + err} failed, {skip} skipped ({tests_s} s)",
+         f"build {build_s} s; tests: {n} run, {fail + err} failed, {skip} skipped ({tests_s} s"
+         + (", stopped at the 300 s cap: the rest did not run)" if capped else ")"),
          f"products == CPU _ref bit for bit: {res['products_equal_cpu_ref']}; T rows == 1 row: "
          f"{res['products_t_rows_equal_one_row']}; rmsnorm == CPU: {res['rmsnorm_equals_cpu']}",
          f"dn_rows == CPU: {res['dn_rows_equal_cpu']}; attend == attend_ref: {res['attend_equals_attend_ref']}; "

@@ -2,7 +2,7 @@
 // by launch() and starts with pdl_wait(); tests/test_cuda_build.py checks both by reading the sources.
 //
 // With PDL a kernel's blocks may be scheduled while the kernel before it in the stream still runs, so its launch
-// and ramp overlap the other's tail (a T = 1 step of the 80B file is ~1600 kernels of a few microseconds each:
+// and ramp overlap the other's tail (a T = 1 step of the 80B file is ~1500 kernels of a few microseconds each:
 // docs/BENCHMARKS.md, issue 19). pdl_wait() (griddepcontrol.wait) then holds every thread until the grids it
 // depends on have completed and their writes are visible: nothing a kernel reads or writes in global memory is
 // touched before it, except the L2 prefetch of weights (pdl_prefetch: a cache hint, never a value), so the order
