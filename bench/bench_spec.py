@@ -1,7 +1,7 @@
 """Speculative decoding benchmark (issue 6): plain vs suffix-lookup drafting on three workloads, same run.
 
     python bench/bench_spec.py [--model M.gguf] [--threads N] [--backend cpu|cuda|cpu-backend] [--max-tokens 128]
-                               [--json OUT.json]
+                               [--json OUT.json] [--launches on|no-prefetch|off]
 
 --model, --threads, --backend and the other model options are the CLI's (strata_py.cli_options): --backend cuda
 runs every session on the GPU (tools/gpu_check.sh: the edit workload's suffix-drafted vs plain tok/s there, and
@@ -92,7 +92,15 @@ def main(argv=None) -> int:
                     help="comma-separated drafters to compare with 'none' (default: suffix,auto, plus mtp,mtp+suffix "
                          "when the model has an MTP block)")
     ap.add_argument("--json", metavar="OUT", help="write all results as JSON")
+    ap.add_argument("--launches", default="on", choices=("on", "no-prefetch", "off"),
+                    help="--backend cuda: kernel launches with programmatic dependent launch and the dense weight "
+                         "prefetch (on, the default), without the prefetch, or plain (off); for A/B runs")
     a = ap.parse_args(argv)
+    if a.launches != "on":
+        if a.backend != "cuda":
+            ap.error(f"bad option --launches {a.launches}: only with --backend cuda")
+        from strata_py import _core
+        _core.cuda_prefer_pdl(a.launches != "off", a.launches == "on")
 
     from strata_py.model import default_model_path
     if a.model is None and not default_model_path().exists():
@@ -151,7 +159,7 @@ def main(argv=None) -> int:
     Console(width=150).print(t)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"model": str(model.path), "backend": a.backend, "threads": model.threads,
+            json.dump({"model": str(model.path), "backend": a.backend, "launches": a.launches, "threads": model.threads,
                        "max_tokens": a.max_tokens,
                        "repeat": a.repeat,
                        "temperature": a.temperature, "seed": a.seed, "machine": platform.platform(),
