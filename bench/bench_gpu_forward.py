@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from launch_modes import LAUNCH_MODES, set_launches  # noqa: E402
 from machine import write_json  # noqa: E402
 from strata_py import _core  # noqa: E402
 from strata_py.model import Model  # noqa: E402
@@ -90,16 +91,13 @@ def time_prefill(m, V: int, n: int, rng) -> float:
     return float(np.median(times[1:]))
 
 
-def set_launches(mode: str, backend: str) -> None:
-    """Kernel launches (cuda_prefer_pdl): "on" = programmatic dependent launch + the dense weight prefetch (the
-    default), "no-prefetch", "off". Recorded steps keep the mode they were recorded in: each mode gets new sessions."""
-    if backend == "cuda":
-        _core.cuda_prefer_pdl(mode != "off", mode == "on")
-
-
 def bench_model(path: str, reps: int, bw: float, prompt: int = 0, backend: str = "cuda",
                 launches: tuple[str, ...] = ("on",)) -> list[dict]:
-    """One row per launch mode, the modes alternating within each round on the same loaded model."""
+    """One row per launch mode (launch_modes.py), the modes alternating within each round on the same loaded model,
+    each mode on its own sessions."""
+    def set_mode(mode):
+        if backend == "cuda":
+            set_launches(mode)
     t0 = time.perf_counter()
     m = Model.load(path, backend=backend)
     cfg = m.config
@@ -107,13 +105,13 @@ def bench_model(path: str, reps: int, bw: float, prompt: int = 0, backend: str =
     rng = np.random.default_rng(0)
     sessions = {}
     for mode in launches:
-        set_launches(mode, backend)
+        set_mode(mode)
         sessions[mode] = prompted_session(m, rng)
     load_s = time.perf_counter() - t0
     per = {mode: {T: [] for T in TS} for mode in launches}
     for _ in range(3):  # rounds, the launch modes and window sizes alternating
         for mode in launches:
-            set_launches(mode, backend)
+            set_mode(mode)
             for T in TS:
                 per[mode][T].append(time_steps(sessions[mode], V, T, reps if T == 1 else max(5, reps // 2), rng))
                 if sessions[mode].position > 3500:
@@ -123,9 +121,9 @@ def bench_model(path: str, reps: int, bw: float, prompt: int = 0, backend: str =
     if prompt:
         for _ in range(1 if len(launches) == 1 else 2):
             for mode in launches:
-                set_launches(mode, backend)
+                set_mode(mode)
                 pre[mode].append(time_prefill(m, V, prompt, rng))
-    set_launches("on", backend)
+    set_mode("on")
     dense, experts, total = tensor_bytes(path)
     nb = dense + experts * cfg["n_expert_used"] // cfg["n_expert"]  # the bytes a T = 1 step reads
     rows = []
@@ -196,9 +194,9 @@ def main(argv=None) -> int:
                          "(programmatic dependent launch + the dense weight prefetch, the default), no-prefetch, off")
     a = ap.parse_args(argv)
     launches = tuple(a.launches.split(","))
-    bad = [x for x in launches if x not in ("on", "no-prefetch", "off")]
+    bad = [x for x in launches if x not in LAUNCH_MODES]
     if bad or len(set(launches)) != len(launches):
-        ap.error(f"bad option --launches {a.launches!r}: a comma list of distinct on, no-prefetch, off")
+        ap.error(f"bad option --launches {a.launches!r}: a comma list of distinct {', '.join(LAUNCH_MODES)}")
     streams = []
     for spec in a.stream:
         f, _, frac = spec.rpartition(":")

@@ -26,6 +26,7 @@ import platform
 import sys
 import time
 
+from launch_modes import LAUNCH_MODES, set_launches
 from strata_py.config import GenerationConfig
 from strata_py.generate import generate_ids, make_proposer
 from strata_py.speculative import LoopStats
@@ -92,15 +93,14 @@ def main(argv=None) -> int:
                     help="comma-separated drafters to compare with 'none' (default: suffix,auto, plus mtp,mtp+suffix "
                          "when the model has an MTP block)")
     ap.add_argument("--json", metavar="OUT", help="write all results as JSON")
-    ap.add_argument("--launches", default="on", choices=("on", "no-prefetch", "off"),
+    ap.add_argument("--launches", default="on", choices=LAUNCH_MODES,
                     help="--backend cuda: kernel launches with programmatic dependent launch and the dense weight "
                          "prefetch (on, the default), without the prefetch, or plain (off); for A/B runs")
     a = ap.parse_args(argv)
     if a.launches != "on":
         if a.backend != "cuda":
             ap.error(f"bad option --launches {a.launches}: only with --backend cuda")
-        from strata_py import _core
-        _core.cuda_prefer_pdl(a.launches != "off", a.launches == "on")
+        set_launches(a.launches)
 
     from strata_py.model import default_model_path
     if a.model is None and not default_model_path().exists():

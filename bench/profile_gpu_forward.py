@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from launch_modes import LAUNCH_MODES, set_launches
 from strata_py.model import Model
 
 
@@ -24,14 +25,14 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--dp4a", action="store_true", help="IQ2_XXS products on the dp4a kernels, not the tensor cores")
     ap.add_argument("--mma-min-rows", type=int, default=5, help="dense IQ2_XXS rows from which the tensor cores run")
-    ap.add_argument("--launches", default="on", choices=("on", "no-prefetch", "off"),
+    ap.add_argument("--launches", default="on", choices=LAUNCH_MODES,
                     help="programmatic dependent launch + the dense weight prefetch (on), without the prefetch, or off")
     a = ap.parse_args(argv)
     import torch
     from torch.profiler import ProfilerActivity, profile
     from strata_py import _core
     _core.cuda_prefer_mma(not a.dp4a, a.mma_min_rows)
-    _core.cuda_prefer_pdl(a.launches != "off", a.launches == "on")
+    set_launches(a.launches)
     m = Model.load(a.model, backend="cuda")
     V = m.n_vocab
     rng = np.random.default_rng(0)

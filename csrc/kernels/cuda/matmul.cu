@@ -1165,12 +1165,16 @@ bool with_decoder(uint32_t type, F&& f) {
   }
 }
 
+bool g_pdl_card = false;  // sm_90 or later (init_tables)
+bool g_pdl_on = true, g_prefetch_on = true;  // prefer_pdl
+
 }  // namespace
 
-bool g_pdl_card = false;  // sm_90 or later (init_tables)
-bool g_pdl_on = true, g_prefetch_on = true;
-void set_prefetch() {
-  const int v = g_pdl_card && g_pdl_on && g_prefetch_on ? 1 : 0;
+bool pdl_on() { return g_pdl_card && g_pdl_on; }
+
+// c_prefetch follows pdl_on() and prefer_pdl's prefetch (the prefetch only pays before a pdl_wait)
+static void set_prefetch() {
+  const int v = pdl_on() && g_prefetch_on ? 1 : 0;
   check(cudaMemcpyToSymbol(c_prefetch, &v, sizeof v), "set the weight prefetch");
 }
 
@@ -1179,7 +1183,6 @@ void prefer_pdl(bool on, bool prefetch) {
   g_prefetch_on = prefetch;
   set_prefetch();
 }
-bool pdl_on() { return g_pdl_card && g_pdl_on; }
 
 void init_tables() {
   int dev = 0, major = 0;
