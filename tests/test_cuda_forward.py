@@ -239,6 +239,30 @@ def test_products_reuse_a_quantization_only_of_unchanged_rows(typ):
             assert np.array_equal(bits(out[1]), bits(out[2]))
 
 
+@pytest.mark.parametrize("typ,feeds", [("Q4_K", 1), ("IQ2_XXS", 1), ("Q4_0", 2), ("MXFP4", 2), ("IQ2_XXS", 2),
+                                       ("Q4_0", 0)])
+def test_norm_quantizes_for_the_products_after_it(typ, feeds):
+    """add_rmsnorm told the next products' activation kind (feeds: 1 the 256-value blocks, 2 the 32-value ones, 0
+    none) quantizes its rows in its own kernel for them. The products after it, in one lane or in two lanes of a
+    fork, over every row or from row `first` on, give the CPU's bits; and so they do when an operation changes the
+    rows between the norm and the products (they quantize again), or when the norm was told another kind."""
+    rng = fresh_rng()
+    gt = {t.name: int(t) for t in __import__("gguf").GGMLQuantizationType}
+    n, rows = int(rng.choice([256, 512, 2048])), int(rng.integers(1, 70))
+    w = weights(rng, typ, rows, n)
+    words = np.concatenate([w, np.zeros((-w.size) % 4, np.uint8)]).view(np.int32)
+    for T in (1, int(rng.integers(2, 9)), int(rng.integers(17, 70))):
+        x = (rng.standard_normal((T, n)) * 2).astype(np.float32)
+        y = rng.standard_normal((T, n)).astype(np.float32)
+        nw = (1 + 0.3 * rng.standard_normal(n)).astype(np.float32)
+        for lanes, touch in ((1, 0), (2, 0), (2, 1)):
+            first = int(rng.integers(0, T))
+            out = both("norm_matmul", [x, y, nw, nan(T, n), nan(T - first, rows), nan(T - first, rows)], i=[words],
+                       n=[n, T, gt[typ], rows, feeds, lanes, touch, first], d=[1e-6])
+            assert np.array_equal(bits(out[4]), bits(out[5]))  # both lanes' products: the same bits
+            assert np.isfinite(out[4]).all()
+
+
 @pytest.mark.parametrize("pair", [("Q4_K", "Q4_0"), ("MXFP4", "IQ2_XXS"), ("Q4_0", "MXFP4")])
 def test_products_of_other_activation_kinds_quantize_again(pair):
     """Products of the same rows by a 256-block and a 32-block int8-activation type (or two of the same kind, which

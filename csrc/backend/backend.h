@@ -95,13 +95,17 @@ class Backend {
   // T-row products, any T >= 1: y[t * ldy + r] = sum_c W[r][c] * x[t * ldx + c] (matmul.h).
   virtual void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy) = 0;
   // T rows of n: y[t] = (x[t] * rsqrt(mean(x[t]^2) + eps)) * w (ops.h rmsnorm, its 16-lane sum of squares).
+  // feeds: the act_kind of the products that read y next (Float: none, or float-activation ones). A backend may
+  // quantize y for them along with the norm (CUDA: in the norm's kernel, once for every lane of the fork that
+  // follows), exactly as those products would; no value changes.
   virtual void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y,
-                       int64_t ldy) = 0;
+                       int64_t ldy, ActKind feeds) = 0;
   // The residual add and the next norm: x = x + y over T rows of n (contiguous), then out = rmsnorm(x; w, eps)
-  // ([T][n]). Exactly add then rmsnorm (the default); one kernel on the GPU.
-  virtual void add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out) {
+  // ([T][n]), feeds as rmsnorm's. Exactly add then rmsnorm (the default); one kernel on the GPU.
+  virtual void add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out,
+                           ActKind feeds) {
     add(x, y, (int64_t)T * n);
-    rmsnorm(x, n, w, n, T, eps, out, n);
+    rmsnorm(x, n, w, n, T, eps, out, n, feeds);
   }
   // DeltaNet: one value head through a window's T rows, rows < n_src also updating S (deltanet_state.h dn_rows);
   // the fold replays kept rows through the same call.

@@ -40,8 +40,8 @@ class CpuBackend final : public Backend {
   void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy) override {
     strata::matmul(pool_, W, x, ldx, T, y, ldy);
   }
-  void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y,
-               int64_t ldy) override {
+  void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y, int64_t ldy,
+               ActKind) override {  // the products quantize their own rows
     for (int t = 0; t < T; t++) strata::rmsnorm(x + t * ldx, w, n, eps, y + t * ldy);
   }
   void dn_rows(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv) override {

@@ -61,7 +61,7 @@ class CudaBackend final : public Backend {
   void fork(int n) override {
     STRATA_CHECK(stream_ == main_ && n_forked_ == 0, "cuda backend: fork inside a fork");
     STRATA_CHECK(n >= 1 && n <= kLanes, "cuda backend: fork(", n, "): 1..", kLanes, " lanes");
-    use();
+    use_keep();  // the main stream's quantized rows serve every lane (q_hit)
     if (!forked_ev_) {
       check(cudaEventCreateWithFlags(&forked_ev_, cudaEventDisableTiming), "cudaEventCreate");
       for (int i = 0; i < kLanes; i++) {
@@ -159,7 +159,8 @@ class CudaBackend final : public Backend {
   }
   void norm_rope_at(float* x, int64_t ldt, int64_t ldh, int T, int nh, const float* w, int64_t hd, float eps,
                     const float* cs, const float* sn, int64_t n_rot, const int32_t* pos) override {
-    use();
+    use_keep();
+    written(x, ((T - 1) * ldt + (nh - 1) * ldh + hd) * sizeof(float));
     cuda::norm_rope_at(x, ldt, ldh, T, nh, w, hd, eps, cs, sn, n_rot, pos, stream_);
   }
   void attend_at(const AttendArgs& a, const int32_t* n) override {
@@ -243,27 +244,35 @@ class CudaBackend final : public Backend {
       for (int i = 0; i < n_forked_; i++) check(cudaStreamSynchronize(lanes_[i]), "stream synchronize");
   }
 
-  // Products of int8-activation types reuse the lane's last quantization when it was of the same rows (x, ldx,
-  // rows, cols) and nothing but products ran on the backend since (gate and up of the same rows: one quantization).
+  // Products of int8-activation types reuse quantized rows (q_hit) when they are rows of the same x (ldx, cols,
+  // act_kind) quantized by the lane's last product, or by the norm that wrote them (feeds), and nothing that may
+  // have written them ran on the backend since (gate and up of the same rows, every lane of a fork: one
+  // quantization).
   void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy) override {
     use_keep();
     void* sc = scratch(cuda::matmul_scratch_bytes(W.type, T, W.cols));
     const ActKind kind = act_kind(W.type);
-    const bool intq = kind != ActKind::Float;
-    const int pass = cuda::matmul_pass_rows(W.type);  // longer T: passes, the scratch holds the last one
-    const bool hit = intq && T <= pass && q_hit(kind, x, ldx, T, W.cols);
-    cuda::matmul(W, x, ldx, T, y, ldy, sc, stream_, hit);
-    if (intq) qc_[cur_] = T <= pass ? QCache{kind, x, ldx, T, W.cols} : QCache{};
-    written(y, (int64_t)(T - 1) * ldy + W.rows);
+    cuda::QRows pre;
+    const bool hit = kind != ActKind::Float && q_hit(kind, x, ldx, T, W.cols, pre);
+    cuda::matmul(W, x, ldx, T, y, ldy, sc, stream_, hit ? &pre : nullptr);
+    if (kind != ActKind::Float && !hit) cache_q(kind, x, ldx, T, W.cols, sc);
+    written(y, ((T - 1) * ldy + W.rows) * sizeof(float));
   }
-  void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y,
-               int64_t ldy) override {
+  void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y, int64_t ldy,
+               ActKind feeds) override {
     use();
-    cuda::rmsnorm(x, ldx, w, n, T, eps, y, ldy, stream_);
+    void* qd = cuda::norm_quantizes(feeds, n) ? scratch(cuda::act_bytes(feeds, T, n)) : nullptr;
+    if (cuda::rmsnorm(x, ldx, w, n, T, eps, y, ldy, stream_, feeds, qd)) cache_q(feeds, y, ldy, T, n, qd);
   }
-  void add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out) override {
+  void add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out,
+                   ActKind feeds) override {
     use();
-    if (!cuda::add_rmsnorm(x, y, w, n, T, eps, out, stream_)) Backend::add_rmsnorm(x, y, w, n, T, eps, out);
+    void* qd = cuda::norm_quantizes(feeds, n) ? scratch(cuda::act_bytes(feeds, T, n)) : nullptr;
+    if (!cuda::add_rmsnorm(x, y, w, n, T, eps, out, stream_, feeds, qd)) {
+      Backend::add_rmsnorm(x, y, w, n, T, eps, out, ActKind::Float);
+      return;
+    }
+    if (qd) cache_q(feeds, out, n, T, n, qd);
   }
   void dn_rows(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64_t dk, int64_t dv) override {
     use();
@@ -274,7 +283,9 @@ class CudaBackend final : public Backend {
     cuda::attend(a, static_cast<float*>(scratch((size_t)attend_scratch(a) * sizeof(float))), stream_);
   }
   void moe_route(const float* logits, int T, int64_t E, int k, int32_t* sel, float* wt) override {
-    use();
+    use_keep();
+    written(sel, (size_t)T * k * sizeof(int32_t));
+    written(wt, (size_t)T * k * sizeof(float));
     cuda::moe_route(logits, T, E, k, sel, wt, stream_);
   }
   void matmul_sel(const MatView& W0, size_t expert_bytes, const int32_t* sel, int n, int xdiv, const float* x,
@@ -283,25 +294,27 @@ class CudaBackend final : public Backend {
     const int n_x = (n + xdiv - 1) / xdiv;
     void* sc = scratch(cuda::matmul_sel_scratch_bytes(W0.type, n, xdiv, W0.cols));
     const ActKind kind = act_kind(W0.type);
-    const bool intq = kind != ActKind::Float;
-    const bool hit = intq && q_hit(kind, x, ldx, n_x, W0.cols);
-    cuda::matmul_sel(W0, expert_bytes, sel, n, xdiv, x, ldx, y, ldy, sc, stream_, hit);
-    if (intq) qc_[cur_] = QCache{kind, x, ldx, n_x, W0.cols};
-    written(y, (int64_t)(n - 1) * ldy + W0.rows);
+    cuda::QRows pre;
+    const bool hit = kind != ActKind::Float && q_hit(kind, x, ldx, n_x, W0.cols, pre);
+    cuda::matmul_sel(W0, expert_bytes, sel, n, xdiv, x, ldx, y, ldy, sc, stream_, hit ? &pre : nullptr);
+    if (kind != ActKind::Float && !hit) cache_q(kind, x, ldx, n_x, W0.cols, sc);
+    written(y, ((int64_t)(n - 1) * ldy + W0.rows) * sizeof(float));
   }
   void matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, size_t up_bytes, const int32_t* sel,
                          int n, int xdiv, const float* x, int64_t ldx, float* g, float* u) override {
     use_keep();
     const int n_x = (n + xdiv - 1) / xdiv;
     void* sc = scratch(cuda::matmul_sel_scratch_bytes(Wg.type, n, xdiv, Wg.cols));
-    const bool hit = int_act_type(Wg.type) && q_hit(ActKind::Q8_256, x, ldx, n_x, Wg.cols);
-    if (!cuda::matmul_sel_swiglu(Wg, gate_bytes, Wu, up_bytes, sel, n, xdiv, x, ldx, g, u, sc, stream_, hit)) {
+    cuda::QRows pre;
+    const bool hit = int_act_type(Wg.type) && q_hit(ActKind::Q8_256, x, ldx, n_x, Wg.cols, pre);
+    if (!cuda::matmul_sel_swiglu(Wg, gate_bytes, Wu, up_bytes, sel, n, xdiv, x, ldx, g, u, sc, stream_,
+                                 hit ? &pre : nullptr)) {
       Backend::matmul_sel_swiglu(Wg, gate_bytes, Wu, up_bytes, sel, n, xdiv, x, ldx, g, u);
       return;
     }
-    qc_[cur_] = QCache{ActKind::Q8_256, x, ldx, n_x, Wg.cols};
-    written(g, (int64_t)n * Wg.rows);
-    written(u, (int64_t)n * Wu.rows);
+    if (!hit) cache_q(ActKind::Q8_256, x, ldx, n_x, Wg.cols, sc);
+    written(g, (int64_t)n * Wg.rows * sizeof(float));
+    written(u, (int64_t)n * Wu.rows * sizeof(float));
   }
   void copy(void* dst, const void* src, size_t bytes) override {
     use();
@@ -344,12 +357,14 @@ class CudaBackend final : public Backend {
     cuda::mul_sigmoid_rows(o, ldo, g, ldg, n, rows, stream_);
   }
   void silu_mul(float* g, const float* u, int64_t n) override {
-    use();
+    use_keep();
+    written(g, n * sizeof(float));
     cuda::silu_mul(g, u, n, stream_);
   }
   void norm_rope(float* x, int64_t ldt, int64_t ldh, int T, int nh, const float* w, int64_t hd, float eps,
                  const float* cs, const float* sn, int64_t n_rot, int64_t pos0) override {
-    use();
+    use_keep();
+    written(x, ((T - 1) * ldt + (nh - 1) * ldh + hd) * sizeof(float));
     cuda::norm_rope(x, ldt, ldh, T, nh, w, hd, eps, cs, sn, n_rot, pos0, stream_);
   }
   void moe_combine(const float* yg, const float* wt, int T, int k, int64_t H, const float* sh, const float* gate_shexp,
@@ -362,7 +377,7 @@ class CudaBackend final : public Backend {
     cuda::moe_combine(yg, wt, T, k, H, sh, gate_shexp, x, out, static_cast<float*>(aux_), stream_, ready);
   }
   void moe_shared_gate(const float* gate_shexp, const float* x, int T, int64_t H) override {
-    use();
+    use_keep();  // writes aux_ only
     grow_aux(T);
     cuda::shared_gate(gate_shexp, x, T, H, static_cast<float*>(aux_), stream_);
     gate_ready_ = {gate_shexp, x, T};
@@ -417,21 +432,41 @@ class CudaBackend final : public Backend {
   // Grow-only device scratch (the quantized activation rows), one per lane (0: the main stream). Only grown
   // between operations: its stream is synchronized first, so no running kernel still reads the old buffer.
   void* scratch(size_t bytes) { return grow(scratch_[cur_], bytes); }
-  // The lane's last quantized activation rows (in its scratch): their kind (256- or 32-value blocks), x, ldx, rows,
-  // cols.
+  // The lane's last quantized activation rows (in its scratch): their kind (256- or 32-value blocks), the float
+  // rows they are of (x, ldx, rows, cols) and where they lie (qr: cuda::qrows_at of the scratch).
   struct QCache {
     ActKind kind = ActKind::Float;
     const float* x = nullptr;
     int64_t ldx = 0, rows = 0, cols = 0;
+    cuda::QRows qr;
   };
-  bool q_hit(ActKind kind, const float* x, int64_t ldx, int64_t rows, int64_t cols) const {
-    const QCache& q = qc_[cur_];
-    return q.x && q.kind == kind && q.x == x && q.ldx == ldx && q.rows == rows && q.cols == cols;
+  void cache_q(ActKind kind, const float* x, int64_t ldx, int64_t rows, int64_t cols, const void* base) {
+    qc_[cur_] = QCache{kind, x, ldx, rows, cols, cuda::qrows_at(base, rows, cols)};
   }
-  // A product wrote n floats at y: a cached quantization of rows that overlap them is stale.
-  void written(const float* y, int64_t n) {
-    for (auto& q : qc_)
-      if (q.x && y < q.x + (q.rows - 1) * q.ldx + q.cols && q.x < y + n) q = {};
+  // Rows [r, r + rows) of a cached quantization of the same x, ldx, cols and kind: the lane's own, or in a fork
+  // the main stream's (quantized before the fork; the main stream runs nothing until the join).
+  bool q_hit(ActKind kind, const float* x, int64_t ldx, int64_t rows, int64_t cols, cuda::QRows& out) const {
+    for (int c : {cur_, 0}) {
+      const QCache& q = qc_[c];
+      if (!q.x || q.kind != kind || q.ldx != ldx || q.cols != cols) continue;
+      const intptr_t d = reinterpret_cast<intptr_t>(x) - reinterpret_cast<intptr_t>(q.x);
+      const intptr_t row = (intptr_t)ldx * (intptr_t)sizeof(float);
+      if (d < 0 || d % row != 0 || d / row + rows > q.rows) continue;
+      const int64_t r = d / row, nb = cols / (kind == ActKind::Q8_32 ? 32 : QK_K);
+      out = {q.qr.q + r * cols, q.qr.dx + r * nb};
+      return true;
+    }
+    return false;
+  }
+  // An operation wrote `bytes` at p: a cached quantization of rows that overlap them is stale.
+  void written(const void* p, size_t bytes) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    for (auto& q : qc_) {
+      if (!q.x) continue;
+      const uintptr_t b = reinterpret_cast<uintptr_t>(q.x);
+      const uintptr_t e = b + ((q.rows - 1) * q.ldx + q.cols) * sizeof(float);
+      if (a < e && b < a + bytes) q = {};
+    }
   }
   static constexpr int kLanes = 4;
   struct Scratch {
@@ -563,6 +598,7 @@ void cuda_prefer_mma(bool on, int min_rows) { cuda::prefer_mma(on, min_rows); }
 bool cuda_mma_used() { return cuda::mma_used(); }
 void cuda_prefer_pdl(bool on, bool prefetch) { cuda::prefer_pdl(on, prefetch); }
 bool cuda_pdl_used() { return cuda::pdl_on(); }
+void cuda_prefer_norm_quant(bool on) { cuda::prefer_norm_quant(on); }
 
 CudaTiming cuda_time_launch(Backend& be, int reps) {
   CudaBackend& c = as_cuda(be);

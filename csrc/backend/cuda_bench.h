@@ -32,5 +32,7 @@ bool cuda_mma_used();
 // launches carry it now.
 void cuda_prefer_pdl(bool on, bool prefetch);
 bool cuda_pdl_used();
+// Tests and benches: cuda::prefer_norm_quant (the norms quantize their rows for the products after them, default on).
+void cuda_prefer_norm_quant(bool on);
 
 }  // namespace strata

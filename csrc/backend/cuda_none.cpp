@@ -25,6 +25,7 @@ void cuda_prefer_mma(bool, int) { no_cuda(); }
 bool cuda_mma_used() { return false; }
 void cuda_prefer_pdl(bool, bool) { no_cuda(); }
 bool cuda_pdl_used() { return false; }
+void cuda_prefer_norm_quant(bool) { no_cuda(); }
 
 }  // namespace strata
 #endif

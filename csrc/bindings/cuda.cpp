@@ -164,7 +164,23 @@ std::tuple<std::vector<std::vector<float>>, std::vector<std::vector<int32_t>>> l
     return (float)d[i];
   };
   if (op == "add") be.add(F(0), F(1), N(0));
-  else if (op == "add_rmsnorm") be.add_rmsnorm(F(0), F(1), F(2), N(0), (int)N(1), D(0), F(3));
+  else if (op == "add_rmsnorm") be.add_rmsnorm(F(0), F(1), F(2), N(0), (int)N(1), D(0), F(3), ActKind::Float);
+  else if (op == "norm_matmul") {
+    // f: x, y, w, out, y1, y2; iv: the weight bytes as int32 words; n: n, T, type, rows, feeds, lanes, touch, first.
+    // add_rmsnorm into out (feeds: the ActKind it is told), then in `lanes` lanes of a fork the product of out's rows
+    // [first, T) into y1 (lane 0) and y2 (the last lane); touch: out = silu(out) * y between the norm and the
+    // products (they must see it: no reuse of the norm's quantization)
+    const int64_t n_ = N(0), T = N(1), rows = N(3), first = N(7);
+    const MatView W{reinterpret_cast<const uint8_t*>(I(0)), (uint32_t)N(2), rows, n_, row_bytes((uint32_t)N(2), n_)};
+    be.add_rmsnorm(F(0), F(1), F(2), n_, (int)T, D(0), F(3), (ActKind)N(4));
+    if (N(6)) be.silu_mul(F(3), F(1), n_ * T);
+    be.fork((int)N(5));
+    be.lane(0);
+    be.matmul(W, F(3) + first * n_, n_, (int)(T - first), F(4), rows);
+    be.lane((int)N(5) - 1);
+    be.matmul(W, F(3) + first * n_, n_, (int)(T - first), F(5), rows);
+    be.join();
+  }
   else if (op == "conv_silu") be.conv_silu(F(0), F(1), (int)N(0), N(1), N(2), (int)N(3), F(2));
   else if (op == "dn_gates") be.dn_gates(F(0), N(0), F(1), F(2), F(3), (int)N(1), N(2), N(3), N(4), F(4), F(5));
   else if (op == "dn_heads") {
@@ -287,7 +303,7 @@ void init_cuda(nb::module_& m) {
         OutF2 res = new_out((size_t)T, (size_t)n, &out);
         nb::gil_scoped_release rel;
         Buf dx(be, x.data(), x.size() * 4), dw(be, w.data(), w.size() * 4), dy(be, x.size() * 4);
-        be.rmsnorm(dx.as<float>(), n, dw.as<float>(), n, T, eps, dy.as<float>(), n);
+        be.rmsnorm(dx.as<float>(), n, dw.as<float>(), n, T, eps, dy.as<float>(), n, ActKind::Float);
         be.download(out, dy.p, x.size() * 4);
         return res;
       },
@@ -324,6 +340,9 @@ void init_cuda(nb::module_& m) {
         "Tests and benches: whether kernels launch with programmatic dependent launch (default on where the card has "
         "it: sm_90+) and, with it, whether the dense products prefetch their weights toward L2 first; the same bits "
         "either way.");
+  m.def("cuda_prefer_norm_quant", &cuda_prefer_norm_quant, nb::arg("on"),
+        "Tests and benches: whether the norms quantize their rows for the int8-activation products after them, in the "
+        "norm's kernel (default on), or the products do; the same bits either way.");
   m.def("cuda_pdl_used", &cuda_pdl_used, "Whether launches carry programmatic dependent launch now (False without CUDA).");
   m.def(
       "cuda_bench_launch",

@@ -90,6 +90,9 @@ struct BackendModel {
   struct Layer {
     bool recurrent = false;
     const float *attn_norm, *post_norm;
+    // how the products after each norm read its rows (Backend::rmsnorm's feeds): the mixer's input projections,
+    // the routed experts' gate / up
+    ActKind mixer_in = ActKind::Float, moe_in = ActKind::Float;
     Dn dn;
     Attn attn;
     Moe moe;
@@ -166,6 +169,8 @@ struct BackendModel {
     const MatView router{reinterpret_cast<const uint8_t*>(mw.gate_inp.data()), GGML_F32, hp.n_expert, hp.n_embd,
                          (size_t)hp.n_embd * sizeof(float)};
     Moe& M = D.moe;
+    D.moe_in = act_kind(mw.gate_exps.all.type);
+    D.mixer_in = act_kind(L.recurrent ? L.dn.wqkv.type : L.attn.wq.type);
     M.router = put(router);
     if (!stream) {
       M.gate = put(mw.gate_exps.all);
@@ -710,7 +715,8 @@ struct BackendSession::Impl {
       be->upload(x.p, emb.data(), emb.size() * 4);
     }
     // each residual add is issued with the norm that follows it (add_rmsnorm: the same operations)
-    if (hp.n_layer > 0) be->rmsnorm(x.f(), H, bm->layers[0].attn_norm, H, T, hp.rms_eps, h.f(), H);
+    if (hp.n_layer > 0)
+      be->rmsnorm(x.f(), H, bm->layers[0].attn_norm, H, T, hp.rms_eps, h.f(), H, bm->layers[0].mixer_in);
   }
 
   // Layer il's mixer and the residual add with the MoE's norm: h = rmsnorm(x + mixer(h)).
@@ -719,7 +725,7 @@ struct BackendSession::Impl {
     const BackendModel::Layer& L = bm->layers[il];
     if (L.recurrent) deltanet(L.dn, dn[slot[il]], h.f(), T, in_place, mix.f());
     else attention(L.attn, kv[slot[il]], h.f(), T, pos0, mix.f());
-    be->add_rmsnorm(x.f(), mix.f(), L.post_norm, hp.n_embd, T, hp.rms_eps, h.f());
+    be->add_rmsnorm(x.f(), mix.f(), L.post_norm, hp.n_embd, T, hp.rms_eps, h.f(), L.moe_in);
   }
 
   // After layer il's MoE (in mix): x += mix and the next layer's norm into h, or the output norm into hid_out and
@@ -729,7 +735,7 @@ struct BackendSession::Impl {
     const int64_t H = hp.n_embd;
     const bool last = il + 1 == hp.n_layer;
     be->add_rmsnorm(x.f(), mix.f(), last ? bm->output_norm : bm->layers[il + 1].attn_norm, H, T, hp.rms_eps,
-                    last ? hid_out : h.f());
+                    last ? hid_out : h.f(), last ? act_kind(bm->output.type) : bm->layers[il + 1].mixer_in);
     if (last && first < T) be->matmul(bm->output, hid_out + (size_t)first * H, H, T - first, lg_out, hp.n_vocab);
   }
 
@@ -750,7 +756,7 @@ struct BackendSession::Impl {
       layer_end(il, T, first, hid_out, lg_out);
     }
     if (hp.n_layer == 0) {
-      be->rmsnorm(x.f(), H, bm->output_norm, H, T, hp.rms_eps, hid_out, H);
+      be->rmsnorm(x.f(), H, bm->output_norm, H, T, hp.rms_eps, hid_out, H, act_kind(bm->output.type));
       if (first < T) be->matmul(bm->output, hid_out + (size_t)first * H, H, T - first, lg_out, hp.n_vocab);
     }
   }
@@ -825,15 +831,17 @@ struct BackendSession::Impl {
     const HParams& hp = m->hp();
     const BackendModel::Mtp& M = bm->mtp;
     const int64_t H = hp.n_embd, V = hp.n_vocab;
-    be->rmsnorm(e, H, M.enorm, H, n, hp.rms_eps, mtp_cat.f(), 2 * H);  // [emb | hidden], embedding first
-    be->rmsnorm(hin, H, M.hnorm, H, n, hp.rms_eps, mtp_cat.f() + H, 2 * H);
+    // [emb | hidden], embedding first (eh_proj reads both halves: no norm's rows alone)
+    be->rmsnorm(e, H, M.enorm, H, n, hp.rms_eps, mtp_cat.f(), 2 * H, ActKind::Float);
+    be->rmsnorm(hin, H, M.hnorm, H, n, hp.rms_eps, mtp_cat.f() + H, 2 * H, ActKind::Float);
     be->matmul(M.eh_proj, mtp_cat.f(), 2 * H, n, x.f(), H);
     const BackendModel::Layer& L = M.layer;
-    be->rmsnorm(x.f(), H, L.attn_norm, H, n, hp.rms_eps, h.f(), H);
+    be->rmsnorm(x.f(), H, L.attn_norm, H, n, hp.rms_eps, h.f(), H, L.mixer_in);
     attention(L.attn, mtp_kv, h.f(), n, p0, mix.f(), pos);
-    be->add_rmsnorm(x.f(), mix.f(), L.post_norm, H, n, hp.rms_eps, h.f());
+    be->add_rmsnorm(x.f(), mix.f(), L.post_norm, H, n, hp.rms_eps, h.f(), L.moe_in);
     moe(L.moe, h.f(), n, mix.f());
-    be->add_rmsnorm(x.f(), mix.f(), M.shared_head_norm, H, n, hp.rms_eps, hout);
+    // the logits read the last row only (their product: its own quantization)
+    be->add_rmsnorm(x.f(), mix.f(), M.shared_head_norm, H, n, hp.rms_eps, hout, ActKind::Float);
     if (!lg) return;
     be->matmul(bm->output, hout + (size_t)(n - 1) * H, H, 1, lg, V);
     if (tok) be->argmax_rows(lg, 1, V, 0, tok);  // all NaN: token 0, as Session::mtp_draft's host pick

@@ -931,8 +931,45 @@ __global__ void __launch_bounds__(256) k_b32q(const uint8_t* __restrict__ W, siz
 // r = 1 / sqrt(ss / n + eps), y = (x * r) * w. One block of 256 per row: the row is staged in shared memory in one
 // coalesced pass (n <= kNormStage; longer rows read it from memory), lanes 0..15 of warp 0 hold the 16 sums.
 constexpr int kNormStage = 8192;
+
+// The norms' output row (staged in shared memory: xs[0..n), every thread's writes to it done) quantized for the
+// products that read it next: k_quantize's values and layout (kind 1, Q8_256: a warp per 256-block, lane l holding
+// values l + 32 j) or k_quantize32's (kind 2, Q8_32: a warp per 32-block). amax is a max, so any order gives the
+// same scale; the rest is k_quantize's formulas value by value.
+__device__ void quantize_staged(const float* xs, int64_t n, int kind, int8_t* __restrict__ q, float* __restrict__ dx) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  if (kind == (int)ActKind::Q8_256) {
+    for (int64_t b = warp; b < n / QK_K; b += warps) {
+      float v[8];
+      float a = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        v[j] = xs[b * QK_K + lane + 32 * j];
+        a = fmaxf(a, fabsf(v[j]));
+      }
+      for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+      const float iscale = a > 0.f ? __fdiv_rn(127.f, a) : 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; j++)  // value vi = lane + 32 j at 16 (vi % 32 / 2) + 2 (vi / 32) + vi % 2
+        q[b * QK_K + 16 * (lane / 2) + 2 * j + lane % 2] = (int8_t)rintf(__fmul_rn(iscale, v[j]));
+      if (lane == 0) dx[b] = __fdiv_rn(a, 127.f);
+    }
+  } else {
+    for (int64_t b = warp; b < n / 32; b += warps) {
+      const float v = xs[b * 32 + lane];
+      float a = fabsf(v);
+      for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+      const float iscale = a > kAct32Tiny ? __fdiv_rn(127.f, a) : 0.f;
+      q[b * 32 + lane] = (int8_t)rintf(__fmul_rn(iscale, v));
+      if (lane == 0) dx[b] = __fdiv_rn(a, 127.f);
+    }
+  }
+}
+
+// kind != 0 (n <= kNormStage, whole blocks): y's row t also quantized into q / dx (quantize_staged; T rows).
 __global__ void __launch_bounds__(256) k_rmsnorm(const float* __restrict__ x, int64_t ldx, const float* __restrict__ w,
-                                                 int64_t n, float eps, float* __restrict__ y, int64_t ldy) {
+                                                 int64_t n, float eps, float* __restrict__ y, int64_t ldy, int kind,
+                                                 int8_t* __restrict__ q, float* __restrict__ dx) {
   pdl_wait();
   __shared__ float xs[kNormStage];
   __shared__ float rr;
@@ -958,7 +995,18 @@ __global__ void __launch_bounds__(256) k_rmsnorm(const float* __restrict__ x, in
   }
   __syncthreads();
   const float r = rr;
-  for (int64_t i = tid; i < n; i += blockDim.x) y[t * ldy + i] = __fmul_rn(__fmul_rn(src[i], r), w[i]);
+  if (!kind) {
+    for (int64_t i = tid; i < n; i += blockDim.x) y[t * ldy + i] = __fmul_rn(__fmul_rn(src[i], r), w[i]);
+    return;
+  }
+  for (int64_t i = tid; i < n; i += blockDim.x) {  // staged: xs[i] is this thread's own
+    const float v = __fmul_rn(__fmul_rn(xs[i], r), w[i]);
+    y[t * ldy + i] = v;
+    xs[i] = v;
+  }
+  __syncthreads();
+  const int64_t nb = n / (kind == (int)ActKind::Q8_256 ? QK_K : 32);
+  quantize_staged(xs, n, kind, q + t * n, dx + t * nb);
 }
 
 // Threads per block for a product of `units` 16-row groups (x slots): 64 (4 row groups) when 256-thread blocks
@@ -990,9 +1038,11 @@ void allow_int_smem() {
 }
 
 // The residual add, then k_rmsnorm of the sum: x[i] = x[i] + y[i] (written back), the row staged as it is formed.
+// And quantized as k_rmsnorm's (kind != 0).
 __global__ void __launch_bounds__(256) k_add_rmsnorm(float* __restrict__ x, const float* __restrict__ yv,
                                                      const float* __restrict__ w, int64_t n, float eps,
-                                                     float* __restrict__ out) {
+                                                     float* __restrict__ out, int kind, int8_t* __restrict__ q,
+                                                     float* __restrict__ dx) {
   pdl_wait();
   __shared__ float xs[kNormStage];
   __shared__ float rr;
@@ -1020,7 +1070,15 @@ __global__ void __launch_bounds__(256) k_add_rmsnorm(float* __restrict__ x, cons
   }
   __syncthreads();
   const float r = rr;
-  for (int64_t i = tid; i < n; i += blockDim.x) out[t * n + i] = __fmul_rn(__fmul_rn(xs[i], r), w[i]);
+  for (int64_t i = tid; i < n; i += blockDim.x) {
+    const float v = __fmul_rn(__fmul_rn(xs[i], r), w[i]);
+    out[t * n + i] = v;
+    xs[i] = v;  // this thread's own
+  }
+  if (!kind) return;
+  __syncthreads();
+  const int64_t nb = n / (kind == (int)ActKind::Q8_256 ? QK_K : 32);
+  quantize_staged(xs, n, kind, q + t * n, dx + t * nb);
 }
 
 template <class D, int R>
@@ -1106,23 +1164,10 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
   else go(k_int<D, 16>);
 }
 
+// The 32-value block types' product over rows already quantized (q, dx: k_quantize32's layout, T rows of W.cols).
 template <class D>
-void launch_int(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch,
-                bool quantized, cudaStream_t st) {
-  const int64_t nb = W.cols / QK_K;
-  int8_t* q = static_cast<int8_t*>(scratch);
-  float* dx = reinterpret_cast<float*>(q + (size_t)T * W.cols);  // cols % 256 == 0: 4-byte aligned
-  if (!quantized) launch(k_quantize, dim3((unsigned)nb, (unsigned)T), 256, 0, st, x, ldx, nb, q, dx);
-  launch_int_q<D>(W, q, dx, T, y, ldy, st);
-}
-
-template <class D>
-void launch_b32q(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch,
-                 bool quantized, cudaStream_t st) {
+void launch_b32q_q(const MatView& W, const int8_t* q, const float* dx, int T, float* y, int64_t ldy, cudaStream_t st) {
   const int64_t nb = W.cols / 32;
-  int8_t* q = static_cast<int8_t*>(scratch);
-  float* dx = reinterpret_cast<float*>(q + (size_t)T * W.cols);  // cols % 32 == 0: 4-byte aligned
-  if (!quantized) launch(k_quantize32, dim3((unsigned)((nb + 7) / 8), (unsigned)T), 256, 0, st, x, ldx, nb, q, dx);
   const int threads = threads_for((W.rows + kRowsPerBlock - 1) / kRowsPerBlock);
   const dim3 grid((unsigned)((W.rows + threads / 16 - 1) / (threads / 16)));
   auto go = [&](auto kern) {
@@ -1167,6 +1212,7 @@ bool with_decoder(uint32_t type, F&& f) {
 
 bool g_pdl_card = false;  // sm_90 or later (init_tables)
 bool g_pdl_on = true, g_prefetch_on = true;  // prefer_pdl
+bool g_norm_quant = true;                    // prefer_norm_quant
 
 }  // namespace
 
@@ -1177,6 +1223,8 @@ static void set_prefetch() {
   const int v = pdl_on() && g_prefetch_on ? 1 : 0;
   check(cudaMemcpyToSymbol(c_prefetch, &v, sizeof v), "set the weight prefetch");
 }
+
+void prefer_norm_quant(bool on) { g_norm_quant = on; }
 
 void prefer_pdl(bool on, bool prefetch) {
   g_pdl_on = on;
@@ -1214,22 +1262,43 @@ bool matmul_supported(uint32_t type) {
 }
 
 // q: rows x cols bytes, then dx: a float per row and activation block (256 or 32 values)
-static size_t act_bytes(uint32_t type, int64_t rows, int64_t cols) {
-  const ActKind kind = act_kind(type);
+size_t act_bytes(ActKind kind, int64_t rows, int64_t cols) {
   if (kind == ActKind::Float) return 0;
   return (size_t)rows * cols + (size_t)rows * (cols / (kind == ActKind::Q8_32 ? 32 : QK_K)) * sizeof(float);
 }
+static size_t act_bytes(uint32_t type, int64_t rows, int64_t cols) { return act_bytes(act_kind(type), rows, cols); }
+
+QRows qrows_at(const void* base, int64_t rows, int64_t cols) {  // cols % 32 == 0: dx 4-byte aligned
+  const int8_t* q = static_cast<const int8_t*>(base);
+  return {q, reinterpret_cast<const float*>(q + (size_t)rows * cols)};
+}
+
+namespace {
+// x's rows quantized into qrows_at(dst, rows, cols) for `kind` (one launch).
+void quantize_rows(ActKind kind, const float* x, int64_t ldx, int rows, int64_t cols, void* dst, cudaStream_t st) {
+  int8_t* q = static_cast<int8_t*>(dst);
+  float* dx = reinterpret_cast<float*>(q + (size_t)rows * cols);
+  if (kind == ActKind::Q8_256)
+    launch(k_quantize, dim3((unsigned)(cols / QK_K), (unsigned)rows), 256, 0, st, x, ldx, cols / QK_K, q, dx);
+  else
+    launch(k_quantize32, dim3((unsigned)((cols / 32 + 7) / 8), (unsigned)rows), 256, 0, st, x, ldx, cols / 32, q, dx);
+}
+// pre, or x's rows quantized now into scratch
+QRows rows_for(const QRows* pre, ActKind kind, const float* x, int64_t ldx, int rows, int64_t cols, void* scratch,
+               cudaStream_t st) {
+  if (pre) return *pre;
+  quantize_rows(kind, x, ldx, rows, cols, scratch, st);
+  return qrows_at(scratch, rows, cols);
+}
+}  // namespace
 
 int matmul_pass_rows(uint32_t type) { return type == GGML_IQ2_XXS && mma_available() ? kMmaMaxT : kMaxT; }
 
-size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols) {
-  return act_bytes(type, std::min(T, matmul_pass_rows(type)), cols);
-}
+size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols) { return act_bytes(type, T, cols); }
 
 void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch, void* stream,
-            bool quantized) {
+            const QRows* pre) {
   const int pass = matmul_pass_rows(W.type);
-  STRATA_CHECK(!quantized || T <= pass, "cuda matmul: a quantized activation of ", T, " rows (at most ", pass, ")");
   STRATA_CHECK(T >= 1 && W.rows >= 1 && W.cols >= 1, "cuda matmul: T = ", T, ", W is ", W.rows, " x ", W.cols);
   STRATA_CHECK(!int_act_type(W.type) || W.cols % QK_K == 0, "cuda matmul: ", type_name(W.type), " needs cols % 256 == 0, got ",
                W.cols);
@@ -1238,14 +1307,20 @@ void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int6
   STRATA_CHECK(ldx >= W.cols && ldy >= W.rows, "cuda matmul: ldx = ", ldx, " < cols or ldy = ", ldy, " < rows");
   STRATA_CHECK(((uintptr_t)W.data & 1) == 0, "cuda matmul: weights at an odd address");
   cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const ActKind kind = act_kind(W.type);
+  // int8 activations: all T rows quantized once (or given), the passes over them
+  const QRows qr = kind == ActKind::Float ? QRows{} : rows_for(pre, kind, x, ldx, T, W.cols, scratch, st);
+  const int64_t nb = W.cols / (kind == ActKind::Q8_32 ? 32 : QK_K);
   for (int t0 = 0; t0 < T; t0 += pass) {  // passes of at most 16 (64) rows: each row's value is the same in any pass
     const int Tp = T - t0 < pass ? T - t0 : pass;
     const float* xp = x + t0 * ldx;
+    const int8_t* qp = qr.q + (size_t)t0 * W.cols;
+    const float* dxp = qr.dx + (size_t)t0 * nb;
     float* yp = y + t0 * ldy;
-    const bool ok = with_decoder(W.type, [&](auto dec, auto kind) {
+    const bool ok = with_decoder(W.type, [&](auto dec, auto k) {
       using D = decltype(dec);
-      if constexpr (decltype(kind)::value == ActKind::Q8_256) launch_int<D>(W, xp, ldx, Tp, yp, ldy, scratch, quantized, st);
-      else if constexpr (decltype(kind)::value == ActKind::Q8_32) launch_b32q<D>(W, xp, ldx, Tp, yp, ldy, scratch, quantized, st);
+      if constexpr (decltype(k)::value == ActKind::Q8_256) launch_int_q<D>(W, qp, dxp, Tp, yp, ldy, st);
+      else if constexpr (decltype(k)::value == ActKind::Q8_32) launch_b32q_q<D>(W, qp, dxp, Tp, yp, ldy, st);
       else launch_float<D>(W, xp, ldx, Tp, yp, ldy, st);
     });
     if (!ok) fail<std::invalid_argument>("cuda matmul: no CUDA kernel for weight type ", type_name(W.type));
@@ -1258,7 +1333,7 @@ size_t matmul_sel_scratch_bytes(uint32_t type, int n, int xdiv, int64_t cols) {
 }
 
 void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int xdiv, const float* x, int64_t ldx,
-                float* y, int64_t ldy, void* scratch, void* stream, bool quantized) {
+                float* y, int64_t ldy, void* scratch, void* stream, const QRows* pre) {
   STRATA_CHECK(n >= 1 && xdiv >= 1 && W0.rows >= 1 && W0.cols >= 1, "cuda matmul_sel: n = ", n, ", xdiv = ", xdiv);
   STRATA_CHECK(!int_act_type(W0.type) || W0.cols % QK_K == 0, "cuda matmul_sel: ", type_name(W0.type),
                " needs cols % 256 == 0, got ", W0.cols);
@@ -1271,19 +1346,18 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
     using D = decltype(dec);
     if constexpr (decltype(kind)::value == ActKind::Q8_32) {
       const int64_t nb = W0.cols / 32;
-      int8_t* q = static_cast<int8_t*>(scratch);
-      float* dx = reinterpret_cast<float*>(q + (size_t)n_x * W0.cols);
-      if (!quantized) launch(k_quantize32, dim3((unsigned)((nb + 7) / 8), (unsigned)n_x), 256, 0, st, x, ldx, nb, q,
-                             dx);
+      const QRows qr = rows_for(pre, ActKind::Q8_32, x, ldx, n_x, W0.cols, scratch, st);
+      const int8_t* q = qr.q;
+      const float* dx = qr.dx;
       const int threads = threads_for((W0.rows + kRowsPerBlock - 1) / kRowsPerBlock * n);
       const dim3 grid((unsigned)((W0.rows + threads / 16 - 1) / (threads / 16)), (unsigned)n);
       launch(k_b32q<D, 1>, grid, threads, 0, st, W0.data, W0.row_bytes, W0.rows, nb, q, dx, 1, y, ldy, sel, ebytes,
              xdiv);
     } else if constexpr (decltype(kind)::value == ActKind::Q8_256) {
       const int64_t nb = W0.cols / QK_K;
-      int8_t* q = static_cast<int8_t*>(scratch);
-      float* dx = reinterpret_cast<float*>(q + (size_t)n_x * W0.cols);
-      if (!quantized) launch(k_quantize, dim3((unsigned)nb, (unsigned)n_x), 256, 0, st, x, ldx, nb, q, dx);
+      const QRows qr = rows_for(pre, ActKind::Q8_256, x, ldx, n_x, W0.cols, scratch, st);
+      const int8_t* q = qr.q;
+      const float* dx = qr.dx;
       const TileBufs tb(scratch, act_bytes(W0.type, n_x, W0.cols));
       if constexpr (std::is_same_v<D, IQ2_XXS>) {
         launch_iq2_sel<false>(W0, nullptr, ebytes, 0, sel, n, xdiv, q, dx, y, nullptr, ldy, tb, st);
@@ -1318,7 +1392,7 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
 
 bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, size_t up_bytes, const int32_t* sel,
                        int n, int xdiv, const float* x, int64_t ldx, float* g, float* u, void* scratch, void* stream,
-                       bool quantized) {
+                       const QRows* pre) {
   if (Wg.type != GGML_IQ2_XXS || Wu.type != GGML_IQ2_XXS || Wg.rows != Wu.rows || Wg.cols != Wu.cols ||
       Wg.row_bytes != Wu.row_bytes)
     return false;
@@ -1326,10 +1400,9 @@ bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, 
                ", xdiv = ", xdiv, ", cols = ", Wg.cols);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const int n_x = (n + xdiv - 1) / xdiv;
-  const int64_t nb = Wg.cols / QK_K;
-  int8_t* q = static_cast<int8_t*>(scratch);
-  float* dx = reinterpret_cast<float*>(q + (size_t)n_x * Wg.cols);
-  if (!quantized) launch(k_quantize, dim3((unsigned)nb, (unsigned)n_x), 256, 0, st, x, ldx, nb, q, dx);
+  const QRows qr = rows_for(pre, ActKind::Q8_256, x, ldx, n_x, Wg.cols, scratch, st);
+  const int8_t* q = qr.q;
+  const float* dx = qr.dx;
   launch_iq2_sel<true>(Wg, Wu.data, gate_bytes, up_bytes, sel, n, xdiv, q, dx, g, u, Wg.rows,
                        TileBufs(scratch, act_bytes(Wg.type, n_x, Wg.cols)), st);
   check(cudaGetLastError(), "launch of the fused expert gate / up kernel");
@@ -1376,16 +1449,28 @@ void embed_rows(const MatView& table, const int32_t* ids, int T, float* out, voi
   check(cudaGetLastError(), "launch of the embedding kernel");
 }
 
-void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y, int64_t ldy,
-             void* stream) {
-  STRATA_CHECK(T >= 1 && n >= 1, "cuda rmsnorm: T = ", T, ", n = ", n);
-  launch(k_rmsnorm, T, 256, 0, static_cast<cudaStream_t>(stream), x, ldx, w, n, eps, y, ldy);
-  check(cudaGetLastError(), "launch of the rmsnorm kernel");
+bool norm_quantizes(ActKind kind, int64_t n) {
+  return g_norm_quant && kind != ActKind::Float && n <= kNormStage && n % (kind == ActKind::Q8_256 ? QK_K : 32) == 0;
 }
 
-bool add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out, void* stream) {
+bool rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y, int64_t ldy,
+             void* stream, ActKind kind, void* qdst) {
+  STRATA_CHECK(T >= 1 && n >= 1, "cuda rmsnorm: T = ", T, ", n = ", n);
+  const bool quant = qdst && norm_quantizes(kind, n);
+  const QRows qr = quant ? qrows_at(qdst, T, n) : QRows{};
+  launch(k_rmsnorm, T, 256, 0, static_cast<cudaStream_t>(stream), x, ldx, w, n, eps, y, ldy, quant ? (int)kind : 0,
+         const_cast<int8_t*>(qr.q), const_cast<float*>(qr.dx));
+  check(cudaGetLastError(), "launch of the rmsnorm kernel");
+  return quant;
+}
+
+bool add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out, void* stream,
+                 ActKind kind, void* qdst) {
   if (n > kNormStage || T < 1) return false;
-  launch(k_add_rmsnorm, T, 256, 0, static_cast<cudaStream_t>(stream), x, y, w, n, eps, out);
+  const bool quant = qdst && norm_quantizes(kind, n);
+  const QRows qr = quant ? qrows_at(qdst, T, n) : QRows{};
+  launch(k_add_rmsnorm, T, 256, 0, static_cast<cudaStream_t>(stream), x, y, w, n, eps, out, quant ? (int)kind : 0,
+         const_cast<int8_t*>(qr.q), const_cast<float*>(qr.dx));
   check(cudaGetLastError(), "launch of the add + rmsnorm kernel");
   return true;
 }

@@ -26,33 +26,52 @@ bool mma_used();
 // on; the current device's setting). The same bits either way (tested).
 void prefer_pdl(bool on, bool prefetch = true);
 bool pdl_on();
-// Bytes of scratch (device) that matmul() needs for T rows of `cols` columns of weight type `type`.
+// Activation rows already quantized for a product of their act_kind (k_quantize's layout for Q8_256,
+// k_quantize32's for Q8_32): row t's int8 values at q + t * cols, its block scales at dx + t * (cols / block).
+struct QRows {
+  const int8_t* q = nullptr;
+  const float* dx = nullptr;
+};
+// Where rows quantized into `base` (matmul's or a norm's) lie: `rows` rows of `cols`, the values, then the scales.
+QRows qrows_at(const void* base, int64_t rows, int64_t cols);
+// Bytes of those rows for activations of `kind` (0 for Float).
+size_t act_bytes(ActKind kind, int64_t rows, int64_t cols);
+// Bytes of scratch (device) that matmul() needs for T rows of `cols` columns of weight type `type`: its T rows
+// quantized (qrows_at(scratch, T, cols) after the call).
 size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols);
-// Activation rows matmul() takes per pass for `type` (16; 64 for IQ2_XXS on the tensor cores): longer T runs in
-// passes, and the scratch then holds the last pass's quantization only.
+// Activation rows the kernels take per pass for `type` (16; 64 for IQ2_XXS on the tensor cores): longer T runs in
+// passes over the rows quantized once.
 int matmul_pass_rows(uint32_t type);
 // Issued on `stream` (a cudaStream_t); returns at once. Throws std::invalid_argument for an unsupported type.
-// quantized: scratch already holds x's T rows quantized for W.cols columns (an earlier product of the same rows and
-// the same act_kind, T <= matmul_pass_rows(W.type)): the quantization is not issued again.
+// pre: x's T rows already quantized for W.cols columns (an earlier product or norm of the same rows, the same
+// act_kind): the quantization is not issued again.
 void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, void* scratch,
-            void* stream, bool quantized = false);
+            void* stream, const QRows* pre = nullptr);
 // Expert products over a device selection (backend.h matmul_sel): slot s < n: y[s] = W_{sel[s]} . x[s / xdiv].
 // Scratch: matmul_sel_scratch_bytes(type, n, xdiv, cols) (the quantized rows, then the tiles: from 64 slots on the
 // 256-block int8 types group the slots by expert on the card, each slot still the one-row product bit for bit).
+// pre: the n_x = ceil(n / xdiv) rows of x already quantized (the scratch's first part is then unused).
 size_t matmul_sel_scratch_bytes(uint32_t type, int n, int xdiv, int64_t cols);
 void matmul_sel(const MatView& W0, size_t expert_bytes, const int32_t* sel, int n, int xdiv, const float* x,
-                int64_t ldx, float* y, int64_t ldy, void* scratch, void* stream, bool quantized = false);
+                int64_t ldx, float* y, int64_t ldy, void* scratch, void* stream, const QRows* pre = nullptr);
 // backend.h matmul_sel_swiglu in one kernel (gate and up rows of a slot by one warp, sharing the activation loads);
 // false (nothing issued) where there is no such kernel (types other than IQ2_XXS, gate and up of different shapes).
 bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, size_t up_bytes, const int32_t* sel,
                        int n, int xdiv, const float* x, int64_t ldx, float* g, float* u, void* scratch, void* stream,
-                       bool quantized = false);
-// T rows of n: ops.h rmsnorm.
-void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y, int64_t ldy,
-             void* stream);
-// x = x + y, then out = rmsnorm(x) (T rows of n, contiguous) in one kernel; false (nothing issued) if n is over its
-// shared-memory row.
-bool add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out, void* stream);
+                       const QRows* pre = nullptr);
+// T rows of n: ops.h rmsnorm. kind != Float and qdst: the output rows also quantized for products of that kind
+// (qrows_at(qdst, T, n), exactly matmul's quantization of y), in the same kernel; returns whether they were (not
+// for rows over its shared-memory stage, nor columns that are not whole blocks).
+bool rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, float eps, float* y, int64_t ldy,
+             void* stream, ActKind kind = ActKind::Float, void* qdst = nullptr);
+// x = x + y, then out = rmsnorm(x) (T rows of n, contiguous) in one kernel, and out quantized as rmsnorm's; false
+// (nothing issued) if n is over its shared-memory row.
+bool add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out, void* stream,
+                 ActKind kind = ActKind::Float, void* qdst = nullptr);
+// Whether the norms above quantize rows of n for `kind`; tests and benches: prefer_norm_quant(false) leaves it to the
+// products (default on). The same bits either way (tested).
+bool norm_quantizes(ActKind kind, int64_t n);
+void prefer_norm_quant(bool on);
 bool matmul_supported(uint32_t type);
 // backend.h embed_rows: out[t] = row ids[t] of table, dequantized as types.h does (the decoders' value(): F32, F16,
 // BF16, Q8_0, the types embed_supported names). Returns at once.
