@@ -122,7 +122,7 @@ def test_attend_window_equals_one_row_calls():
 
 
 # ---------------------------------------------------------------- MoE routing
-@pytest.mark.parametrize("E,k", [(512, 10), (64, 8), (128, 1), (7, 7)])
+@pytest.mark.parametrize("E,k", [(512, 10), (64, 8), (128, 1), (7, 7), (1000, 12), (2048, 8)])
 def test_moe_route_equals_cpu(E, k):
     rng = np.random.default_rng()
     for ties in (False, True):

@@ -532,13 +532,14 @@ struct BackendSession::Impl {
     be->matmul(w.wo, att.f(), nh * hd, T, out, H);
   }
 
-  // The shared expert over every row of xin on lane 1 of an open fork (its gate issued ahead: moe_shared_gate);
-  // returns its output rows (sh).
+  // The shared expert over every row of xin on lane 1 of an open fork of 3, its gate on lane 2 beside it
+  // (moe_shared_gate: one running sum a row, as long as the expert's products); returns its output rows (sh).
   const float* shared_expert(const BackendModel::Moe& w, const float* xin, int T) {
     const HParams& hp = m->hp();
     const int64_t H = hp.n_embd, Fs = hp.n_ff_shexp;
-    be->lane(1);
+    be->lane(2);
     be->moe_shared_gate(w.gate_inp_shexp, xin, T, H);
+    be->lane(1);
     be->matmul(w.gate_sh, xin, H, T, sa.f(), Fs);
     be->matmul(w.up_sh, xin, H, T, su.f(), Fs);
     be->silu_mul(sa.f(), su.f(), T * Fs);
@@ -563,8 +564,8 @@ struct BackendSession::Impl {
       su.grow(*be, (size_t)T * Fs * 4);
       sh.grow(*be, (size_t)T * H * 4);
     }
-    // lane 0: routing and the routed experts; lane 1: the shared expert (over every row)
-    be->fork(w.has_shexp ? 2 : 1);
+    // lane 0: routing and the routed experts; lane 1: the shared expert (over every row); lane 2: its gate
+    be->fork(w.has_shexp ? 3 : 1);
     be->lane(0);
     be->matmul(w.router, xin, H, T, rl.f(), E);
     be->moe_route(rl.f(), T, E, (int)k, sel.i(), wt.f());
@@ -652,7 +653,7 @@ struct BackendSession::Impl {
     BackendExperts& X = *bm->experts;
     const int64_t H = hp.n_embd, k = hp.n_expert_used, F = hp.n_ff_exp, S = (int64_t)T * k;
     const float* shp = nullptr;
-    be->fork(w.has_shexp ? 2 : 1);
+    be->fork(w.has_shexp ? 3 : 1);
     be->lane(0);
     if (!routed_done) routed_products(il, xin, 0, T);
     if (w.has_shexp) shp = shared_expert(w, xin, T);

@@ -78,8 +78,9 @@ __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, si
     for (int t = 0; t < TT; t++) acc[i][t] = 0.f;
   const int64_t padded = (cols + 15) / 16 * 16;
   // kU columns of the lane's weights loaded into registers before the chain consumes them (the chain's order is
-  // unchanged): one memory round trip per kU columns instead of one per column
-  constexpr int kU = R == 1 ? 16 : 4;
+  // unchanged): one memory round trip per kU columns instead of one per column. F32 rows (the MoE routers, on the
+  // routed experts' path every layer): 32, half the round trips.
+  constexpr int kU = R == 1 ? (std::is_same_v<D, F32> ? 32 : 16) : 4;
   for (int64_t c0 = lane; c0 < padded; c0 += 16 * kU) {
     float w[kU][R];
 #pragma unroll

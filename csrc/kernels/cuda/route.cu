@@ -1,7 +1,7 @@
 // MoE routing on the card (ops_cuda.h moe_route): the CPU backend's route_row per row, one thread block a row.
 // p = exp_inl(l - max) (the maximum is order-free for non-NaN logits), one running float sum in expert order,
-// p / sum; the top k by (p desc, id asc), found as k block-wide argmaxes in that order (a total order for non-NaN
-// p: exact, no sort order to depend on); weights p / ws with ws a running sum over the k in rank order.
+// p / sum; the top k by (p desc, id asc), found as k argmaxes in that order (a total order for non-NaN p: exact, no
+// sort order to depend on); weights p / ws with ws a running sum over the k in rank order.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -20,6 +20,8 @@ namespace {
 
 constexpr int kThreads = 512;
 
+// J: the experts a lane of warp 0 holds in registers for the top k (E <= 32 J); more experts: the whole block.
+template <int J>
 __global__ void __launch_bounds__(kThreads) k_route(const float* __restrict__ logits, int64_t E, int k,
                                                     int32_t* __restrict__ sel, float* __restrict__ wt) {
   pdl_wait();
@@ -56,25 +58,38 @@ __global__ void __launch_bounds__(kThreads) k_route(const float* __restrict__ lo
   __syncthreads();
   // the top k, one per round: the first of the unselected experts in the order (p desc, id asc), an argmax over
   // the experts (that order is total for non-NaN p, so the winner is the expert of rank j: the partial sort's).
-  // E <= 1024: warp 0 alone, each lane owning experts lane + 32 j (its selections as bits); more: the whole block.
-  if (E <= 1024) {
+  // E <= 32 J: warp 0 alone, lane l holding experts l + 32 jj in registers (NaN: none, or taken); each round the
+  // lanes' bests meet by shuffles and only the winner's lane looks again. More experts: the whole block.
+  if (E <= 32 * J) {
     if (tid < 32) {
-      uint32_t mine = 0;  // bit j: expert tid + 32 j taken
+      float v[J];
+#pragma unroll
+      for (int jj = 0; jj < J; jj++) v[jj] = tid + 32 * jj < E ? p[tid + 32 * jj] : __int_as_float(0x7fc00000);
+      float lp = -INFINITY;  // the lane's best: the first of the largest in id order (ids rise with jj)
+      int32_t li = INT32_MAX;
+      auto look = [&] {
+        lp = -INFINITY;
+        li = INT32_MAX;
+#pragma unroll
+        for (int jj = 0; jj < J; jj++)
+          if (v[jj] > lp) lp = v[jj], li = tid + 32 * jj;  // NaN never wins
+      };
+      look();
       for (int j = 0; j < k; j++) {
-        float bp = -INFINITY;
-        int32_t bi = INT32_MAX;
-        for (int64_t e = tid, jj = 0; e < E; e += 32, jj++) {
-          const float pe = p[e];
-          if (pe != pe || (mine >> jj & 1u)) continue;
-          if (pe > bp) bp = pe, bi = (int32_t)e;  // ids rise with e: the first of equals stays
-        }
+        float bp = lp;
+        int32_t bi = li;
         for (int o = 16; o; o >>= 1) {
           const float op = __shfl_xor_sync(0xffffffffu, bp, o);
           const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
           if (op > bp || (op == bp && oi < bi)) bp = op, bi = oi;
         }
         if (bi == INT32_MAX) bi = 0;  // only NaN left: the CPU's order is undefined there
-        if ((bi & 31) == tid) mine |= 1u << (bi >> 5);
+        if ((bi & 31) == tid) {
+#pragma unroll
+          for (int jj = 0; jj < J; jj++)
+            if (jj == bi >> 5) v[jj] = __int_as_float(0x7fc00000);
+          look();
+        }
         if (tid == 0) idx[j] = bi;
       }
     }
@@ -124,7 +139,9 @@ void moe_route(const float* logits, int T, int64_t E, int k, int32_t* sel, float
   STRATA_CHECK(T >= 1, "moe_route: T = ", T);
   const size_t smem = (size_t)E * 4 + (size_t)k * 4 + (size_t)(E + 31) / 32 * 4;
   STRATA_CHECK(smem <= 48 * 1024, "cuda moe_route: ", E, " experts do not fit the kernel's shared memory");
-  launch(k_route, (unsigned)T, kThreads, smem, static_cast<cudaStream_t>(stream), logits, E, k, sel, wt);
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (E <= 32 * 16) launch(k_route<16>, (unsigned)T, kThreads, smem, st, logits, E, k, sel, wt);
+  else launch(k_route<32>, (unsigned)T, kThreads, smem, st, logits, E, k, sel, wt);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) fail<std::runtime_error>("cuda: launch of the routing kernel: ", cudaGetErrorString(e));
 }
