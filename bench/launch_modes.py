@@ -1,16 +1,17 @@
 """The GPU kernel launch modes the benches compare (csrc/kernels/cuda/launch.cuh): "on" = programmatic dependent
-launch with the dense products' weight prefetch (the default), "no-prefetch" = without the prefetch, "off" = plain
-launches; "unfused" = "on" with the norms leaving the activations' quantization to the products
+launch with the dense products' weight prefetch and plain launches for the verify windows of 5..16 rows (the
+default), "all" = PDL for those windows too, "no-prefetch" = "on" without the prefetch, "off" = plain launches;
+"unfused" = "on" with the norms leaving the activations' quantization to the products
 (cuda_prefer_norm_quant(False): one more kernel per product after a norm). Shared by bench_gpu_forward.py, bench_spec.py and profile_gpu_forward.py. A recorded step keeps the mode
 it was recorded in, so a mode applies to the sessions made after it is set."""
 from __future__ import annotations
 
-LAUNCH_MODES = ("on", "no-prefetch", "off", "unfused")
+LAUNCH_MODES = ("on", "all", "no-prefetch", "off", "unfused")
 
 
 def set_launches(mode: str) -> None:
     """cuda_prefer_pdl for one of LAUNCH_MODES (needs a CUDA build)."""
     from strata_py import _core
     assert mode in LAUNCH_MODES, mode
-    _core.cuda_prefer_pdl(mode != "off", mode in ("on", "unfused"))
+    _core.cuda_prefer_pdl(mode != "off", mode in ("on", "all", "unfused"), mode == "all")
     _core.cuda_prefer_norm_quant(mode != "unfused")

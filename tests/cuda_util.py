@@ -32,8 +32,9 @@ def bits(a: np.ndarray) -> np.ndarray:
 @contextmanager
 def pdl(mode: str):
     """Kernel launches for the block (cuda_prefer_pdl): "on" (programmatic dependent launch and the weight prefetch,
-    the default), "no-prefetch" or "off"; the default restored after."""
-    _core.cuda_prefer_pdl(mode != "off", mode == "on")
+    plain launches for the verify windows of 5..16 rows: the default), "all" (PDL for those windows too),
+    "no-prefetch" or "off"; the default restored after."""
+    _core.cuda_prefer_pdl(mode != "off", mode in ("on", "all"), mode == "all")
     try:
         yield
     finally:

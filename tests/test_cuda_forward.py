@@ -422,27 +422,30 @@ def test_gpu_recorded_steps_equal_cpu(tiny_q8_model, default_model, iq2_model):
     bit for bit: T = 1 steps across a 256-cell bucket of the attention launches, repeated verify windows with full
     keeps (the DeltaNet states swap: two recordings) and partial keeps. With programmatic dependent launch (sm_90+:
     each kernel's blocks scheduled while the one before still runs, launch.cuh; the default, with the dense
-    products' weight prefetch) and without it: the same bits (the CPU's) both ways."""
+    products' weight prefetch, and plain launches for the windows of 8), with it for every step, and without it: the
+    same bits (the CPU's) every way."""
     for m in (tiny_q8_model, default_model, iq2_model):
         rng = fresh_rng()
         plan = [("prompt", rng.integers(0, m.n_vocab, 240).tolist(), 240)]
         plan += [(f"step {i}", rng.integers(0, m.n_vocab, 1).tolist(), 1) for i in range(24)]  # positions 240..263:
         plan += [(f"window {w}", rng.integers(0, m.n_vocab, 4).tolist(),  # the bucket changes at 256
                   4 if w % 3 else int(rng.integers(1, 4))) for w in range(10)]
-        ref = m.session(n_ctx=320, max_window=8, backend="cpu")
+        plan += [(f"window {w} of 8", rng.integers(0, m.n_vocab, 8).tolist(),  # plain launches by default
+                  8 if w % 2 else int(rng.integers(1, 8))) for w in range(4)]
+        ref = m.session(n_ctx=400, max_window=8, backend="cpu")
         want = []
         for _, toks, keep in plan:  # the CPU session once, every launch mode against it
             want.append(ref.run(toks))
             ref.commit(keep)
-        for mode in ("on", "off"):
+        for mode in ("on", "all", "off"):
             with pdl(mode):
                 before = _core.recorded_step_replays()
-                got = m.session(n_ctx=320, max_window=8, backend="cuda")
+                got = m.session(n_ctx=400, max_window=8, backend="cuda")
                 for (label, toks, keep), w in zip(plan, want):
                     assert_same(w, got.run(toks), f"{label}, launches {mode}")
                     got.commit(keep)
                 assert _core.recorded_step_replays() - before >= 16  # the recorded path ran (most steps)
-                assert _core.cuda_pdl_used() == (mode == "on" and pdl_card())
+                assert _core.cuda_pdl_used() == (mode != "off" and pdl_card())
 
 
 def pdl_card() -> bool:

@@ -89,6 +89,9 @@ class Backend {
   // operations follow them all. Operations in different lanes must not touch the same memory. The CPU backend runs
   // everything in order (its operations are parallel inside); CUDA: one stream per lane.
   virtual void fork(int n) {}
+  // The rows of the step (a forward of T rows) whose operations are issued next: a launch-shape hint, no value
+  // depends on it (CUDA: verify windows of 5..16 rows launch without programmatic dependent launch).
+  virtual void step_rows(int T) {}
   virtual void lane(int i) {}
   virtual void join() {}
 

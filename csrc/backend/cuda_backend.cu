@@ -89,6 +89,7 @@ class CudaBackend final : public Backend {
     cur_ = 0;
   }
   std::string name() const override { return name_; }
+  void step_rows(int T) override { cuda::step_rows(T); }
   cudaStream_t stream() const { return stream_; }
   // Every operation but the products starts here: it may write any memory, so no quantized activation is reused
   // past it.
@@ -596,7 +597,7 @@ CudaTiming cuda_time_calls(Backend& be, int per_pass, int reps, const std::funct
 
 void cuda_prefer_mma(bool on, int min_rows) { cuda::prefer_mma(on, min_rows); }
 bool cuda_mma_used() { return cuda::mma_used(); }
-void cuda_prefer_pdl(bool on, bool prefetch) { cuda::prefer_pdl(on, prefetch); }
+void cuda_prefer_pdl(bool on, bool prefetch, bool windows) { cuda::prefer_pdl(on, prefetch, windows); }
 bool cuda_pdl_used() { return cuda::pdl_on(); }
 void cuda_prefer_norm_quant(bool on) { cuda::prefer_norm_quant(on); }
 

@@ -30,7 +30,7 @@ void cuda_prefer_mma(bool on, int min_rows);
 bool cuda_mma_used();
 // Tests and benches: cuda::prefer_pdl (programmatic dependent launch and the weight prefetch, default on) and whether
 // launches carry it now.
-void cuda_prefer_pdl(bool on, bool prefetch);
+void cuda_prefer_pdl(bool on, bool prefetch, bool windows);
 bool cuda_pdl_used();
 // Tests and benches: cuda::prefer_norm_quant (the norms quantize their rows for the products after them, default on).
 void cuda_prefer_norm_quant(bool on);

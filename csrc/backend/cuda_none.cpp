@@ -23,7 +23,7 @@ CudaTiming cuda_time_copy(Backend&, size_t, int) { no_cuda(); }
 CudaTiming cuda_time_calls(Backend&, int, int, const std::function<void(int)>&) { no_cuda(); }
 void cuda_prefer_mma(bool, int) { no_cuda(); }
 bool cuda_mma_used() { return false; }
-void cuda_prefer_pdl(bool, bool) { no_cuda(); }
+void cuda_prefer_pdl(bool, bool, bool) { no_cuda(); }
 bool cuda_pdl_used() { return false; }
 void cuda_prefer_norm_quant(bool) { no_cuda(); }
 

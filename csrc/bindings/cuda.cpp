@@ -336,10 +336,10 @@ void init_cuda(nb::module_& m) {
         "Tests and benches: whether the IQ2_XXS products of min_rows+ rows and the expert tiles take the int8 tensor cores "
         "(default on where the card has them) or the dp4a kernels; the same bits either way.");
   m.def("cuda_mma_used", &cuda_mma_used, "Whether those products take the tensor cores now (False without CUDA).");
-  m.def("cuda_prefer_pdl", &cuda_prefer_pdl, nb::arg("on"), nb::arg("prefetch") = true,
+  m.def("cuda_prefer_pdl", &cuda_prefer_pdl, nb::arg("on"), nb::arg("prefetch") = true, nb::arg("windows") = false,
         "Tests and benches: whether kernels launch with programmatic dependent launch (default on where the card has "
-        "it: sm_90+) and, with it, whether the dense products prefetch their weights toward L2 first; the same bits "
-        "either way.");
+        "it: sm_90+), with it whether the dense products prefetch their weights toward L2 first, and whether the "
+        "verify windows of 5..16 rows take it too (default: plain launches there); the same bits every way.");
   m.def("cuda_prefer_norm_quant", &cuda_prefer_norm_quant, nb::arg("on"),
         "Tests and benches: whether the norms quantize their rows for the int8-activation products after them, in the "
         "norm's kernel (default on), or the products do; the same bits either way.");

@@ -749,6 +749,7 @@ struct BackendSession::Impl {
     x.grow(*be, (size_t)T * H * 4);
     h.grow(*be, (size_t)T * H * 4);
     mix.grow(*be, (size_t)T * H * 4);
+    be->step_rows(T);
     if (bm->experts) return forward_streamed(tokens, T, pos0, in_place, first, hid_out, lg_out, key);
     head(tokens, T);
     for (int64_t il = 0; il < hp.n_layer; il++) {
@@ -832,6 +833,7 @@ struct BackendSession::Impl {
     const HParams& hp = m->hp();
     const BackendModel::Mtp& M = bm->mtp;
     const int64_t H = hp.n_embd, V = hp.n_vocab;
+    be->step_rows(n);
     // [emb | hidden], embedding first (eh_proj reads both halves: no norm's rows alone)
     be->rmsnorm(e, H, M.enorm, H, n, hp.rms_eps, mtp_cat.f(), 2 * H, ActKind::Float);
     be->rmsnorm(hin, H, M.hnorm, H, n, hp.rms_eps, mtp_cat.f() + H, 2 * H, ActKind::Float);

@@ -11,6 +11,9 @@
 // griddepcontrol.launch_dependents right after the wait lets the next kernel be scheduled once every block of this
 // one has passed its wait: one kernel ahead at most, so waiting blocks never crowd out a running kernel's.
 // On other archs both instructions compile to nothing and launches carry no attribute (pdl_on()).
+// Verify windows of 5..16 rows launch without it (pdl_launch()): measured slower with it (the 80B file's T = 8
+// 21.3 against 19.3 ms, the default model's T = 16 1.62 against 1.48 ms), where T <= 4 steps and prompt pieces were
+// faster with it.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -19,9 +22,13 @@
 
 namespace strata::cuda {
 
-// Whether launches carry the PDL attribute: the card is sm_90 or later (init_tables) and tests / benches have not
-// turned it off (prefer_pdl, matmul_cuda.h).
+// Whether launches may carry the PDL attribute: the card is sm_90 or later (init_tables) and tests / benches have
+// not turned it off (prefer_pdl, matmul_cuda.h).
 bool pdl_on();
+// Whether the launches issued now carry it: pdl_on(), and the step being issued is not a verify window of 5..16
+// rows (step_rows; prefer_pdl's windows), where plain launches measured faster (docs/BENCHMARKS.md, issue 19's
+// twelfth milestone).
+bool pdl_launch();
 
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -48,7 +55,7 @@ __device__ __forceinline__ void pdl_prefetch(const void* p, size_t bytes) {
 #endif
 }
 
-// kern<<<grid, block, smem, st>>>(args...), with the PDL attribute where pdl_on(). The arguments convert to the
+// kern<<<grid, block, smem, st>>>(args...), with the PDL attribute where pdl_launch(). The arguments convert to the
 // kernel's parameter types as in a <<<>>> launch.
 template <class... P, class... A>
 void launch(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A&&... args) {
@@ -61,7 +68,7 @@ void launch(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_on() ? 1 : 0;
+  cfg.numAttrs = pdl_launch() ? 1 : 0;
   cudaLaunchKernelEx(&cfg, kern, std::forward<A>(args)...);  // an error is left for cudaGetLastError, as <<<>>>'s
 }
 

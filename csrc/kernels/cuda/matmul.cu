@@ -1213,11 +1213,17 @@ bool with_decoder(uint32_t type, F&& f) {
 
 bool g_pdl_card = false;  // sm_90 or later (init_tables)
 bool g_pdl_on = true, g_prefetch_on = true;  // prefer_pdl
+bool g_pdl_windows = false;                  // prefer_pdl: PDL for the 5..16-row windows too
+int g_step_rows = 1;                         // step_rows
 bool g_norm_quant = true;                    // prefer_norm_quant
 
 }  // namespace
 
 bool pdl_on() { return g_pdl_card && g_pdl_on; }
+
+bool pdl_launch() { return pdl_on() && (g_pdl_windows || g_step_rows <= 4 || g_step_rows > 16); }
+
+void step_rows(int T) { g_step_rows = T; }
 
 // c_prefetch follows pdl_on() and prefer_pdl's prefetch (the prefetch only pays before a pdl_wait)
 static void set_prefetch() {
@@ -1227,9 +1233,10 @@ static void set_prefetch() {
 
 void prefer_norm_quant(bool on) { g_norm_quant = on; }
 
-void prefer_pdl(bool on, bool prefetch) {
+void prefer_pdl(bool on, bool prefetch, bool windows) {
   g_pdl_on = on;
   g_prefetch_on = prefetch;
+  g_pdl_windows = windows;
   set_prefetch();
 }
 

@@ -24,8 +24,11 @@ bool mma_used();
 // Tests and benches: whether kernels are launched with programmatic dependent launch (launch.cuh; default on, where
 // the card has it: sm_90+), and with it whether the dense products prefetch their weights before pdl_wait (default
 // on; the current device's setting). The same bits either way (tested).
-void prefer_pdl(bool on, bool prefetch = true);
+// windows: PDL for the verify windows of 5..16 rows too (default off: launch.cuh pdl_launch).
+void prefer_pdl(bool on, bool prefetch = true, bool windows = false);
 bool pdl_on();
+// The rows of the step whose operations are issued next (Backend::step_rows): its launches' PDL (pdl_launch).
+void step_rows(int T);
 // Activation rows already quantized for a product of their act_kind (k_quantize's layout for Q8_256,
 // k_quantize32's for Q8_32): row t's int8 values at q + t * cols, its block scales at dx + t * (cols / block).
 struct QRows {
