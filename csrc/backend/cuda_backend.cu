@@ -296,7 +296,7 @@ class CudaBackend final : public Backend {
     void* sc = scratch(cuda::matmul_sel_scratch_bytes(W0.type, n, xdiv, W0.cols));
     const ActKind kind = act_kind(W0.type);
     cuda::QRows pre;
-    const bool hit = kind != ActKind::Float && q_hit(kind, x, ldx, n_x, W0.cols, pre);
+    const bool hit = kind != ActKind::Float && q_hit(kind, x, ldx, n_x, W0.cols, pre, true);
     cuda::matmul_sel(W0, expert_bytes, sel, n, xdiv, x, ldx, y, ldy, sc, stream_, hit ? &pre : nullptr);
     if (kind != ActKind::Float && !hit) cache_q(kind, x, ldx, n_x, W0.cols, sc);
     written(y, ((int64_t)(n - 1) * ldy + W0.rows) * sizeof(float));
@@ -307,7 +307,7 @@ class CudaBackend final : public Backend {
     const int n_x = (n + xdiv - 1) / xdiv;
     void* sc = scratch(cuda::matmul_sel_scratch_bytes(Wg.type, n, xdiv, Wg.cols));
     cuda::QRows pre;
-    const bool hit = int_act_type(Wg.type) && q_hit(ActKind::Q8_256, x, ldx, n_x, Wg.cols, pre);
+    const bool hit = int_act_type(Wg.type) && q_hit(ActKind::Q8_256, x, ldx, n_x, Wg.cols, pre, true);
     if (!cuda::matmul_sel_swiglu(Wg, gate_bytes, Wu, up_bytes, sel, n, xdiv, x, ldx, g, u, sc, stream_,
                                  hit ? &pre : nullptr)) {
       Backend::matmul_sel_swiglu(Wg, gate_bytes, Wu, up_bytes, sel, n, xdiv, x, ldx, g, u);
@@ -445,14 +445,18 @@ class CudaBackend final : public Backend {
     qc_[cur_] = QCache{kind, x, ldx, rows, cols, cuda::qrows_at(base, rows, cols)};
   }
   // Rows [r, r + rows) of a cached quantization of the same x, ldx, cols and kind: the lane's own, or in a fork
-  // the main stream's (quantized before the fork; the main stream runs nothing until the join).
-  bool q_hit(ActKind kind, const float* x, int64_t ldx, int64_t rows, int64_t cols, cuda::QRows& out) const {
+  // the main stream's (quantized before the fork; the main stream runs nothing until the join). whole: the
+  // expert products, which write their tiles into this lane's scratch after their own rows' place
+  // (matmul_sel_scratch_bytes): in this lane's scratch only a quantization of exactly those rows, never of more.
+  bool q_hit(ActKind kind, const float* x, int64_t ldx, int64_t rows, int64_t cols, cuda::QRows& out,
+             bool whole = false) const {
     for (int c : {cur_, 0}) {
       const QCache& q = qc_[c];
       if (!q.x || q.kind != kind || q.ldx != ldx || q.cols != cols) continue;
       const intptr_t d = reinterpret_cast<intptr_t>(x) - reinterpret_cast<intptr_t>(q.x);
       const intptr_t row = (intptr_t)ldx * (intptr_t)sizeof(float);
       if (d < 0 || d % row != 0 || d / row + rows > q.rows) continue;
+      if (whole && c == cur_ && (d != 0 || rows != q.rows)) continue;
       const int64_t r = d / row, nb = cols / (kind == ActKind::Q8_32 ? 32 : QK_K);
       out = {q.qr.q + r * cols, q.qr.dx + r * nb};
       return true;

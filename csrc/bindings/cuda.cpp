@@ -171,6 +171,8 @@ std::tuple<std::vector<std::vector<float>>, std::vector<std::vector<int32_t>>> l
     // [first, T) into y1 (lane 0) and y2 (the last lane); touch: out = silu(out) * y between the norm and the
     // products (they must see it: no reuse of the norm's quantization)
     const int64_t n_ = N(0), T = N(1), rows = N(3), first = N(7);
+    STRATA_CHECK(N(4) >= 0 && N(4) <= 2 && N(5) >= 1 && N(5) <= 4 && first >= 0 && first < T,
+                 "norm_matmul: feeds 0..2, lanes 1..4, first in [0, T); got ", N(4), ", ", N(5), ", ", first);
     const MatView W{reinterpret_cast<const uint8_t*>(I(0)), (uint32_t)N(2), rows, n_, row_bytes((uint32_t)N(2), n_)};
     be.add_rmsnorm(F(0), F(1), F(2), n_, (int)T, D(0), F(3), (ActKind)N(4));
     if (N(6)) be.silu_mul(F(3), F(1), n_ * T);
