@@ -252,6 +252,7 @@ class Session {
   void steer_rescan();
   std::unique_ptr<BackendSession> bs_;  // the forward on a backend (options().backend != "cpu"), else null
   void refuse_on_backend(const char* what) const;
+  void restore_backend(const Checkpoint& cp);  // restore() on a backend, after its checks
 };
 
 // The MTP block (spec qwen3next.md 1.8) over T rows at positions pos0..: input rows are main hidden states

@@ -55,6 +55,18 @@ def windows_equal(model, backend, rng, *, n_windows=12, max_window=16, n_ctx=256
     assert ref.tokens == got.tokens
 
 
+def continue_equal(a, b, rng, V, steps, label=""):
+    """The same T = 1 steps and verify windows (random keeps) on sessions a and b: logits bit for bit."""
+    for w in range(steps):
+        T = 1 if w % 2 == 0 else int(rng.integers(2, 9))
+        toks = rng.integers(0, V, T).tolist()
+        assert_same(a.run(toks), b.run(toks), f"{label} window {w} (T = {T}, at {a.position})")
+        keep = int(rng.integers(1, T + 1))
+        a.commit(keep)
+        b.commit(keep)
+    assert a.tokens == b.tokens and a.position == b.position
+
+
 def decode_equal(model, backend, rng, *, temperature, draft, max_tokens=24, label=""):
     """generate_ids on a native session and on `backend`: the same tokens (greedy or sampled, plain or drafted)."""
     cfg = GenerationConfig(max_tokens=max_tokens, temperature=temperature, draft=draft, seed=int(rng.integers(1 << 30)),

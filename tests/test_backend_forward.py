@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend_util import decode_equal, tiny_qwen35moe, windows_equal
+from backend_util import continue_equal, decode_equal, tiny_qwen35moe, windows_equal
 from seeds import fresh_rng
 from strata_py import _core
 from strata_py.model import Model
@@ -65,11 +65,46 @@ def test_refusals_name_the_option(tiny_q8_model):
     assert s._core.backend == B and s._core.backend_name == "cpu"
     s.run([1, 2, 3])
     s.commit(3)
-    for what, call in (("checkpoint", lambda: s._core.checkpoint()), ("export_state", lambda: s._core.export_state())):
-        with pytest.raises(RuntimeError, match=f"{what}\\(\\): not supported on backend='{B}'"):
-            call()
-    s.run([4])  # still usable after the refusals
+    with pytest.raises(RuntimeError, match=f"export_state\\(\\): not supported on backend='{B}'"):
+        s._core.export_state()
+    s.run([4])  # still usable after the refusal
     s.commit(1)
+    s.run([5, 6])  # a verify window pending: no checkpoint of half a step
+    with pytest.raises(RuntimeError, match="checkpoint\\(\\) while a commit is pending"):
+        s.checkpoint()
+    s.commit(1)
+
+
+@pytest.mark.parametrize("which", ["tiny_q8_model", "q35"])
+def test_checkpoints_move_between_backends(request, which, tmp_path):
+    """A checkpoint holds the CPU session's layouts on every backend: one taken on the native session restores on
+    the backend and one taken on the backend restores natively, in memory and through a file, and continuing
+    from either gives the native session's logits bit for bit. Restoring an older checkpoint on the backend
+    returns it there (the server's prompt cache)."""
+    m = request.getfixturevalue(which)
+    rng, V = fresh_rng(), m.n_vocab
+    native = m.session(n_ctx=160, max_window=8)
+    prompt = rng.integers(0, V, int(rng.integers(10, 40))).tolist()
+    native.run(prompt)
+    native.commit(len(prompt))
+    cp0 = native.checkpoint()
+    back = m.session(n_ctx=160, max_window=8, backend=B)
+    back.restore(cp0)  # native -> backend
+    continue_equal(native, back, rng, V, 6, f"{which} native -> backend")
+    cp1 = back.checkpoint()  # backend -> native, in memory and by file
+    back.save(tmp_path / "b.ckpt")
+    again = m.session(n_ctx=160, max_window=8)
+    again.restore(cp1)
+    continue_equal(native, again, rng, V, 4, f"{which} backend -> native")
+    from_file = m.session(n_ctx=160, max_window=8)
+    from_file.load(tmp_path / "b.ckpt")
+    back.restore(cp0)  # the backend back to the prompt, the file's session from cp1: each against a native twin
+    twin0 = m.session(n_ctx=160, max_window=8)
+    twin0.restore(cp0)
+    continue_equal(twin0, back, rng, V, 4, f"{which} backend restored to the prompt")
+    twin1 = m.session(n_ctx=160, max_window=8, backend=B)
+    twin1.load(tmp_path / "b.ckpt")
+    continue_equal(from_file, twin1, rng, V, 4, f"{which} file on both")
 
 
 @pytest.mark.skipif(_core.cuda_available(), reason="a CUDA device is usable here")
@@ -90,10 +125,12 @@ def test_cli_backend_cuda_without_a_gpu(tiny_q8_model):
     assert "backend='cuda' (--backend cuda)" in r.stderr, r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("tool", ["serve", "chat"])
-def test_server_and_chat_refuse_a_backend(tool, capsys):
-    """The server's and chat's prompt cache restores checkpoints, which a backend session does not take yet."""
-    import importlib
-    main = importlib.import_module(f"strata_py.{tool}").main
-    assert main(["--backend", B]) == 2
-    assert "bad option --backend cpu-backend" in capsys.readouterr().err
+def test_chat_runs_on_a_backend():
+    """The terminal chat on a backend session: its prompt cache takes checkpoints there (two turns, piped in)."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "strata_py.chat", "--backend", B, "--threads", "2", "--max-tokens", "8",
+                        "--temperature", "0"], input="def add(a, b):\nand multiply\n", capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "bad option" not in r.stderr and "error" not in r.stderr.lower(), r.stderr[-3000:]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backend_util import assert_same, decode_equal, tiny_qwen35moe, windows_equal
+from backend_util import assert_same, continue_equal, decode_equal, tiny_qwen35moe, windows_equal
 from cuda_util import CUDA_TYPES, bits, needs_cuda, pdl, tensor_cores, weights
 from seeds import fresh_rng
 from strata_py import _core
@@ -474,10 +474,23 @@ def test_gpu_speculative_equals_plain(default_model, temperature):
     assert plain == drafted
 
 
-def test_gpu_session_refusals(tiny_q8_model):
-    s = tiny_q8_model.session(backend="cuda")
-    assert "cuda" in s._core.backend_name
-    s.run([1, 2])
-    s.commit(2)
-    with pytest.raises(RuntimeError, match="checkpoint\\(\\): not supported on backend='cuda'"):
-        s._core.checkpoint()
+@pytest.mark.parametrize("which", ["tiny_q8_model", "q35"])
+def test_gpu_checkpoints_move_to_and_from_the_cpu(request, which, tmp_path):
+    """A checkpoint of a GPU session (the card's KV cells, DeltaNet S and conv history, downloaded) restores on the
+    CPU, in memory and through a file, and a CPU session's restores on the GPU: continuing gives the CPU
+    session's logits bit for bit either way."""
+    m = request.getfixturevalue(which)
+    rng, V = fresh_rng(), m.n_vocab
+    cpu = m.session(n_ctx=160, max_window=8, backend="cpu")
+    prompt = rng.integers(0, V, int(rng.integers(10, 40))).tolist()
+    cpu.run(prompt)
+    cpu.commit(len(prompt))
+    gpu = m.session(n_ctx=160, max_window=8, backend="cuda")
+    gpu.restore(cpu.checkpoint())
+    continue_equal(cpu, gpu, rng, V, 6, f"{which} cpu -> gpu")
+    gpu.save(tmp_path / "g.ckpt")
+    back = m.session(n_ctx=160, max_window=8, backend="cpu")
+    back.load(tmp_path / "g.ckpt")
+    continue_equal(cpu, back, rng, V, 4, f"{which} gpu -> cpu (file)")
+    with pytest.raises(RuntimeError, match="export_state\\(\\): not supported on backend='cuda'"):
+        gpu._core.export_state()

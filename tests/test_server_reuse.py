@@ -56,6 +56,23 @@ def test_warm_equals_cold_every_drafter(default_server, default_model, draft, te
              draft=draft)
 
 
+@pytest.fixture(scope="module")
+def backend_server():
+    """The server on backend sessions (--backend cpu-backend: the GPU's forward, over the CPU backend)."""
+    s = Server("--backend", "cpu-backend", "--chat-template-file", str(TEMPLATES / "qwen3.jinja")).ready()
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("draft,temperature", [("none", 0.0), ("suffix", 0.8), ("mtp", 0.0)])
+def test_backend_server_warm_equals_cold(backend_server, default_model, draft, temperature):
+    """On a backend session the prompt cache takes and restores checkpoints in the backend's memory: every turn
+    reuses the last one's prompt and equals the native cold answer."""
+    cached = converse(backend_server.client(), default_model, TEMPLATES / "qwen3.jinja", TURNS, temperature=temperature,
+                      draft=draft)
+    assert all(c > 0 for c in cached[1:]), cached
+
+
 def test_two_conversations_interleaved(default_server, default_model):
     """Turns of two conversations alternate on one timeline: each still equals its cold answers."""
     c = default_server.client()

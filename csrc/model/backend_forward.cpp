@@ -397,6 +397,63 @@ struct BackendSession::Impl {
     last_in_place = true;
   }
 
+  // BackendSession::save_state / load_state: the state buffers hold the CPU session's layouts already (KV
+  // [cells][width], S [nv][dk][dv] in the grouped head order, conv [K-1][cd] oldest first), so they copy whole.
+  size_t conv_floats() const {
+    const HParams& hp = m->hp();
+    return (size_t)(hp.ssm_d_conv - 1) * hp.conv_dim();
+  }
+  void save_state(int64_t pos, int64_t mtp_pos, Checkpoint& cp) {
+    STRATA_CHECK(last_T == 0 || last_in_place, "checkpoint: a verify window is pending on the backend");
+    const int64_t width = m->hp().n_head_kv * m->hp().head_dim;
+    be->sync();
+    for (auto& c : kv) {
+      cp.k.emplace_back((size_t)pos * width);
+      cp.v.emplace_back((size_t)pos * width);
+      be->download(cp.k.back().data(), c.k.p, (size_t)pos * width * 4);
+      be->download(cp.v.back().data(), c.v.p, (size_t)pos * width * 4);
+    }
+    for (auto& d : dn) {
+      cp.S.emplace_back(d.S.bytes / 4);
+      cp.conv.emplace_back(conv_floats());
+      be->download(cp.S.back().data(), d.S.p, d.S.bytes);
+      be->download(cp.conv.back().data(), d.conv.p, conv_floats() * 4);
+    }
+    if (mtp_kv.cells) {
+      cp.mtp_k.resize((size_t)mtp_pos * width);
+      cp.mtp_v.resize((size_t)mtp_pos * width);
+      be->download(cp.mtp_k.data(), mtp_kv.k.p, cp.mtp_k.size() * 4);
+      be->download(cp.mtp_v.data(), mtp_kv.v.p, cp.mtp_v.size() * 4);
+    }
+  }
+  void load_state(const Checkpoint& cp, bool mtp) {
+    STRATA_CHECK(cp.k.size() == kv.size() && cp.S.size() == dn.size(), "restore(): checkpoint layout does not match");
+    for (size_t i = 0; i < kv.size(); i++) {
+      STRATA_CHECK(cp.k[i].size() * 4 <= kv[i].k.bytes && cp.v[i].size() == cp.k[i].size(),
+                   "restore(): checkpoint KV size mismatch in attention layer ", i);
+      be->upload(kv[i].k.p, cp.k[i].data(), cp.k[i].size() * 4);
+      be->upload(kv[i].v.p, cp.v[i].data(), cp.v[i].size() * 4);
+    }
+    for (size_t i = 0; i < dn.size(); i++) {
+      STRATA_CHECK(cp.S[i].size() * 4 == dn[i].S.bytes && cp.conv[i].size() == conv_floats(),
+                   "restore(): checkpoint DeltaNet size mismatch in layer ", i);
+      be->upload(dn[i].S.p, cp.S[i].data(), dn[i].S.bytes);
+      be->upload(dn[i].conv.p, cp.conv[i].data(), conv_floats() * 4);
+    }
+    if (mtp_kv.cells) {  // zeroed in place (the recordings hold these addresses), then cells [0, mtp_pos)
+      const size_t n = mtp ? cp.mtp_k.size() * 4 : 0;
+      STRATA_CHECK(n <= mtp_kv.k.bytes && (!mtp || cp.mtp_v.size() == cp.mtp_k.size()),
+                   "restore(): checkpoint MTP cells do not fit");
+      mtp_zero(0, mtp_kv.cells);
+      if (n) {
+        be->upload(mtp_kv.k.p, cp.mtp_k.data(), n);
+        be->upload(mtp_kv.v.p, cp.mtp_v.data(), n);
+      }
+    }
+    last_T = 0;
+    last_in_place = true;
+  }
+
   // deltanet.cpp deltanet_layer: projections, conv + SiLU, gates, the recurrence, gated norm, ssm_out.
   void deltanet(const BackendModel::Dn& w, DnState& st, const float* xin, int T, bool in_place, float* out) {
     const HParams& hp = m->hp();
@@ -1138,6 +1195,14 @@ void BackendSession::mtp_zero(int64_t pos, int64_t n) {
 void BackendSession::reset() {
   std::lock_guard<std::mutex> lk(p_->bm->mu);
   p_->reset();
+}
+void BackendSession::save_state(int64_t pos, int64_t mtp_pos, Checkpoint& cp) {
+  std::lock_guard<std::mutex> lk(p_->bm->mu);
+  p_->save_state(pos, mtp_pos, cp);
+}
+void BackendSession::load_state(const Checkpoint& cp, bool mtp) {
+  std::lock_guard<std::mutex> lk(p_->bm->mu);
+  p_->load_state(cp, mtp);
 }
 
 }  // namespace strata

@@ -16,7 +16,7 @@
 // equal the CPU backend's (tests/test_cuda_*.py), so a GPU session gives the CPU session's logits.
 // What runs here: qwen3next and qwen35moe graphs (DeltaNet layouts Current and Split), dense attention; every
 // expert resident, or routed experts streamed into a bounded cache of backend memory
-// (backend_experts.h); the MTP block. Session refuses the rest by name (checkpoints, qwen4exp, ...).
+// (backend_experts.h); the MTP block; checkpoints. Session refuses the rest by name (qwen4exp, export_state, ...).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -30,6 +30,7 @@ namespace strata {
 
 class Model;
 struct SessionOptions;
+struct Checkpoint;
 struct BackendModel;
 
 // Whether `name` is a backend a session can run on ("cpu" is the native forward, not this file's).
@@ -66,6 +67,13 @@ class BackendSession {
   void mtp_draft(const float* hidden, const int32_t* next_tokens, int n, int64_t pos0, int k, int32_t* drafts);
   std::vector<float> mtp_logits();
   void mtp_zero(int64_t pos, int64_t n);  // cells [pos, pos + n) back to zeros
+  // Checkpoints (Session::checkpoint / restore): the committed state to the host and back, in the CPU session's
+  // layouts (state/deltanet_state.h, kv_cache), so a checkpoint moves between backends. save_state fills cp.k / cp.v
+  // with cells [0, pos) of each attention layer, cp.S / cp.conv per DeltaNet layer, and with the MTP block's cells
+  // [0, mtp_pos) into cp.mtp_k / mtp_v (opt.mtp); load_state writes them back (sizes checked by the caller), the
+  // MTP cells past cp.mtp_pos zeroed. No window may be pending (the caller checks).
+  void save_state(int64_t pos, int64_t mtp_pos, Checkpoint& cp);
+  void load_state(const Checkpoint& cp, bool mtp);
   // Recorded steps (backends that record) that ran cold: unrecorded at the first sight of their shape and buffers,
   // or recorded (capture and instantiation) at the second; replays and steps that cannot be recorded do not count.
   int64_t cold_steps() const;

@@ -405,7 +405,6 @@ void Session::reset() {
 }
 
 Checkpoint Session::checkpoint() {
-  refuse_on_backend("checkpoint()");
   if (last_T_ > 0) fail<std::logic_error>("checkpoint() while a commit is pending: commit the last window first");
   flush();
   Checkpoint cp;
@@ -415,6 +414,17 @@ Checkpoint Session::checkpoint() {
   cp.position = pos_;
   cp.tokens = tokens_;
   cp.steer_origin = steer_origin_;
+  if (bs_) {  // the state from the backend's memory, in these layouts; no QSA or PLE runs there (qwen4exp refused)
+    bs_->save_state(pos_, opt_.mtp ? mtp_pos_ : 0, cp);
+    cp.idx_raw.assign(cp.k.size(), {});
+    cp.idx_pooled.assign(cp.k.size(), {});
+    if (opt_.mtp) {
+      cp.mtp_pos = mtp_pos_;
+      cp.mtp_backlog_h = mtp_backlog_h_;
+      cp.mtp_backlog_tok = mtp_backlog_tok_;
+    }
+    return cp;
+  }
   for (auto& kv : kv_) {
     cp.k.emplace_back(kv.k.begin(), kv.k.begin() + (size_t)pos_ * kv.width);
     cp.v.emplace_back(kv.v.begin(), kv.v.begin() + (size_t)pos_ * kv.width);
@@ -440,23 +450,25 @@ Checkpoint Session::checkpoint() {
 }
 
 void Session::restore(const Checkpoint& cp) {
-  refuse_on_backend("restore()");
   if (cp.fingerprint != model_->fingerprint())
     fail<std::invalid_argument>("restore(): the checkpoint was taken with model ", cp.model_file, " (fingerprint ",
                                 std::hex, cp.fingerprint, "); this session's model is ", model_->file().path(),
                                 " (fingerprint ", model_->fingerprint(), ")");
   STRATA_CHECK(cp.position <= opt_.n_ctx, "restore(): checkpoint position ", cp.position, " exceeds this session's context ",
                opt_.n_ctx);
-  STRATA_CHECK(cp.k.size() == kv_.size() && cp.S.size() == dn_.size() && (int64_t)cp.tokens.size() == cp.position,
+  // every size against this session's shape (the same on every backend) before anything is written
+  const CheckpointShape sh = checkpoint_shape();
+  STRATA_CHECK(cp.k.size() == sh.kv_width.size() && cp.S.size() == sh.dn_S.size() &&
+                   (int64_t)cp.tokens.size() == cp.position,
                "restore(): checkpoint layout does not match this model");
-  for (size_t i = 0; i < kv_.size(); i++) {
-    STRATA_CHECK(cp.k[i].size() == (size_t)cp.position * kv_[i].width && cp.v[i].size() == cp.k[i].size(),
+  for (size_t i = 0; i < sh.kv_width.size(); i++) {
+    STRATA_CHECK(cp.k[i].size() == (size_t)(cp.position * sh.kv_width[i]) && cp.v[i].size() == cp.k[i].size(),
                  "restore(): checkpoint KV size mismatch in attention layer ", i);
   }
-  for (size_t i = 0; i < dn_.size(); i++)
-    STRATA_CHECK(cp.S[i].size() == dn_[i].S.size() && cp.conv[i].size() == dn_[i].conv.size(),
+  for (size_t i = 0; i < sh.dn_S.size(); i++)
+    STRATA_CHECK(cp.S[i].size() == (size_t)sh.dn_S[i] && cp.conv[i].size() == (size_t)sh.dn_conv[i],
                  "restore(): checkpoint DeltaNet size mismatch in layer ", i);
-  STRATA_CHECK(cp.idx_raw.size() == qsa_.size() && cp.idx_pooled.size() == qsa_.size(),
+  STRATA_CHECK(cp.idx_raw.size() == sh.qsa_dim.size() && cp.idx_pooled.size() == sh.qsa_dim.size(),
                "restore(): checkpoint QSA layout does not match this model");
   for (size_t i = 0; i < qsa_.size(); i++) {
     const QsaState& q = qsa_[i];
@@ -464,9 +476,13 @@ void Session::restore(const Checkpoint& cp) {
                      cp.idx_pooled[i].size() == (q.active() ? (size_t)q.blocks_below(cp.position) * q.dim : 0),
                  "restore(): checkpoint QSA index-key size mismatch in attention layer ", i);
   }
-  STRATA_CHECK(cp.ple_conv.size() == ple_.conv.size(), "restore(): checkpoint PLE history size ", cp.ple_conv.size(),
-               " does not match this model's ", ple_.conv.size());
+  for (size_t i = 0; bs_ && i < cp.idx_raw.size(); i++)  // no QSA layer runs on a backend
+    STRATA_CHECK(cp.idx_raw[i].empty() && cp.idx_pooled[i].empty(),
+                 "restore(): checkpoint QSA index-key size mismatch in attention layer ", i);
+  STRATA_CHECK(cp.ple_conv.size() == (size_t)sh.ple_conv, "restore(): checkpoint PLE history size ",
+               cp.ple_conv.size(), " does not match this model's ", sh.ple_conv);
   STRATA_CHECK(cp.steer_origin >= 0, "restore(): checkpoint steering origin ", cp.steer_origin, " is negative");
+  if (bs_) return restore_backend(cp);
   for (size_t i = 0; i < kv_.size(); i++) {
     std::copy(cp.k[i].begin(), cp.k[i].end(), kv_[i].k.begin());
     std::copy(cp.v[i].begin(), cp.v[i].end(), kv_[i].v.begin());
@@ -512,11 +528,49 @@ void Session::restore(const Checkpoint& cp) {
   }
 }
 
+// restore() on a backend, after its checks: the state into the backend's memory, then this session's own fields as
+// restore() sets them.
+void Session::restore_backend(const Checkpoint& cp) {
+  const int64_t nb = (int64_t)cp.mtp_backlog_tok.size();
+  const int64_t width = model_->hp().n_head_kv * model_->hp().head_dim;
+  const bool mtp = opt_.mtp && cp.mtp_pos + nb == cp.position && cp.mtp_k.size() == (size_t)(cp.mtp_pos * width) &&
+                   cp.mtp_v.size() == cp.mtp_k.size() &&
+                   cp.mtp_backlog_h.size() == (size_t)(nb * model_->hp().n_embd) && (cp.mtp_pos > 0 || nb > 0) &&
+                   cp.mtp_pos <= opt_.n_ctx + kMtpCells;
+  bs_->load_state(cp, mtp);
+  pos_ = cp.position;
+  tokens_ = cp.tokens;
+  steer_origin_ = cp.steer_origin;
+  steer_rescan();
+  last_T_ = 0;
+  pend_n_ = 0;
+  broken_.clear();
+  if (opt_.mtp) {  // as restore(): a checkpoint without MTP state leaves the block empty up to the position
+    mtp_pos_ = mtp ? cp.mtp_pos : pos_;
+    mtp_backlog_h_ = mtp ? cp.mtp_backlog_h : std::vector<float>{};
+    mtp_backlog_tok_ = mtp ? cp.mtp_backlog_tok : std::vector<int32_t>{};
+  }
+}
+
 CheckpointShape Session::checkpoint_shape() const {
   CheckpointShape sh;
   sh.fingerprint = model_->fingerprint();
   sh.model_file = model_->file().path();
   sh.n_ctx = opt_.n_ctx;
+  if (bs_) {  // no host state here: the sizes the CPU session's states have (deltanet_state, kv_cache; no QSA, PLE)
+    const HParams& hp = model_->hp();
+    for (int64_t il = 0; il < hp.n_layer; il++) {
+      if (hp.recurrent[il]) {
+        sh.dn_S.push_back(hp.ssm_dt_rank * hp.dk() * hp.dv());
+        sh.dn_conv.push_back((hp.ssm_d_conv - 1) * hp.conv_dim());
+      } else {
+        sh.kv_width.push_back(hp.n_head_kv * hp.head_dim);
+        sh.qsa_dim.push_back(0);
+        sh.qsa_ratio.push_back(QsaState{}.ratio);
+      }
+    }
+    return sh;
+  }
   for (const auto& kv : kv_) sh.kv_width.push_back(kv.width);
   for (const auto& q : qsa_) {
     sh.qsa_dim.push_back(q.active() ? q.dim : 0);
@@ -534,9 +588,7 @@ CheckpointShape Session::checkpoint_shape() const {
 // reads state); a failed load leaves it as it was (restore() runs only on a fully validated checkpoint).
 void Session::save(const std::string& path) { write_checkpoint_file(path, checkpoint(), checkpoint_shape()); }
 
-void Session::load(const std::string& path) {
-  refuse_on_backend("load()");
-  restore(read_checkpoint_file(path, checkpoint_shape())); }
+void Session::load(const std::string& path) { restore(read_checkpoint_file(path, checkpoint_shape())); }
 
 std::map<std::string, std::vector<float>> Session::export_state() {
   refuse_on_backend("export_state()");

@@ -175,9 +175,6 @@ def main(argv=None) -> int:
     try:
         cfg = generation_config(a)
         opts = server_options(a)
-        if a.backend != "cpu":  # the timeline's prompt cache takes and restores checkpoints
-            raise ValueError(f"bad option --backend {a.backend}: the chat's prompt cache restores checkpoints, which "
-                             f"backend='{a.backend}' does not take yet; use --backend cpu")
         model = load_model(a)
         from .server.templates import ChatTemplate
         from .server.timeline import Timeline

@@ -64,9 +64,6 @@ def main(argv=None) -> int:
         opts = server_options(a, host=a.host, port=a.port, api_key=a.api_key,
                               cors_origins=[o.strip() for o in a.cors_origins.split(",") if o.strip()],
                               max_queue=a.max_queue, model_alias=a.alias, seed=seed, default_max_tokens=max_tokens)
-        if a.backend != "cpu":  # the timeline's prompt cache takes and restores checkpoints
-            raise ValueError(f"bad option --backend {a.backend}: the server's prompt cache restores checkpoints, which "
-                             f"backend='{a.backend}' does not take yet; use --backend cpu")
         model = load_model(a)
         import uvicorn
 
