@@ -253,6 +253,7 @@ class Session {
   std::unique_ptr<BackendSession> bs_;  // the forward on a backend (options().backend != "cpu"), else null
   void refuse_on_backend(const char* what) const;
   void restore_backend(const Checkpoint& cp);  // restore() on a backend, after its checks
+  void restore_position(const Checkpoint& cp);  // position, tokens, steering; no window pending
 };
 
 // The MTP block (spec qwen3next.md 1.8) over T rows at positions pos0..: input rows are main hidden states

@@ -498,13 +498,7 @@ void Session::restore(const Checkpoint& cp) {
   }
   ple_.conv = cp.ple_conv;
   ple_.n_rows = 0;
-  pos_ = cp.position;
-  tokens_ = cp.tokens;
-  steer_origin_ = cp.steer_origin;
-  steer_rescan();
-  last_T_ = 0;
-  pend_n_ = 0;
-  broken_.clear();
+  restore_position(cp);
   if (opt_.mtp) {
     // MTP drafts only change speed, never output. A checkpoint without MTP state (from a file, or a
     // session without mtp) leaves the block with empty history up to the restored position.
@@ -528,6 +522,17 @@ void Session::restore(const Checkpoint& cp) {
   }
 }
 
+// The session's own fields from a checkpoint (restore() and restore_backend(), after the state).
+void Session::restore_position(const Checkpoint& cp) {
+  pos_ = cp.position;
+  tokens_ = cp.tokens;
+  steer_origin_ = cp.steer_origin;
+  steer_rescan();
+  last_T_ = 0;
+  pend_n_ = 0;
+  broken_.clear();
+}
+
 // restore() on a backend, after its checks: the state into the backend's memory, then this session's own fields as
 // restore() sets them.
 void Session::restore_backend(const Checkpoint& cp) {
@@ -538,13 +543,7 @@ void Session::restore_backend(const Checkpoint& cp) {
                    cp.mtp_backlog_h.size() == (size_t)(nb * model_->hp().n_embd) && (cp.mtp_pos > 0 || nb > 0) &&
                    cp.mtp_pos <= opt_.n_ctx + kMtpCells;
   bs_->load_state(cp, mtp);
-  pos_ = cp.position;
-  tokens_ = cp.tokens;
-  steer_origin_ = cp.steer_origin;
-  steer_rescan();
-  last_T_ = 0;
-  pend_n_ = 0;
-  broken_.clear();
+  restore_position(cp);
   if (opt_.mtp) {  // as restore(): a checkpoint without MTP state leaves the block empty up to the position
     mtp_pos_ = mtp ? cp.mtp_pos : pos_;
     mtp_backlog_h_ = mtp ? cp.mtp_backlog_h : std::vector<float>{};
