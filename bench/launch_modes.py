@@ -2,16 +2,20 @@
 launch with the dense products' weight prefetch and plain launches for the verify windows of 5..16 rows (the
 default), "all" = PDL for those windows too, "no-prefetch" = "on" without the prefetch, "off" = plain launches;
 "unfused" = "on" with the norms leaving the activations' quantization to the products
-(cuda_prefer_norm_quant(False): one more kernel per product after a norm). Shared by bench_gpu_forward.py, bench_spec.py and profile_gpu_forward.py. A recorded step keeps the mode
+(cuda_prefer_norm_quant(False): one more kernel per product after a norm); "iq2-rows1" / "iq2-rows2" / "iq2-rows4" =
+"on" with the IQ2_XXS one-row kernel taking that many weight rows a warp in the dense and the experts' products
+(cuda_prefer_iq2_rows; "on": 1 dense, 4 experts, 2 for the experts' fused gate / up). Shared by bench_gpu_forward.py, bench_spec.py and profile_gpu_forward.py. A recorded step keeps the mode
 it was recorded in, so a mode applies to the sessions made after it is set."""
 from __future__ import annotations
 
-LAUNCH_MODES = ("on", "all", "no-prefetch", "off", "unfused")
+LAUNCH_MODES = ("on", "all", "no-prefetch", "off", "unfused", "iq2-rows1", "iq2-rows2", "iq2-rows4")
 
 
 def set_launches(mode: str) -> None:
     """cuda_prefer_pdl for one of LAUNCH_MODES (needs a CUDA build)."""
     from strata_py import _core
     assert mode in LAUNCH_MODES, mode
-    _core.cuda_prefer_pdl(mode != "off", mode in ("on", "all", "unfused"), mode == "all")
+    _core.cuda_prefer_pdl(mode != "off", mode not in ("no-prefetch", "off"), mode == "all")
     _core.cuda_prefer_norm_quant(mode != "unfused")
+    r = int(mode[-1]) if mode.startswith("iq2-rows") else 0
+    _core.cuda_prefer_iq2_rows(r or 1, r or 4, r or 2)

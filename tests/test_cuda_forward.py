@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from backend_util import assert_same, continue_equal, decode_equal, tiny_qwen35moe, windows_equal
-from cuda_util import CUDA_TYPES, bits, needs_cuda, pdl, tensor_cores, weights
+from cuda_util import CUDA_TYPES, bits, iq2_rows, needs_cuda, pdl, tensor_cores, weights
 from seeds import fresh_rng
 from strata_py import _core
 from strata_py.model import Model
@@ -334,6 +334,34 @@ def test_matmul_sel_swiglu_equals_cpu_and_its_parts(typ):
     assert np.array_equal(bits(pu), bits(u))
     want = _op("cuda", "silu_mul", [pg, pu], n=[S * rows])[0][0]
     assert np.array_equal(bits(want), bits(g))
+
+
+@pytest.mark.parametrize("rows_a_warp", [(1, 1, 1), (2, 2, 2), (4, 4, 4), (2, 1, 4)])
+def test_iq2_rows_a_warp_give_the_same_bits(rows_a_warp):
+    """The IQ2_XXS one-row kernel with 1, 2 or 4 weight rows a warp (cuda_prefer_iq2_rows; the tables loaded once a
+    block, 2 or 4 blocks a step): dense products of 1..3 rows, expert products and the fused gate / up / SwiGLU equal
+    the CPU backend's bit for bit, for 1..3 and 8+ blocks a row and row counts that leave warps partly empty."""
+    rng = fresh_rng()
+    qt = {t.name: int(t) for t in __import__("gguf").GGMLQuantizationType}["IQ2_XXS"]
+    with iq2_rows(*rows_a_warp):
+        with pytest.raises(ValueError, match="1, 2 or 4"):
+            _core.cuda_prefer_iq2_rows(3, 1, 1)
+        for cols in (256, 512, 768, 2048):
+            rows = int(rng.integers(1, 80))
+            T = int(rng.integers(1, 4))
+            w = weights(rng, "IQ2_XXS", rows, cols)
+            x = rng.standard_normal((T, cols)).astype(np.float32)
+            want = _core.backend_matmul("cpu", w, "IQ2_XXS", rows, cols, x)
+            got = _core.backend_matmul("cuda", w, "IQ2_XXS", rows, cols, x)
+            assert np.array_equal(bits(want), bits(got)), f"dense {rows} x {cols}, T = {T}"
+            E, k = 5, 3
+            ws = [np.concatenate([weights(rng, "IQ2_XXS", rows, cols) for _ in range(E)]) for _ in range(2)]
+            eb = ws[0].size // E
+            words = [np.concatenate([v, np.zeros((-v.size) % 4, np.uint8)]).view(np.int32) for v in ws]
+            sel = rng.integers(0, E, T * k).astype(np.int32)
+            both("matmul_sel", [x, nan(T * k, rows)], i=[sel, words[0]], n=[qt, rows, cols, T * k, k, cols, rows, eb])
+            both("matmul_sel_swiglu", [x, nan(T * k, rows), nan(T * k, rows)], i=[sel, *words],
+                 n=[qt, rows, cols, T * k, k, cols, eb])
 
 
 @pytest.mark.parametrize("typ", ["IQ2_XXS", "IQ2_XXS-dp4a", "Q4_K"])

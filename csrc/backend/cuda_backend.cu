@@ -604,6 +604,7 @@ bool cuda_mma_used() { return cuda::mma_used(); }
 void cuda_prefer_pdl(bool on, bool prefetch, bool windows) { cuda::prefer_pdl(on, prefetch, windows); }
 bool cuda_pdl_used() { return cuda::pdl_on(); }
 void cuda_prefer_norm_quant(bool on) { cuda::prefer_norm_quant(on); }
+void cuda_prefer_iq2_rows(int dense, int sel, int pair) { cuda::prefer_iq2_rows(dense, sel, pair); }
 
 CudaTiming cuda_time_launch(Backend& be, int reps) {
   CudaBackend& c = as_cuda(be);

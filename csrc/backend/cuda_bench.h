@@ -34,5 +34,7 @@ void cuda_prefer_pdl(bool on, bool prefetch, bool windows);
 bool cuda_pdl_used();
 // Tests and benches: cuda::prefer_norm_quant (the norms quantize their rows for the products after them, default on).
 void cuda_prefer_norm_quant(bool on);
+// Tests and benches: cuda::prefer_iq2_rows (the weight rows a warp of the IQ2_XXS T = 1 kernel takes).
+void cuda_prefer_iq2_rows(int dense, int sel, int pair);
 
 }  // namespace strata

@@ -26,6 +26,7 @@ bool cuda_mma_used() { return false; }
 void cuda_prefer_pdl(bool, bool, bool) { no_cuda(); }
 bool cuda_pdl_used() { return false; }
 void cuda_prefer_norm_quant(bool) { no_cuda(); }
+void cuda_prefer_iq2_rows(int, int, int) { no_cuda(); }
 
 }  // namespace strata
 #endif

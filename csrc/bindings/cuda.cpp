@@ -345,6 +345,9 @@ void init_cuda(nb::module_& m) {
   m.def("cuda_prefer_norm_quant", &cuda_prefer_norm_quant, nb::arg("on"),
         "Tests and benches: whether the norms quantize their rows for the int8-activation products after them, in the "
         "norm's kernel (default on), or the products do; the same bits either way.");
+  m.def("cuda_prefer_iq2_rows", &cuda_prefer_iq2_rows, nb::arg("dense"), nb::arg("sel"), nb::arg("pair"),
+        "Tests and benches: the weight rows (1, 2 or 4) a warp of the IQ2_XXS one-row kernel takes in the dense products, "
+        "in the experts' products and in the experts' fused gate / up (defaults 1, 4, 2); the same bits every way.");
   m.def("cuda_pdl_used", &cuda_pdl_used, "Whether launches carry programmatic dependent launch now (False without CUDA).");
   m.def(
       "cuda_bench_launch",

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <type_traits>
 #include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/decode.cuh"
 #include "kernels/cuda/exp_inl.cuh"
@@ -589,18 +590,20 @@ struct Iq2Part1 {
 // reduce16's tree over the lanes, as k_int: the same float operations in the same order, so the same bits.
 // Activations: k_quantize's lane-major layout, value 32 s + 2 k + i at 16 k + 2 s + i: pair m of thread (s, l)
 // is the 16-bit word at 64 l + 16 m + 2 s. Blocks are taken kU at a time, their loads issued together.
-// sel as k_int's (blockIdx.y = slot; without sel, blockIdx.y = activation row: the row split). 256 threads = 8 rows
-// a block.
+// sel as k_int's (blockIdx.y = slot; without sel, blockIdx.y = activation row: the row split). 256 threads = 8 warps;
+// warp w takes the R consecutive weight rows R (8 x + w) + i, i < R, their kU blocks' loads in flight together and
+// the tables loaded once for the block's 8 R rows (a table fill is 3 KB from L2; an expert's down product, 512
+// columns, is 132 bytes of weights a row). Each row's operations and their order do not depend on R or kU.
 // kPair (matmul_sel_swiglu): the warp also takes row r of W2 (the up matrix, same shape) over the same activation
 // loads, writes it to y2 and silu(y) * y2 to y: layers.cu's silu_mul, the same operations.
-template <int kU, bool kPair>
+template <int kU, bool kPair, int R>
 __global__ void __launch_bounds__(256) k_iq2xxs_warp1(const uint8_t* __restrict__ W, const uint8_t* __restrict__ W2,
                                                      size_t row_bytes, int64_t rows, int64_t nb,
                                                      const int8_t* __restrict__ q, const float* __restrict__ dx,
                                                      float* __restrict__ y, float* __restrict__ y2, int64_t ldy,
                                                      const int32_t* __restrict__ sel, size_t ebytes, size_t ebytes2,
                                                      int xdiv) {
-  if (!sel) prefetch_rows(W, row_bytes, rows, (int64_t)blockIdx.x * (blockDim.x >> 5), blockDim.x >> 5);
+  if (!sel) prefetch_rows(W, row_bytes, rows, (int64_t)blockIdx.x * (blockDim.x >> 5) * R, (blockDim.x >> 5) * R);
   pdl_wait();
   {  // with sel, grid row y is slot y; without, activation row y (the row split; 0 in a 1-D grid)
     const int slot = blockIdx.y;
@@ -616,19 +619,27 @@ __global__ void __launch_bounds__(256) k_iq2xxs_warp1(const uint8_t* __restrict_
   __shared__ uint64_t grid[256];
   __shared__ uint64_t smask[128];  // g_ksigns[i] as byte masks: byte e = 0xff where bit e is set (negative)
   const int t = threadIdx.x & 31, s = t >> 2, l = t & 3;
-  const int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const bool live = r < rows;
-  const uint8_t* row = W + (live ? r : rows - 1) * row_bytes;
-  const uint8_t* row2 = kPair ? W2 + (live ? r : rows - 1) * row_bytes : nullptr;
-  Iq2Part1 w[kU], w2[kPair ? kU : 1];
+  const int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
+  const uint8_t* row[R];
+  const uint8_t* row2[R];
+#pragma unroll
+  for (int i = 0; i < R; i++) {
+    const int64_t r = r0 + i < rows ? r0 + i : rows - 1;
+    row[i] = W + r * row_bytes;
+    row2[i] = kPair ? W2 + r * row_bytes : nullptr;
+  }
+  Iq2Part1 w[R][kU], w2[kPair ? R : 1][kPair ? kU : 1];
   uint32_t act[kU][4];
   float dxb[kU];
   auto load = [&](int64_t b0) {
 #pragma unroll
     for (int u = 0; u < kU; u++) {
       const int64_t b = b0 + u < nb ? b0 + u : nb - 1;
-      w[u].load(row + b * IQ2_XXS::kBytes, s, l);
-      if constexpr (kPair) w2[u].load(row2 + b * IQ2_XXS::kBytes, s, l);
+#pragma unroll
+      for (int i = 0; i < R; i++) {
+        w[i][u].load(row[i] + b * IQ2_XXS::kBytes, s, l);
+        if constexpr (kPair) w2[i][u].load(row2[i] + b * IQ2_XXS::kBytes, s, l);
+      }
       const uint16_t* qa = reinterpret_cast<const uint16_t*>(q + b * QK_K + 64 * l + 2 * s);
 #pragma unroll
       for (int m = 0; m < 4; m++) act[u][m] = __ldg(qa + 8 * m);
@@ -639,39 +650,70 @@ __global__ void __launch_bounds__(256) k_iq2xxs_warp1(const uint8_t* __restrict_
   iq2_tables(grid, smask);
   __syncthreads();
   const bool hi4 = (t >> 4) & 1, hi3 = (t >> 3) & 1;
-  float L = 0.f, L2 = 0.f;  // lane k = 4 l + 2 hi4 + hi3 (held twice: t and t ^ 4)
-  for (int64_t b0 = 0; b0 < nb; b0 += kU) {
-    int P[kU], P2[kPair ? kU : 1];
-    float dd[kU], dd2[kPair ? kU : 1];
+  float L[R], L2[R];  // row i's lane k = 4 l + 2 hi4 + hi3 (held twice: t and t ^ 4)
 #pragma unroll
-    for (int u = 0; u < kU; u++) {
-      P[u] = w[u].lane_sum(grid, smask, act[u], l, hi4, hi3);
-      dd[u] = __fmul_rn(w[u].d(), dxb[u]);
-      if constexpr (kPair) {
-        P2[u] = w2[u].lane_sum(grid, smask, act[u], l, hi4, hi3);
-        dd2[u] = __fmul_rn(w2[u].d(), dxb[u]);
+  for (int i = 0; i < R; i++) L[i] = L2[i] = 0.f;
+  for (int64_t b0 = 0; b0 < nb; b0 += kU) {
+    int P[R][kU], P2[kPair ? R : 1][kPair ? kU : 1];
+    float dd[R][kU], dd2[kPair ? R : 1][kPair ? kU : 1];
+#pragma unroll
+    for (int u = 0; u < kU; u++)
+#pragma unroll
+      for (int i = 0; i < R; i++) {
+        P[i][u] = w[i][u].lane_sum(grid, smask, act[u], l, hi4, hi3);
+        dd[i][u] = __fmul_rn(w[i][u].d(), dxb[u]);
+        if constexpr (kPair) {
+          P2[i][u] = w2[i][u].lane_sum(grid, smask, act[u], l, hi4, hi3);
+          dd2[i][u] = __fmul_rn(w2[i][u].d(), dxb[u]);
+        }
       }
-    }
     if (b0 + kU < nb) load(b0 + kU);
 #pragma unroll
     for (int u = 0; u < kU; u++)
       if (b0 + u < nb) {
-        L = fmaf(dd[u], (float)P[u], L);
-        if constexpr (kPair) L2 = fmaf(dd2[u], (float)P2[u], L2);
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+          L[i] = fmaf(dd[i][u], (float)P[i][u], L[i]);
+          if constexpr (kPair) L2[i] = fmaf(dd2[i][u], (float)P2[i][u], L2[i]);
+        }
       }
   }
-  L = reduce16_iq2(L);
-  if constexpr (kPair) L2 = reduce16_iq2(L2);
-  if (t == 0 && live) {
-    const float g = __fsub_rn(L, 0.f);  // k_int's y = s - Lm, Lm = 0
-    if constexpr (kPair) {
-      const float up = __fsub_rn(L2, 0.f);
-      y2[r] = up;
-      y[r] = __fmul_rn(silu_of(g), up);
-    } else {
-      y[r] = g;
+#pragma unroll
+  for (int i = 0; i < R; i++) {
+    const float Li = reduce16_iq2(L[i]);
+    const float L2i = kPair ? reduce16_iq2(L2[i]) : 0.f;
+    const int64_t r = r0 + i;
+    if (t == 0 && r < rows) {
+      const float g = __fsub_rn(Li, 0.f);  // k_int's y = s - Lm, Lm = 0
+      if constexpr (kPair) {
+        const float up = __fsub_rn(L2i, 0.f);
+        y2[r] = up;
+        y[r] = __fmul_rn(silu_of(g), up);
+      } else {
+        y[r] = g;
+      }
     }
   }
+}
+
+int g_iq2_rows_dense = 1, g_iq2_rows_sel = 4, g_iq2_rows_pair = 2;  // prefer_iq2_rows
+
+// k_iq2xxs_warp1 over n grid rows (slots with sel, else activation rows), R weight rows a warp: R = the dense
+// products', the experts' or the experts' gate / up pairs' (prefer_iq2_rows); kU = 2 blocks a step where a row has at most 2 (the experts' and the shared expert's
+// down products: 512 columns) or R = 4 (16 loads in flight with kPair), else 4.
+template <bool kPair>
+void launch_iq2_warp1(const MatView& W, const uint8_t* W2, size_t eb, size_t eb2, const int32_t* sel, int n, int xdiv,
+                      const int8_t* q, const float* dx, float* y, float* y2, int64_t ldy, cudaStream_t st) {
+  const int64_t nb = W.cols / QK_K;
+  const int R = !sel ? g_iq2_rows_dense : kPair ? g_iq2_rows_pair : g_iq2_rows_sel;
+  auto go = [&](auto kern, int r) {
+    launch(kern, dim3((unsigned)((W.rows + 8 * r - 1) / (8 * r)), (unsigned)n), 256, 0, st, W.data, W2, W.row_bytes,
+           W.rows, nb, q, dx, y, y2, ldy, sel, eb, eb2, xdiv);
+  };
+  const bool two = nb <= 2;
+  if (R == 4) go(k_iq2xxs_warp1<2, kPair, 4>, 4);
+  else if (R == 2) two ? go(k_iq2xxs_warp1<2, kPair, 2>, 2) : go(k_iq2xxs_warp1<kIq2U, kPair, 2>, 2);
+  else two ? go(k_iq2xxs_warp1<2, kPair, 1>, 1) : go(k_iq2xxs_warp1<kIq2U, kPair, 1>, 1);
 }
 
 // IQ2_XXS expert products over tiles (k_sel_tiles): block (x, y) takes tiles y, y + gridDim.y, ...; its warps take
@@ -813,8 +855,7 @@ void launch_iq2_sel(const MatView& W, const uint8_t* W2, size_t eb, size_t eb2, 
                     cudaStream_t st) {
   const int64_t nb = W.cols / QK_K;
   if (!use_tiles(n, xdiv)) {
-    launch(k_iq2xxs_warp1<kIq2U, kPair>, dim3((unsigned)((W.rows + 7) / 8), (unsigned)n), 256, 0, st, W.data, W2,
-           W.row_bytes, W.rows, nb, q, dx, y, y2, ldy, sel, eb, eb2, xdiv);
+    launch_iq2_warp1<kPair>(W, W2, eb, eb2, sel, n, xdiv, q, dx, y, y2, ldy, st);
     return;
   }
   over_tile_pieces(sel, n, xdiv, tb, st, [&](int gy) {
@@ -1133,8 +1174,7 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
     // issue 19's ninth milestone: the 80B prompt piece's dense products 79 -> 59 ms). Each row's value is the T = 1
     // kernel's, as every T's is.
     if constexpr (std::is_same_v<D, IQ2_XXS>) {
-      launch(k_iq2xxs_warp1<kIq2U, false>, dim3((unsigned)((W.rows + 7) / 8), (unsigned)T), 256, 0, st, W.data, nullptr,
-             W.row_bytes, W.rows, nb, q, dx, y, nullptr, ldy, nullptr, 0, 0, 1);
+      launch_iq2_warp1<false>(W, nullptr, 0, 0, nullptr, T, 1, q, dx, y, nullptr, ldy, st);
     } else {
       const dim3 g1((unsigned)(groups < kMaxIntBlocks ? groups : kMaxIntBlocks), (unsigned)T);
       launch(k_int<D, 1>, g1, threads, 0, st, W.data, W.row_bytes, W.rows, nb, q, dx, 1, y, ldy, nullptr, 0, 1, nullptr,
@@ -1232,6 +1272,16 @@ static void set_prefetch() {
 }
 
 void prefer_norm_quant(bool on) { g_norm_quant = on; }
+
+void prefer_iq2_rows(int dense, int sel, int pair) {
+  auto ok = [](int r) { return r == 1 || r == 2 || r == 4; };
+  if (!ok(dense) || !ok(sel) || !ok(pair))
+    throw std::invalid_argument("prefer_iq2_rows: rows a warp must be 1, 2 or 4, not dense=" + std::to_string(dense) +
+                                " sel=" + std::to_string(sel) + " pair=" + std::to_string(pair));
+  g_iq2_rows_dense = dense;
+  g_iq2_rows_sel = sel;
+  g_iq2_rows_pair = pair;
+}
 
 void prefer_pdl(bool on, bool prefetch, bool windows) {
   g_pdl_on = on;

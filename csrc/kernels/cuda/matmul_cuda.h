@@ -75,6 +75,9 @@ bool add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, flo
 // products (default on). The same bits either way (tested).
 bool norm_quantizes(ActKind kind, int64_t n);
 void prefer_norm_quant(bool on);
+// Tests and benches: the weight rows a warp of the IQ2_XXS T = 1 kernel takes (1, 2 or 4) in the dense products, in
+// the experts' products and in the experts' fused gate / up (defaults 1, 4, 2). The same bits every way (tested).
+void prefer_iq2_rows(int dense, int sel, int pair);
 bool matmul_supported(uint32_t type);
 // backend.h embed_rows: out[t] = row ids[t] of table, dequantized as types.h does (the decoders' value(): F32, F16,
 // BF16, Q8_0, the types embed_supported names). Returns at once.
