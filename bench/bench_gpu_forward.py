@@ -3,7 +3,7 @@ C(T) / C(1) for T = 1, 2, 4, 8, 16, per model file, on backend="cuda" (weights a
 weight bytes one T = 1 step reads and the fraction of the HBM floor that is (bytes / step time / bandwidth).
 
     python bench/bench_gpu_forward.py MODEL.gguf [MODEL2.gguf ...] [--reps 30] [--bw-gbs 4300] [--json OUT]
-        [--stream MODEL.gguf:0.25 ...] [--prompt 512] [--backend cuda] [--launches on,off]
+        [--stream MODEL.gguf:0.25 ...] [--prompt 512[,4096]] [--backend cuda] [--launches on,off]
 
 Each timed step is Session.run(T tokens) + commit(T) after a 64-token prompt (commit(T) keeps every row: no replay),
 wall clock over --reps steps after 3 warm-up steps, median of 3 rounds; run() returns after the logits are on the
@@ -12,6 +12,7 @@ of the routed experts' bytes (the experts one row reads; random routing reads ab
 bandwidth of the floor (default: the device-to-device copy bandwidth measured here, read + write).
 Prefill: a --prompt-token prompt (512, as llama-bench's pp512) as one prompt window on a new session, the last
 row's logits only (generate's prefill), median of 3 after one warm-up; prefill_tok_s = tokens / that time (0 skips).
+A comma list (512,4096) times each length: prefill_tok_s is the first's, prefill_by_tokens has every one.
 --backend cpu-backend runs the resident rows over the CPU backend (a local check of this bench; give --bw-gbs).
 --launches on,no-prefetch,off: an A/B of the kernel launches (programmatic dependent launch and the dense products'
 weight prefetch, csrc/kernels/cuda/launch.cuh) on the same loaded model, the modes alternating in every round, each
@@ -91,7 +92,7 @@ def time_prefill(m, V: int, n: int, rng) -> float:
     return float(np.median(times[1:]))
 
 
-def bench_model(path: str, reps: int, bw: float, prompt: int = 0, backend: str = "cuda",
+def bench_model(path: str, reps: int, bw: float, prompts: tuple[int, ...] = (), backend: str = "cuda",
                 launches: tuple[str, ...] = ("on",)) -> list[dict]:
     """One row per launch mode (launch_modes.py), the modes alternating within each round on the same loaded model,
     each mode on its own sessions."""
@@ -117,12 +118,12 @@ def bench_model(path: str, reps: int, bw: float, prompt: int = 0, backend: str =
                 if sessions[mode].position > 3500:
                     sessions[mode] = prompted_session(m, rng)
     sessions.clear()
-    pre = {mode: [] for mode in launches}
-    if prompt:
-        for _ in range(1 if len(launches) == 1 else 2):
-            for mode in launches:
-                set_mode(mode)
-                pre[mode].append(time_prefill(m, V, prompt, rng))
+    pre = {mode: {n: [] for n in prompts} for mode in launches}
+    for _ in range(1 if len(launches) == 1 else 2):
+        for mode in launches:
+            set_mode(mode)
+            for n in prompts:
+                pre[mode][n].append(time_prefill(m, V, n, rng))
     set_mode("on")
     dense, experts, total = tensor_bytes(path)
     nb = dense + experts * cfg["n_expert_used"] // cfg["n_expert"]  # the bytes a T = 1 step reads
@@ -133,14 +134,17 @@ def bench_model(path: str, reps: int, bw: float, prompt: int = 0, backend: str =
                "step_s": {str(T): med[T] for T in TS}, "decode_tok_s": 1 / med[1],
                "c_over_c1": {str(T): med[T] / med[1] for T in TS}, "step_bytes": nb,
                "hbm_floor_fraction": nb / med[1] / bw, "bw_gbs": bw / 1e9}
-        if prompt:
-            res["prefill_tokens"] = prompt
-            res["prefill_tok_s"] = prompt / float(np.median(pre[mode]))
+        if prompts:
+            by = {str(n): n / float(np.median(pre[mode][n])) for n in prompts}
+            res["prefill_tokens"] = prompts[0]
+            res["prefill_tok_s"] = by[str(prompts[0])]
+            res["prefill_by_tokens"] = by
         print(f"{res['model']} (launches {mode}): {res['file_gib']:.2f} GiB, decode {res['decode_tok_s']:.1f} tok/s "
               f"({med[1] * 1e3:.2f} ms/step, {nb / 1e9:.3f} GB/step = {100 * res['hbm_floor_fraction']:.1f} % of the "
               f"{bw / 1e9:.0f} GB/s floor); C(T)/C(1): " +
               ", ".join(f"T={T} {med[T] / med[1]:.2f}" for T in TS) +
-              (f"; prefill {prompt} tokens {res['prefill_tok_s']:.0f} tok/s" if prompt else ""), flush=True)
+              "".join(f"; prefill {n} tokens {v:.0f} tok/s" for n, v in res.get("prefill_by_tokens", {}).items()),
+              flush=True)
         rows.append(res)
     return rows
 
@@ -182,7 +186,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bw-gbs", type=float, default=None)
     ap.add_argument("--json")
     ap.add_argument("--stream", action="append", default=[], metavar="FILE:FRAC")
-    ap.add_argument("--prompt", type=int, default=512, help="prefill prompt tokens (0: no prefill row)")
+    ap.add_argument("--prompt", default="512", help="prefill prompt tokens, a comma list (0: no prefill row)")
     ap.add_argument("--backend", default="cuda", choices=("cuda", "cpu-backend"))
     ap.add_argument("--dp4a", action="store_true",
                     help="IQ2_XXS products of 5+ rows and expert tiles on the dp4a kernels, not the tensor cores "
@@ -194,6 +198,13 @@ def main(argv=None) -> int:
                          "(programmatic dependent launch + the dense weight prefetch, the default), no-prefetch, off")
     a = ap.parse_args(argv)
     launches = tuple(a.launches.split(","))
+    try:
+        prompts = tuple(int(v) for v in a.prompt.split(","))
+    except ValueError:
+        prompts = (-1,)
+    if any(n < 0 for n in prompts):
+        ap.error(f"bad option --prompt {a.prompt!r}: a comma list of token counts (0: no prefill row)")
+    prompts = tuple(n for n in prompts if n > 0)
     bad = [x for x in launches if x not in LAUNCH_MODES]
     if bad or len(set(launches)) != len(launches):
         ap.error(f"bad option --launches {a.launches!r}: a comma list of distinct {', '.join(LAUNCH_MODES)}")
@@ -224,7 +235,7 @@ def main(argv=None) -> int:
     res = {"device": device, "bw_gbs": bw / 1e9, "tensor_cores": _core.cuda_mma_used(), "models": [], "streamed": []}
     for p in a.models:
         try:
-            res["models"] += bench_model(p, a.reps, bw, a.prompt, a.backend, launches)
+            res["models"] += bench_model(p, a.reps, bw, prompts, a.backend, launches)
         except Exception as e:  # one file failing must not lose the others' rows
             print(f"{p}: {type(e).__name__}: {e}", flush=True)
             res["models"].append({"model": Path(p).name, "error": f"{type(e).__name__}: {e}"})

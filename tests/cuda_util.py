@@ -60,3 +60,15 @@ def iq2_rows(dense: int, sel: int, pair: int):
         yield
     finally:
         _core.cuda_prefer_iq2_rows(1, 4, 2)
+
+
+@contextmanager
+def prompt_rows(rows: int):
+    """The rows of a prompt piece on the card for the sessions made in the block (cuda_prefer_prompt_rows), the
+    setting found restored after."""
+    prev = _core.cuda_prompt_rows()
+    _core.cuda_prefer_prompt_rows(rows)
+    try:
+        yield
+    finally:
+        _core.cuda_prefer_prompt_rows(prev)

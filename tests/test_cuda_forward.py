@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from backend_util import assert_same, continue_equal, decode_equal, tiny_qwen35moe, windows_equal
-from cuda_util import CUDA_TYPES, bits, iq2_rows, needs_cuda, pdl, tensor_cores, weights
+from cuda_util import CUDA_TYPES, bits, iq2_rows, needs_cuda, pdl, prompt_rows, tensor_cores, weights
 from seeds import fresh_rng
 from strata_py import _core
 from strata_py.model import Model
@@ -365,7 +365,8 @@ def test_iq2_rows_a_warp_give_the_same_bits(rows_a_warp):
 
 
 @pytest.mark.parametrize("typ", ["IQ2_XXS", "IQ2_XXS-dp4a", "Q4_K"])
-@pytest.mark.parametrize("shape", ["few", "tiles-long-runs", "tiles-many-experts", "tiles-pieces"])
+@pytest.mark.parametrize("shape", ["few", "tiles-long-runs", "tiles-many-experts", "tiles-prompt-piece",
+                                   "tiles-pieces"])
 def test_moe_experts_union_equals_cpu_and_slots(typ, shape):
     """The IQ2_XXS tiles on the tensor cores (iq2_mma.cuh, the default) and on the dp4a kernels ("-dp4a")."""
     typ, _, dp4a = typ.partition("-")
@@ -377,15 +378,16 @@ def _moe_experts_case(typ, shape):
     """A window's routed experts (gate / up / SwiGLU in one kernel for IQ2_XXS, then down over the same selection)
     equal the CPU backend's bit for bit, and each token row's slots equal that row alone (T = 1). "few": few
     experts, so that rows share them (up to 7 slots of one expert). The "tiles" shapes are prompt pieces: from 64
-    slots on the GPU groups a selection by expert into tiles of up to 16 slots (matmul.cu k_sel_tiles): runs
-    longer than a tile, hundreds of one-slot tiles, and over 1024 slots (two pieces)."""
+    slots on the GPU groups a selection by expert into tiles of up to 16 slots (matmul.cu k_sel_tiles, a sort of up
+    to 8192 slots): runs longer than a tile, hundreds of one-slot tiles, a 512-row prompt piece of top-10 routing
+    over 512 experts (5120 slots, ~10 an expert: the 80B file's prefill), and over 8192 slots (two pieces)."""
     rng = fresh_rng()
     if shape == "few":
         E, k, T = int(rng.integers(2, 6)), 2, int(rng.integers(2, 8))
     else:
         E, k, T = {"tiles-long-runs": (3, 3, 64), "tiles-many-experts": (200, 10, 64),
-                   "tiles-pieces": (24, 10, 110)}[shape]
-    F, H = 256, 512
+                   "tiles-prompt-piece": (512, 10, 512), "tiles-pieces": (24, 10, 830)}[shape]
+    F, H = (256, 256) if T > 64 else (256, 512)
     S = T * k
     mats = [np.concatenate([weights(rng, typ, r, c) for _ in range(E)]) for r, c in ((F, H), (F, H), (H, F))]
     words = [np.concatenate([w, np.zeros((-w.size) % 4, np.uint8)]).view(np.int32) for w in mats]
@@ -485,6 +487,18 @@ def pdl_card() -> bool:
 
 def test_gpu_session_long_prompt(tiny_q8_model):
     windows_equal(tiny_q8_model, "cuda", fresh_rng(), n_windows=4, prompt=150, n_ctx=320, label="150-row prompt")
+
+
+@pytest.mark.parametrize("which", ["tiny_q8_model", "q4k_model", "iq2_model"])
+def test_gpu_prompt_pieces_of_any_rows_equal_cpu(request, which):
+    """A prompt of 1100 rows on the card in pieces of 512 rows (the default: every product and the routers over the
+    piece's rows at once, the expert products grouped over 5000+ slots), of 64 and of 100: the CPU session's logits
+    and hidden rows bit for bit each way, and windows after it."""
+    m = request.getfixturevalue(which)
+    for rows in (512, 64, 100):
+        with prompt_rows(rows):
+            windows_equal(m, "cuda", fresh_rng(), n_windows=3, prompt=1100, n_ctx=1200,
+                          label=f"{which}, 1100-row prompt in pieces of {rows}")
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])

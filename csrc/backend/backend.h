@@ -92,6 +92,10 @@ class Backend {
   // The rows of the step (a forward of T rows) whose operations are issued next: a launch-shape hint, no value
   // depends on it (CUDA: verify windows of 5..16 rows launch without programmatic dependent launch).
   virtual void step_rows(int T) {}
+  // Rows a prompt window's forward passes take at a time (in place: every row's values are the same in any pieces,
+  // so this is a speed and memory choice only). The CPU backend: 64; CUDA: 512 (the expert products of a piece are
+  // grouped by expert: more rows, more slots an expert's weights serve; cuda_prefer_prompt_rows for the A/B).
+  virtual int prompt_rows() const { return 64; }
   virtual void lane(int i) {}
   virtual void join() {}
 

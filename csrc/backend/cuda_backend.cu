@@ -23,6 +23,10 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail<std::runtime_error>("cuda: ", what, ": ", cudaGetErrorString(e));
 }
 
+// Backend::prompt_rows on the card (cuda_prefer_prompt_rows): 512 rows a prompt piece, against 64 before
+// (docs/BENCHMARKS.md, issue 19's fourteenth milestone).
+int g_prompt_rows = 512;
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {
@@ -90,6 +94,7 @@ class CudaBackend final : public Backend {
   }
   std::string name() const override { return name_; }
   void step_rows(int T) override { cuda::step_rows(T); }
+  int prompt_rows() const override { return g_prompt_rows; }
   cudaStream_t stream() const { return stream_; }
   // Every operation but the products starts here: it may write any memory, so no quantized activation is reused
   // past it.
@@ -605,6 +610,11 @@ void cuda_prefer_pdl(bool on, bool prefetch, bool windows) { cuda::prefer_pdl(on
 bool cuda_pdl_used() { return cuda::pdl_on(); }
 void cuda_prefer_norm_quant(bool on) { cuda::prefer_norm_quant(on); }
 void cuda_prefer_iq2_rows(int dense, int sel, int pair) { cuda::prefer_iq2_rows(dense, sel, pair); }
+void cuda_prefer_prompt_rows(int rows) {
+  STRATA_CHECK(rows >= 1 && rows <= 4096, "cuda_prefer_prompt_rows: rows = ", rows, " (1..4096)");
+  g_prompt_rows = rows;
+}
+int cuda_prompt_rows() { return g_prompt_rows; }
 
 CudaTiming cuda_time_launch(Backend& be, int reps) {
   CudaBackend& c = as_cuda(be);

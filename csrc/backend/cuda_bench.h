@@ -36,5 +36,9 @@ bool cuda_pdl_used();
 void cuda_prefer_norm_quant(bool on);
 // Tests and benches: cuda::prefer_iq2_rows (the weight rows a warp of the IQ2_XXS T = 1 kernel takes).
 void cuda_prefer_iq2_rows(int dense, int sel, int pair);
+// Tests and benches: the rows of a prompt piece on the card (Backend::prompt_rows, default 512; sessions made
+// after the call), and the current setting.
+void cuda_prefer_prompt_rows(int rows);
+int cuda_prompt_rows();
 
 }  // namespace strata

@@ -349,6 +349,10 @@ void init_cuda(nb::module_& m) {
         "Tests and benches: the weight rows (1, 2 or 4) a warp of the IQ2_XXS one-row kernel takes in the dense products, "
         "in the experts' products and in the experts' fused gate / up (defaults 1, 4, 2); the same bits every way.");
   m.def("cuda_pdl_used", &cuda_pdl_used, "Whether launches carry programmatic dependent launch now (False without CUDA).");
+  m.def("cuda_prefer_prompt_rows", &cuda_prefer_prompt_rows, nb::arg("rows"),
+        "Tests and benches: the rows of a prompt piece on the card (1..4096, default 512), for the sessions made after "
+        "the call; the same bits for any value.");
+  m.def("cuda_prompt_rows", &cuda_prompt_rows, "The rows of a prompt piece on the card now.");
   m.def(
       "cuda_bench_launch",
       [](int reps) {

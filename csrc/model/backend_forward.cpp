@@ -25,7 +25,8 @@ namespace strata {
 
 namespace {
 
-constexpr int kChunk = 64;  // rows per forward pass of a prompt window (in place: the same values in any pieces)
+constexpr int kChunk = 64;  // rows per forward pass of a prompt window with streamed experts, and of the MTP block's
+                            // backlog (in place: the same values in any pieces); otherwise Backend::prompt_rows
 constexpr int kMaxRecordedT = 16;   // decode steps and verify windows up to this T are recorded steps (CUDA graphs)
 constexpr int64_t kCellBucket = 256;  // a recorded step's attention launches cover cells in buckets of this many
 constexpr size_t kMaxRecordings = 64;  // per session; past it every recording is dropped and made again
@@ -272,6 +273,7 @@ struct BackendSession::Impl {
   const Model* m;
   int max_window;
   int64_t n_ctx;
+  int prompt = kChunk;  // rows per forward pass of a prompt window (Backend::prompt_rows; streamed experts: kChunk)
   struct DnState {
     Buf S, S_work, conv;                 // [nv][dk][dv] x 2, [K-1][cd]
     Buf conv_rows, eg_rows, beta_rows, raw_rows;  // replay inputs: [W][cd] (after conv, q k normed), [W][nv] x 2, [W][cd]
@@ -334,6 +336,7 @@ struct BackendSession::Impl {
       : bm(backend_model(model, name)), be(bm->be.get()), m(model.get()), max_window(opt.max_window), n_ctx(opt.n_ctx) {
     std::lock_guard<std::mutex> lk(bm->mu);
     dev = be->can_record();
+    if (!bm->experts) prompt = std::max(1, be->prompt_rows());
     const HParams& hp = m->hp();
     slot.resize((size_t)hp.n_layer);
     const int64_t width = hp.n_head_kv * hp.head_dim;
@@ -864,9 +867,9 @@ struct BackendSession::Impl {
     const int64_t H = hp.n_embd, V = hp.n_vocab;
     STRATA_CHECK(in_place || T <= max_window, "backend run: a verify window of ", T, " rows exceeds max_window ",
                  max_window);
-    const int step = in_place ? kChunk : T;
+    const int step = in_place ? prompt : T;
     hid.grow(*be, (size_t)std::min(T, step) * H * 4);
-    logits.grow(*be, (size_t)std::min(T, step) * V * 4);
+    logits.grow(*be, (size_t)(last_only ? 1 : std::min(T, step)) * V * 4);  // the rows [first, n) of a pass
     for (int t0 = 0; t0 < T; t0 += step) {
       const int n = std::min(step, T - t0);
       // logits of every row, or only of the window's last row

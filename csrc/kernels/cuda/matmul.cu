@@ -14,6 +14,7 @@
 #include "kernels/quants.h"
 #include "kernels/blocks32.h"
 #include "kernels/types.h"
+#include "model/limits.h"
 #include "util/common.h"
 
 namespace strata::cuda {
@@ -21,7 +22,8 @@ namespace strata::cuda {
 namespace {
 
 constexpr int kRowsPerBlock = 16;  // weight rows per thread block: 16 rows x 16 lanes = 256 threads
-constexpr int kMaxT = 16;          // activation rows per launch (longer windows: several launches)
+constexpr int kMaxT = 16;          // activation rows a block sums (more rows: blocks in y, or several launches)
+constexpr int kMaxPassRows = 4096;  // activation rows a launch takes (a prompt piece in one; the 32-value block types: kMaxT)
 constexpr int64_t kMaxIntBlocks = 4096;  // int8-activation products at T = 1: a block per row group up to this (grid-stride past it)
 constexpr int64_t kRowsForR4 = (int64_t)kRowsPerBlock * 4 * 132 * 8;  // 67584 (tests/test_cuda_matmul.py)
 
@@ -63,9 +65,10 @@ __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, si
     W += (size_t)sel[slot] * ebytes;
     x += (int64_t)(slot / xdiv) * ldx;
     y += (int64_t)slot * ldy;
-  } else if (gridDim.y > 1) {  // small matrices, T > 1: activation row blockIdx.y alone (T = 1 per block)
-    x += (int64_t)blockIdx.y * ldx;
-    y += (int64_t)blockIdx.y * ldy;
+  } else if (gridDim.y > 1) {  // small matrices, T > 1: activation rows TT y .. TT y + TT - 1 (TT = 1: row y alone)
+    x += (int64_t)blockIdx.y * TT * ldx;
+    y += (int64_t)blockIdx.y * TT * ldy;
+    T = T - (int)blockIdx.y * TT < TT ? T - (int)blockIdx.y * TT : TT;
   }
   const int lane = threadIdx.x & 15;
   const int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x >> 4) + (threadIdx.x >> 4)) * R;
@@ -120,60 +123,111 @@ __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, si
 // experts, ~200 000 blocks a layer). Which block computes a slot never changes its value: each slot's row is the
 // one-row kernel's operations in its order (tests/test_cuda_forward.py, the "tiles" shapes).
 constexpr int kTileRows = 16;        // slots of one expert per tile
-constexpr int kTileMaxSlots = 1024;  // slots grouped by one k_sel_tiles launch (more: pieces of whole rows)
+constexpr int kTileMaxSlots = 8192;  // slots grouped by one k_sel_tiles launch (more: pieces of whole rows); a
+                                     // 512-row prompt piece of top-10 routing is 5120
 constexpr int kTileMinSlots = 64;    // fewer slots: a block per slot (k_iq2xxs_warp1, k_int<D, 1>)
 constexpr int kTileBlocksY = 64;     // tiles in flight (blocks in y, each over tiles y, y + 64, ...)
+constexpr int kSelThreads = 1024;    // k_sel_tiles' block: kSelPer sorted places a thread
+constexpr int kSelPer = kTileMaxSlots / kSelThreads;
+constexpr int kSelSlotBits = 13;     // a key's slot field: kTileMaxSlots = 2^13
+static_assert(kTileMaxSlots == 1 << kSelSlotBits && kSelPer * kSelThreads == kTileMaxSlots, "k_sel_tiles' layout");
+static_assert(model_limits::kMaxExperts <= (int64_t)1 << (32 - kSelSlotBits), "k_sel_tiles: an expert id fits a key");
 
-// Slots [base, base + m) of sel (m <= kTileMaxSlots) grouped by expert, sorted by (expert, slot) (ranks:
-// deterministic): tile j has tile_e[j] (the expert), tile_n[j] (its slot count) and tile_slot[16 j + p] (its slots,
-// 0 past the count); ntiles[0] = the tile count.
-__global__ void __launch_bounds__(kTileMaxSlots) k_sel_tiles(const int32_t* __restrict__ sel, int base, int m,
-                                                             int32_t* __restrict__ tile_e, int32_t* __restrict__ tile_n,
-                                                             int32_t* __restrict__ tile_slot,
-                                                             int32_t* __restrict__ ntiles) {
+// The exclusive scan over the block's 1024 threads of v (identity 0; op: + or max), by warp shuffles and the warps'
+// totals in wsum[32]. Every thread of the block calls it (it has barriers).
+template <class Op>
+__device__ __forceinline__ int block_exclusive_scan(int v, Op op, int* wsum) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  int incl = v;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int o = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl = op(incl, o);
+  }
+  int excl = __shfl_up_sync(0xffffffffu, incl, 1);
+  if (lane == 0) excl = 0;
+  if (lane == 31) wsum[w] = incl;
+  __syncthreads();
+  if (w == 0) {
+    int ti = wsum[lane];  // kSelThreads / 32 == 32 warps
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int o = __shfl_up_sync(0xffffffffu, ti, d);
+      if (lane >= d) ti = op(ti, o);
+    }
+    const int te = __shfl_up_sync(0xffffffffu, ti, 1);
+    wsum[lane] = lane == 0 ? 0 : te;
+  }
+  __syncthreads();
+  const int r = op(excl, wsum[w]);
+  __syncthreads();  // wsum is free again
+  return r;
+}
+
+// Slots [base, base + m) of sel (m <= kTileMaxSlots) grouped by expert, sorted by (expert, slot): tile j has tile_e[j]
+// (the expert), tile_n[j] (its slot count) and tile_slot[16 j + p] (its slots, 0 past the count); ntiles[0] = the
+// tile count. The keys (expert << 13 | slot - base) are unique, so the bitonic sort in shared memory has one
+// result: the order, the tiles and their numbering never depend on the schedule. Each expert's sorted run is cut
+// into tiles at 0, 16, 32, ... places from its start (the run starts by a max-scan, the tiles numbered by a sum
+// scan); a launch of kSelThreads threads, thread i holding the sorted places kSelPer i .. kSelPer i + kSelPer - 1.
+__global__ void __launch_bounds__(kSelThreads) k_sel_tiles(const int32_t* __restrict__ sel, int base, int m,
+                                                          int32_t* __restrict__ tile_e, int32_t* __restrict__ tile_n,
+                                                          int32_t* __restrict__ tile_slot,
+                                                          int32_t* __restrict__ ntiles) {
   pdl_wait();
-  __shared__ int32_t key[kTileMaxSlots];  // the slots' experts: unsorted, then in sorted order
-  __shared__ int32_t sorted[kTileMaxSlots];  // the slot at each sorted place
-  __shared__ int warp_tot[kTileMaxSlots / 32], warp_pre[kTileMaxSlots / 32];
-  const int i = threadIdx.x, lane = i & 31, wi = i >> 5;
-  const int32_t e = i < m ? sel[base + i] : 0;
-  if (i < m) key[i] = e;
+  __shared__ uint32_t key[kTileMaxSlots];
+  __shared__ int wsum[32];
+  int n2 = 64;  // m padded to a power of two with keys above every real one
+  while (n2 < m) n2 <<= 1;
+  for (int i = threadIdx.x; i < n2; i += blockDim.x)
+    key[i] = i < m ? (uint32_t)sel[base + i] << kSelSlotBits | (uint32_t)i : 0xffffffffu;
   __syncthreads();
-  int rank = 0;
-  if (i < m)
-    for (int j = 0; j < m; j++) {
-      const int32_t v = key[j];
-      rank += v < e || (v == e && j < i);
+  for (int k = 2; k <= n2; k <<= 1)  // bitonic sort, ascending
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < n2; i += blockDim.x) {
+        const int p = i ^ j;
+        if (p > i) {
+          const uint32_t a = key[i], b = key[p];
+          if ((a > b) == ((i & k) == 0)) {
+            key[i] = b;
+            key[p] = a;
+          }
+        }
+      }
+      __syncthreads();
     }
-  __syncthreads();
-  if (i < m) {
-    key[rank] = e;
-    sorted[rank] = base + i;
+  const int i0 = threadIdx.x * kSelPer;
+  auto expert = [&](int i) { return key[i] >> kSelSlotBits; };
+  // each place's run start: the max over earlier places of the heads' places
+  int start[kSelPer], run = 0;
+#pragma unroll
+  for (int u = 0; u < kSelPer; u++) {
+    const int i = i0 + u;
+    if (i < m && (i == 0 || expert(i) != expert(i - 1))) run = i;
+    start[u] = run;
   }
-  __syncthreads();
-  int pos = 0;  // sorted place i's index in its expert's run: a tile opens at 0, 16, 32, ...
-  if (i < m)
-    while (pos < i && key[i - pos - 1] == key[i]) pos++;
-  const bool head = i < m && pos % kTileRows == 0;
-  const unsigned heads = __ballot_sync(0xffffffffu, head);
-  if (lane == 0) warp_tot[wi] = __popc(heads);
-  __syncthreads();
-  if (i == 0) {
-    int sum = 0;
-    for (int w = 0; w < kTileMaxSlots / 32; w++) {
-      warp_pre[w] = sum;
-      sum += warp_tot[w];
-    }
-    ntiles[0] = sum;
+  const int before = block_exclusive_scan(run, [](int a, int b) { return a > b ? a : b; }, wsum);
+  int heads = 0;
+#pragma unroll
+  for (int u = 0; u < kSelPer; u++) {
+    const int i = i0 + u;
+    if (start[u] < before) start[u] = before;  // the run began in an earlier thread
+    heads += i < m && (i - start[u]) % kTileRows == 0;
   }
-  __syncthreads();
-  if (head) {
+  int j = block_exclusive_scan(heads, [](int a, int b) { return a + b; }, wsum);
+  if (threadIdx.x == kSelThreads - 1) ntiles[0] = j + heads;
+#pragma unroll
+  for (int u = 0; u < kSelPer; u++) {
+    const int i = i0 + u;
+    if (i >= m || (i - start[u]) % kTileRows != 0) continue;
+    const uint32_t e = expert(i);
     int cnt = 1;
-    while (cnt < kTileRows && i + cnt < m && key[i + cnt] == key[i]) cnt++;
-    const int j = warp_pre[wi] + __popc(heads & ((1u << lane) - 1));
-    tile_e[j] = key[i];
+    while (cnt < kTileRows && i + cnt < m && expert(i + cnt) == e) cnt++;
+    tile_e[j] = (int32_t)e;
     tile_n[j] = cnt;
-    for (int p = 0; p < kTileRows; p++) tile_slot[j * kTileRows + p] = p < cnt ? sorted[i + p] : 0;
+    for (int p = 0; p < kTileRows; p++)
+      tile_slot[j * kTileRows + p] = p < cnt ? base + (int)(key[i + p] & (kTileMaxSlots - 1)) : 0;
+    j++;
   }
 }
 
@@ -241,16 +295,19 @@ __global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __r
   if (!kTiled && !sel) prefetch_rows(W, row_bytes, rows, (int64_t)blockIdx.x * (blockDim.x >> 4), blockDim.x >> 4);
   pdl_wait();
   static_assert(!kTiled || TT == kTileRows, "k_int: tiles of kTileRows slots");
+  if (!kTiled) {  // with sel as k_float's; without, grid row y is activation rows TT y .. TT y + TT - 1 (TT = 1: the
+                  // row split, T = 1 a block; 0 in a 1-D grid)
+    const int slot = blockIdx.y;
+    if (sel) W += (size_t)sel[slot] * ebytes;
+    const int64_t xr = sel ? slot / xdiv : (int64_t)slot * TT;
+    q += xr * nb * QK_K;
+    dx += xr * nb;
+    y += (sel ? (int64_t)slot : xr) * ldy;
+    if (!sel && TT > 1) T = T - slot * TT < TT ? T - slot * TT : TT;
+  }
   extern __shared__ int4 fq[];  // full: [t][block][lane k] activation values, then the scales fd[t][block]
   const int64_t fq_n = TT > 1 && full ? (kTiled ? TT : T) * nb * 16 : 0;  // kTiled: room for a whole tile
   const float* fd = reinterpret_cast<const float*>(fq + fq_n);
-  if (!kTiled) {  // with sel as k_float's; without, grid row y is activation row y (the row split; 0 in a 1-D grid)
-    const int slot = blockIdx.y;
-    if (sel) W += (size_t)sel[slot] * ebytes;
-    q += (int64_t)(slot / xdiv) * nb * QK_K;
-    dx += (int64_t)(slot / xdiv) * nb;
-    y += (int64_t)slot * ldy;
-  }
   constexpr int CH = ChunkOf<D::kBytes, TT>::value;
   constexpr int kHalves = CH * D::kBytes / 2;     // 16-bit words of a full chunk of one row
   constexpr int kLoads = (kHalves + 15) / 16;     // per lane
@@ -400,7 +457,6 @@ bool g_mma_card = false;
 bool g_mma_on = true;
 bool mma_available() { return g_mma_card && g_mma_on; }
 int g_mma_min_t = 5;  // rows from which the dense IQ2_XXS products take k_iq2xxs_mma (2..4: k_iq2xxs_warp)
-constexpr int kMmaMaxT = 64;  // activation rows per k_iq2xxs_mma launch (a prompt piece in one; other types: kMaxT)
 
 constexpr int kIq2U = 4;   // k_iq2xxs_warp: blocks of a row per step at T = 1 (2 for more rows: registers)
 
@@ -842,7 +898,7 @@ void over_tile_pieces(const int32_t* sel, int n, int xdiv, const TileBufs& tb, c
   const int piece = kTileMaxSlots - kTileMaxSlots % xdiv;
   for (int off = 0; off < n; off += piece) {
     const int m = std::min(piece, n - off);
-    launch(k_sel_tiles, 1, kTileMaxSlots, 0, st, sel, off, m, tb.e, tb.n, tb.slot, tb.count);
+    launch(k_sel_tiles, 1, kSelThreads, 0, st, sel, off, m, tb.e, tb.n, tb.slot, tb.count);
     products(std::min(m, kTileBlocksY));
   }
 }
@@ -1131,8 +1187,14 @@ void launch_float_r(const MatView& W, const float* x, int64_t ldx, int T, float*
   auto go = [&](auto kern) {
     launch(kern, grid, threads, 0, st, W.data, W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy, nullptr, 0, 1);
   };
+  if (T > kMaxT) {  // prompt pieces: a block per (rows, 16 activation rows) (small matrices such as the routers
+                    // read their weights once per 16 rows, not once per row)
+    launch(k_float<D, kMaxT, R>, dim3(grid.x, (unsigned)((T + kMaxT - 1) / kMaxT)), threads, 0, st, W.data,
+           W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy, nullptr, 0, 1);
+    return;
+  }
   if (threads == 64 && T > 1) {  // small matrices (the router): a block per (rows, activation row), each T = 1
-    launch(k_float<D, 1, R>, dim3(grid.x, (unsigned)T), threads, 0, st, W.data, W.row_bytes, W.rows, W.cols, x, ldx, 1,
+    launch(k_float<D, 1, R>, dim3(grid.x, (unsigned)T), threads, 0, st, W.data, W.row_bytes, W.rows, W.cols, x, ldx, T,
            y, ldy, nullptr, 0, 1);
     return;
   }
@@ -1182,11 +1244,13 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
     }
     return;
   }
-  // T > 1 on 256-thread blocks: one wave (T > 4: 2 blocks an SM, their registers), grid-stride
-  const int64_t cap = 132 * (T > 4 ? 2 : 3);
-  const dim3 grid((unsigned)(groups < cap ? groups : cap));  // groups (the IQ tables: once each)
+  // T > 1 on 256-thread blocks: one wave (T > 4: 2 blocks an SM, their registers), grid-stride; past kMaxT rows
+  // (prompt pieces) blocks of kMaxT activation rows in y
+  const int Tb = T < kMaxT ? T : kMaxT;
+  const int64_t cap = 132 * (Tb > 4 ? 2 : 3);
+  const dim3 grid((unsigned)(groups < cap ? groups : cap), (unsigned)((T + kMaxT - 1) / kMaxT));  // the IQ tables: once a block
   auto go = [&](auto kern) {
-    const size_t fb = full_stage_bytes(T, W.cols);
+    const size_t fb = full_stage_bytes(Tb, W.cols);
     launch(kern, grid, threads, fb, st, W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1, nullptr,
            nullptr, nullptr, nullptr, fb ? 1 : 0);
   };
@@ -1202,7 +1266,7 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
   if (T == 2) go(k_int<D, 2>);
   else if (T <= 4) go(k_int<D, 4>);
   else if (T <= 8) go(k_int<D, 8>);
-  else go(k_int<D, 16>);
+  else go(k_int<D, kMaxT>);
 }
 
 // The 32-value block types' product over rows already quantized (q, dx: k_quantize32's layout, T rows of W.cols).
@@ -1350,7 +1414,9 @@ QRows rows_for(const QRows* pre, ActKind kind, const float* x, int64_t ldx, int 
 }
 }  // namespace
 
-int matmul_pass_rows(uint32_t type) { return type == GGML_IQ2_XXS && mma_available() ? kMmaMaxT : kMaxT; }
+// The 32-value block types' kernels take at most kMaxT rows a launch; the others any number (blocks of kMaxT rows in
+// y past it; IQ2_XXS on the tensor cores, 16 rows a block).
+int matmul_pass_rows(uint32_t type) { return act32_type(type) ? kMaxT : kMaxPassRows; }
 
 size_t matmul_scratch_bytes(uint32_t type, int T, int64_t cols) { return act_bytes(type, T, cols); }
 
@@ -1369,7 +1435,7 @@ void matmul(const MatView& W, const float* x, int64_t ldx, int T, float* y, int6
   // int8 activations: all T rows quantized once (or given), the passes over them
   const QRows qr = kind == ActKind::Float ? QRows{} : rows_for(pre, kind, x, ldx, T, W.cols, scratch, st);
   const int64_t nb = W.cols / (kind == ActKind::Q8_32 ? 32 : QK_K);
-  for (int t0 = 0; t0 < T; t0 += pass) {  // passes of at most 16 (64) rows: each row's value is the same in any pass
+  for (int t0 = 0; t0 < T; t0 += pass) {  // passes (matmul_pass_rows): each row's value is the same in any pass
     const int Tp = T - t0 < pass ? T - t0 : pass;
     const float* xp = x + t0 * ldx;
     const int8_t* qp = qr.q + (size_t)t0 * W.cols;
