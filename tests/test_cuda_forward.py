@@ -116,9 +116,12 @@ def _dn_case(rng, T, nk, r, dk, dv):
 
 @pytest.mark.parametrize("dk,dv", [(128, 128), (64, 64), (32, 48)])
 @pytest.mark.parametrize("mode", ["in_place", "window", "partial", "replay"])
-def test_dn_heads_equal_cpu_and_rows(dk, dv, mode):
+@pytest.mark.parametrize("rows", ["short", "long"])
+def test_dn_heads_equal_cpu_and_rows(dk, dv, mode, rows):
+    """"long": 8 rows or more, where dk = 128 takes the pipelined kernel (deltanet.cu k_dn_heads_pipe); its rows
+    against one-row calls (the other kernel) too."""
     rng = fresh_rng()
-    T, nk, r = int(rng.integers(1, 17)), 2, 2
+    T, nk, r = int(rng.integers(1, 8) if rows == "short" else rng.integers(8, 41)), 2, 2
     nv = nk * r
     S, k, v, q, eg, beta = _dn_case(rng, T, nk, r, dk, dv)
     n_src = {"in_place": T, "window": 0, "partial": 1, "replay": T}[mode]
