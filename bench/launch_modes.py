@@ -5,11 +5,13 @@ default), "all" = PDL for those windows too, "no-prefetch" = "on" without the pr
 (cuda_prefer_norm_quant(False): one more kernel per product after a norm); "iq2-rows1" / "iq2-rows2" / "iq2-rows4" =
 "on" with the IQ2_XXS one-row kernel taking that many weight rows a warp in the dense and the experts' products
 (cuda_prefer_iq2_rows; "on": 1 dense, 4 experts, 2 for the experts' fused gate / up); "pieces64" = "on" with prompt
-windows in pieces of 64 rows (cuda_prefer_prompt_rows; "on": 512). Shared by bench_gpu_forward.py, bench_spec.py and profile_gpu_forward.py. A recorded step keeps the mode
+windows in pieces of 64 rows (cuda_prefer_prompt_rows; "on": 512); "nopanel" = "on" with the prompt pieces' dense
+IQ2_XXS products decoded per 16 activation rows (cuda_prefer_iq2_panel(False)). Shared by bench_gpu_forward.py, bench_spec.py and profile_gpu_forward.py. A recorded step keeps the mode
 it was recorded in, so a mode applies to the sessions made after it is set."""
 from __future__ import annotations
 
-LAUNCH_MODES = ("on", "all", "no-prefetch", "off", "unfused", "iq2-rows1", "iq2-rows2", "iq2-rows4", "pieces64")
+LAUNCH_MODES = ("on", "all", "no-prefetch", "off", "unfused", "iq2-rows1", "iq2-rows2", "iq2-rows4", "pieces64",
+                "nopanel")
 
 
 def set_launches(mode: str) -> None:
@@ -21,3 +23,4 @@ def set_launches(mode: str) -> None:
     r = int(mode[-1]) if mode.startswith("iq2-rows") else 0
     _core.cuda_prefer_iq2_rows(r or 1, r or 4, r or 2)
     _core.cuda_prefer_prompt_rows(64 if mode == "pieces64" else 512)
+    _core.cuda_prefer_iq2_panel(mode != "nopanel")

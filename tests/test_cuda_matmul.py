@@ -5,6 +5,8 @@ call equals T one-row calls bit for bit, for T across the 16-row pass boundary; 
 inputs on every run, outputs compared as bit patterns. Skipped where no CUDA device is usable (CI)."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 
@@ -47,9 +49,9 @@ def test_t_rows_equal_one_row(typ):
     rng = np.random.default_rng()
     rows, cols = 300, 2048
     w = weights(rng, typ, rows, cols)
-    x = rng.standard_normal((18, cols)).astype(np.float32)
-    one = np.stack([_core.backend_matmul("cuda", w, typ, rows, cols, x[t:t + 1])[0] for t in range(18)])
-    for T in (2, 3, 4, 5, 8, 9, 16, 17, 18):
+    x = rng.standard_normal((40, cols)).astype(np.float32)
+    one = np.stack([_core.backend_matmul("cuda", w, typ, rows, cols, x[t:t + 1])[0] for t in range(40)])
+    for T in (2, 3, 4, 5, 8, 9, 16, 17, 18, 33, 40):  # past 16: blocks of 16 rows in y; IQ2_XXS from 32: the panel
         got = _core.backend_matmul("cuda", w, typ, rows, cols, x[:T])
         np.testing.assert_array_equal(bits(got), bits(one[:T]), err_msg=f"{typ} T={T}")
 
@@ -132,3 +134,41 @@ def test_iq2xxs_tensor_cores_from_two_rows():
                                           err_msg=f"{rows} rows T={T}")
     with pytest.raises(ValueError, match="min_rows"):
         _core.cuda_prefer_mma(True, 1)
+
+
+@contextmanager
+def iq2_panel(on: bool):
+    _core.cuda_prefer_iq2_panel(on)
+    try:
+        yield
+    finally:
+        _core.cuda_prefer_iq2_panel(True)
+
+
+def test_iq2xxs_panel_equals_tensor_cores_and_cpu_ref():
+    """Dense IQ2_XXS products of 32+ rows (prompt pieces) decode a block's 16 weight rows once into shared memory
+    (iq2_mma.cuh k_iq2xxs_panel): the CPU's scalar kernel and k_iq2xxs_mma bit for bit, for rows across the 16-row
+    blocks, the activation rows split in y (few weight rows) or not, tiles of 8 cut by T, 1..16 blocks a row (the 80B
+    file's 2048 and 4096 columns), past the panel's shared memory (5120 columns: k_iq2xxs_mma), and the largest lane
+    sums (every sub-block scale 15, all signs +, activations +-127)."""
+    rng = np.random.default_rng()
+    cases = [(int(rng.integers(1, 40)), 2048, 32), (300, 256, 100), (2100, 2048, 37), (17, 4096, 513),
+             (33, 5120, 45), (40, 1024, 40)]
+    for rows, cols, T in cases:
+        w = weights(rng, "IQ2_XXS", rows, cols)
+        x = (rng.standard_normal((T, cols)) * rng.uniform(0.01, 100)).astype(np.float32)
+        if (rows, cols, T) == (40, 1024, 40):  # the largest |P|, as test_iq2xxs_tensor_cores_equal_dp4a_and_cpu_ref
+            blocks = w.reshape(rows, cols // 256, 66).copy()
+            for sb in range(8):
+                blocks[:, :, 6 + 8 * sb:9 + 8 * sb] = 0
+                blocks[:, :, 9 + 8 * sb] = 0xF0
+            w = blocks.ravel()
+            x = np.sign(rng.standard_normal((T, cols))).astype(np.float32)
+            x[:6] = 1.0
+        want = _core.matmul(w, "IQ2_XXS", rows, cols, x, isa="scalar")
+        got = _core.backend_matmul("cuda", w, "IQ2_XXS", rows, cols, x)
+        with iq2_panel(False):
+            mma = _core.backend_matmul("cuda", w, "IQ2_XXS", rows, cols, x)
+        msg = f"{rows}x{cols} T={T}"
+        np.testing.assert_array_equal(bits(got), bits(want), err_msg=msg)
+        np.testing.assert_array_equal(bits(mma), bits(want), err_msg=msg)

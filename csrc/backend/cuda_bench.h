@@ -36,6 +36,8 @@ bool cuda_pdl_used();
 void cuda_prefer_norm_quant(bool on);
 // Tests and benches: cuda::prefer_iq2_rows (the weight rows a warp of the IQ2_XXS T = 1 kernel takes).
 void cuda_prefer_iq2_rows(int dense, int sel, int pair);
+// Tests and benches: cuda::prefer_iq2_panel (prompt pieces' dense IQ2_XXS products from shared memory, default on).
+void cuda_prefer_iq2_panel(bool on);
 // Tests and benches: the rows of a prompt piece on the card (Backend::prompt_rows, default 512; sessions made
 // after the call), and the current setting.
 void cuda_prefer_prompt_rows(int rows);

@@ -27,6 +27,7 @@ void cuda_prefer_pdl(bool, bool, bool) { no_cuda(); }
 bool cuda_pdl_used() { return false; }
 void cuda_prefer_norm_quant(bool) { no_cuda(); }
 void cuda_prefer_iq2_rows(int, int, int) { no_cuda(); }
+void cuda_prefer_iq2_panel(bool) { no_cuda(); }
 void cuda_prefer_prompt_rows(int) { no_cuda(); }
 int cuda_prompt_rows() { no_cuda(); }
 

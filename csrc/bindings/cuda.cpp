@@ -349,6 +349,9 @@ void init_cuda(nb::module_& m) {
         "Tests and benches: the weight rows (1, 2 or 4) a warp of the IQ2_XXS one-row kernel takes in the dense products, "
         "in the experts' products and in the experts' fused gate / up (defaults 1, 4, 2); the same bits every way.");
   m.def("cuda_pdl_used", &cuda_pdl_used, "Whether launches carry programmatic dependent launch now (False without CUDA).");
+  m.def("cuda_prefer_iq2_panel", &cuda_prefer_iq2_panel, nb::arg("on"),
+        "Tests and benches: whether the dense IQ2_XXS products of 32+ rows (prompt pieces) decode a block's 16 weight "
+        "rows once into shared memory (default on) or per 16 activation rows; the same bits either way.");
   m.def("cuda_prefer_prompt_rows", &cuda_prefer_prompt_rows, nb::arg("rows"),
         "Tests and benches: the rows of a prompt piece on the card (1..4096, default 512), for the sessions made after "
         "the call; the same bits for any value.");

@@ -215,6 +215,128 @@ __global__ void __launch_bounds__(32 * kMmaWarps) k_iq2xxs_mma(const uint8_t* __
     }
 }
 
+// Dense rows of a prompt piece (kPanelMinT activation rows or more): a block's 16 weight rows decoded once into
+// shared memory as the MMA's A fragments, then every activation row of the block's range taken 8 at a time from
+// there. iq2_mma_rows decodes the weights again for every 16 activation rows and holds 16 lanes x 4 outputs x 16
+// activation rows of sums (237 registers: 2 blocks of 4 warps an SM); here the decode is paid once per 16 weight
+// rows and range, and a warp holds 16 lanes x 4 outputs of 8 activation rows. Each output's integers P_k, its
+// fma chain over the blocks in order and reduce16's tree are iq2_mma_rows' (the same bits).
+// Shared memory: frag[b][k][lane] = (lo0, lo1, hi0, hi1), the A fragments of lane k of block b for thread `lane`
+// (rows g and g + 8), 8 KB a block of 16 rows; then the rows' d of each block, dsm[b][row].
+constexpr int kPanelWarps = 8;
+constexpr int kPanelMinT = 32;                 // fewer rows: k_iq2xxs_mma
+constexpr size_t kPanelMaxSmem = 160 * 1024;   // IQ2_XXS rows of up to 4864 columns (the 80B file's: 2048, 4096)
+__host__ __device__ constexpr size_t panel_smem_bytes(int64_t nb) {
+  return (size_t)nb * (16 * 32 * sizeof(uint4) + 16 * sizeof(float));
+}
+
+__global__ void __launch_bounds__(32 * kPanelWarps) k_iq2xxs_panel(const uint8_t* __restrict__ W, size_t row_bytes,
+                                                                   int64_t rows, int64_t nb,
+                                                                   const int8_t* __restrict__ q,
+                                                                   const float* __restrict__ dx, int T,
+                                                                   int tiles_per_y, float* __restrict__ y,
+                                                                   int64_t ldy) {
+  prefetch_rows(W, row_bytes, rows, (int64_t)blockIdx.x * 16, 16);
+  pdl_wait();
+  __shared__ uint64_t grid[256];
+  __shared__ uint64_t smask[128];
+  extern __shared__ uint4 frag[];  // [nb][16][32]
+  float* dsm = reinterpret_cast<float*>(frag + nb * 16 * 32);  // [nb][16]
+  iq2_tables(grid, smask);
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c4 = lane & 3;
+  const int64_t r0 = (int64_t)blockIdx.x * 16;
+  // the decode: warp w takes blocks w, w + kPanelWarps, ...; thread (g, c4) rows g and g + 8, sub-blocks 2 c4 + h
+  {
+    const uint8_t* row0 = W + (r0 + g < rows ? r0 + g : rows - 1) * row_bytes;
+    const uint8_t* row1 = W + (r0 + g + 8 < rows ? r0 + g + 8 : rows - 1) * row_bytes;
+    for (int64_t b = warp; b < nb; b += kPanelWarps) {
+      Iq2MmaPart cur;
+      cur.load(row0 + b * IQ2_XXS::kBytes, row1 + b * IQ2_XXS::kBytes, c4);
+      if (c4 == 0) {
+        dsm[b * 16 + g] = cur.d(0);
+        dsm[b * 16 + g + 8] = cur.d(1);
+      }
+#pragma unroll
+      for (int l = 0; l < 4; l++) {
+        uint32_t wp[2][2][4];
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+          for (int h = 0; h < 2; h++) {
+            const uint64_t gv = grid[(cur.idx[i][h] >> (8 * l)) & 255];
+            const uint64_t mk = smask[(cur.aux[i][h] >> (7 * l)) & 127];
+            const uint32_t ls = 2 * (cur.aux[i][h] >> 28) + 1;
+#pragma unroll
+            for (int m = 0; m < 4; m++)
+              wp[i][h][m] = iq2_pair16(m < 2 ? (uint32_t)gv : (uint32_t)(gv >> 32),
+                                       m < 2 ? (uint32_t)mk : (uint32_t)(mk >> 32), m, ls);
+          }
+#pragma unroll
+        for (int m = 0; m < 4; m++)
+          frag[(b * 16 + 4 * l + m) * 32 + lane] =
+              make_uint4(__byte_perm(wp[0][0][m], wp[0][1][m], 0x6420), __byte_perm(wp[1][0][m], wp[1][1][m], 0x6420),
+                         __byte_perm(wp[0][0][m], wp[0][1][m], 0x7531), __byte_perm(wp[1][0][m], wp[1][1][m], 0x7531));
+      }
+    }
+  }
+  __syncthreads();
+  // the activation rows: tiles of 8 (tile_0 .. tile_0 + tiles_per_y of this block y), warp w taking every
+  // kPanelWarps-th
+  const int tile0 = (int)blockIdx.y * tiles_per_y, tiles = (T + 7) / 8;
+  const int tile1 = tile0 + tiles_per_y < tiles ? tile0 + tiles_per_y : tiles;
+  for (int tile = tile0 + warp; tile < tile1; tile += kPanelWarps) {
+    const int t0 = tile * 8;
+    auto col = [&](int j) { return (int64_t)(t0 + j < T ? t0 + j : T - 1); };  // past T: row T - 1, unused
+    const int8_t* qb = q + col(g) * nb * QK_K + 4 * c4;
+    const float* dx0 = dx + col(2 * c4) * nb;
+    const float* dx1 = dx + col(2 * c4 + 1) * nb;
+    float L[4][16];
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+#pragma unroll
+      for (int k = 0; k < 16; k++) L[e][k] = 0.f;
+    for (int64_t b = 0; b < nb; b++) {
+      float dd[4];
+      {
+        const float d0 = dsm[b * 16 + g], d1 = dsm[b * 16 + g + 8];
+        const float x0 = __ldg(dx0 + b), x1 = __ldg(dx1 + b);
+        dd[0] = __fmul_rn(d0, x0);
+        dd[1] = __fmul_rn(d0, x1);
+        dd[2] = __fmul_rn(d1, x0);
+        dd[3] = __fmul_rn(d1, x1);
+      }
+      uint32_t bq[16];
+#pragma unroll
+      for (int k = 0; k < 16; k++) bq[k] = __ldg(reinterpret_cast<const uint32_t*>(qb + b * QK_K + 16 * k));
+#pragma unroll
+      for (int k = 0; k < 16; k++) {
+        const uint4 a = frag[(b * 16 + k) * 32 + lane];
+        int plo[4], phi[4];
+        mma_k16<true>(plo, a.x, a.y, bq[k], kMmaBias);
+        mma_k16<false>(phi, a.z, a.w, bq[k], 0);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const float p = __fsub_rn(__int_as_float(phi[e] * 256 + plo[e]), kMmaBiasF);  // (float)P, exact
+          L[e][k] = fmaf(dd[e], p, L[e][k]);
+        }
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) {  // reduce16's tree, then k_int's y = s - Lm with Lm = 0
+      float s8[8], s4[4];
+#pragma unroll
+      for (int jj = 0; jj < 8; jj++) s8[jj] = __fadd_rn(L[e][jj], L[e][jj + 8]);
+#pragma unroll
+      for (int jj = 0; jj < 4; jj++) s4[jj] = __fadd_rn(s8[jj], s8[jj + 4]);
+      const float v = __fsub_rn(__fadd_rn(__fadd_rn(s4[0], s4[2]), __fadd_rn(s4[1], s4[3])), 0.f);
+      const int64_t r = r0 + g + 8 * (e >> 1);
+      const int t = t0 + 2 * c4 + (e & 1);
+      if (r < rows && t < T) y[(int64_t)t * ldy + r] = v;
+    }
+  }
+}
+
 // Expert tiles (k_sel_tiles), as k_iq2xxs_tiles: block (x, y) takes tiles y, y + gridDim.y, ...; warp w of block x
 // takes the expert's 16-row groups x kMmaWarps + w, then + kMmaWarps gridDim.x. The tile's slots are the MMA's
 // activation rows (slot / xdiv; past the count: the first slot again, outputs unused); NT = 1 for tiles of at most

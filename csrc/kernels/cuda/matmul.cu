@@ -455,6 +455,7 @@ __global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __r
 // by init_tables) and tests / benches have not turned them off (cuda_prefer_mma). The same bits either way.
 bool g_mma_card = false;
 bool g_mma_on = true;
+bool g_iq2_panel = true;  // prompt pieces' dense IQ2_XXS products by k_iq2xxs_panel (prefer_iq2_panel: the A/B)
 bool mma_available() { return g_mma_card && g_mma_on; }
 int g_mma_min_t = 5;  // rows from which the dense IQ2_XXS products take k_iq2xxs_mma (2..4: k_iq2xxs_warp)
 
@@ -1220,6 +1221,17 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
   const int threads = threads_for(g16);
   const int64_t groups = (W.rows + threads / 16 - 1) / (threads / 16);  // at most 4096 blocks, each over several
   if constexpr (std::is_same_v<D, IQ2_XXS>) {
+    const size_t psm = panel_smem_bytes(nb);
+    if (T >= kPanelMinT && g_iq2_panel && psm <= kPanelMaxSmem && mma_available()) {
+      // prompt pieces: 16 weight rows a block decoded once into shared memory (iq2_mma.cuh k_iq2xxs_panel); the
+      // activation rows split in y where the weight rows alone give under two blocks an SM
+      const int64_t tiles = (T + 7) / 8;
+      const int64_t gy0 = std::min<int64_t>(tiles, std::max<int64_t>(1, (2 * 132 + g16 - 1) / g16));
+      const int per_y = (int)((tiles + gy0 - 1) / gy0);
+      launch(k_iq2xxs_panel, dim3((unsigned)g16, (unsigned)((tiles + per_y - 1) / per_y)), 32 * kPanelWarps, psm, st,
+             W.data, W.row_bytes, W.rows, nb, q, dx, T, per_y, y, ldy);
+      return;
+    }
     if (T >= g_mma_min_t && mma_available()) {  // the tensor cores, a warp per 16 weight rows (iq2_mma.cuh)
       const unsigned gx = (unsigned)((g16 + kMmaWarps - 1) / kMmaWarps);
       if (T <= 8) launch(k_iq2xxs_mma<1>, gx, 32 * kMmaWarps, 0, st, W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy);
@@ -1366,11 +1378,15 @@ void init_tables() {
   check(cudaMemcpyToSymbol(g_ksigns, kKsigns, sizeof(kKsigns)), "copy the IQ sign table");
   check(cudaMemcpyToSymbol(g_iq4_values, kIq4Values, sizeof(kIq4Values)), "copy the IQ4 values");
   check(cudaMemcpyToSymbol(g_mxfp4_values, kMxfp4Values, sizeof(kMxfp4Values)), "copy the MXFP4 values");
+  check(cudaFuncSetAttribute(k_iq2xxs_panel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kPanelMaxSmem),
+        "allow the IQ2_XXS panel kernel its shared memory");
   for (uint32_t type = 0; type < 64; type++)  // every type with_decoder knows
     with_decoder(type, [](auto dec, auto kind) {
       if constexpr (decltype(kind)::value == ActKind::Q8_256) allow_int_smem<decltype(dec)>();
     });
 }
+
+void prefer_iq2_panel(bool on) { g_iq2_panel = on; }
 
 void prefer_mma(bool on, int min_rows) {
   STRATA_CHECK(min_rows >= 2, "cuda prefer_mma: min_rows = ", min_rows, " (at least 2: one row is the warp kernel's)");

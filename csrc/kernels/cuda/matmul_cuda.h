@@ -78,6 +78,9 @@ void prefer_norm_quant(bool on);
 // Tests and benches: the weight rows a warp of the IQ2_XXS T = 1 kernel takes (1, 2 or 4) in the dense products, in
 // the experts' products and in the experts' fused gate / up (defaults 1, 4, 2). The same bits every way (tested).
 void prefer_iq2_rows(int dense, int sel, int pair);
+// Tests and benches: whether the dense IQ2_XXS products of 32+ rows (prompt pieces) decode a block's weight rows once
+// into shared memory (k_iq2xxs_panel, default on) or take k_iq2xxs_mma; the same bits either way.
+void prefer_iq2_panel(bool on);
 bool matmul_supported(uint32_t type);
 // backend.h embed_rows: out[t] = row ids[t] of table, dequantized as types.h does (the decoders' value(): F32, F16,
 // BF16, Q8_0, the types embed_supported names). Returns at once.
