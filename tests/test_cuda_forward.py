@@ -129,6 +129,14 @@ def test_dn_heads_equal_cpu_and_rows(dk, dv, mode, rows):
     f = [S, nan(nv, dk, dv), k, v, q, eg, beta, nan(T, nv, dv)]
     n = [nk * dk, nv * dv, nk * dk, nv * dv, nk, nv, dk, dv, T, n_src, int(has_o), int(n_src < T)]
     out = both("dn_heads", f, n=n)
+    if rows == "long":  # and on the other kernel (cuda_prefer_dn_pipe(False)): the same bits
+        _core.cuda_prefer_dn_pipe(False)
+        try:
+            split = _op("cuda", "dn_heads", f, n=n)[0]
+        finally:
+            _core.cuda_prefer_dn_pipe(True)
+        for j in (0, 1, 7):
+            assert np.array_equal(bits(split[j]), bits(out[j])), f"k_dn_heads_split, array {j}"
     if mode == "in_place":  # T one-row calls carrying S
         S1 = S
         for t in range(T):

@@ -346,6 +346,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // memory kDnStage - 1 rows ahead (cp.async: their loads overlap the sums), eg, beta and v one row ahead.
 constexpr int kDnStage = 4;
 constexpr int kPipeMinT = 8;
+bool g_dn_pipe = true;  // prefer_dn_pipe: the A/B against k_dn_heads_split
 template <int DK>
 __global__ void __launch_bounds__(32) k_dn_heads_pipe(float* __restrict__ S, float* __restrict__ S_work,
                                                       const __grid_constant__ DnHeads A, int T, int n_src) {
@@ -455,13 +456,15 @@ __global__ void __launch_bounds__(32) k_dn_heads_pipe(float* __restrict__ S, flo
 
 }  // namespace
 
+void prefer_dn_pipe(bool on) { g_dn_pipe = on; }
+
 void dn_heads(float* S, float* S_work, const DnHeads& a, int T, int n_src, void* stream) {
   STRATA_CHECK(T >= 1 && n_src >= 0 && (n_src >= T || S_work), "dn_heads: T = ", T, ", n_src = ", n_src);
   STRATA_CHECK(a.dk >= 1 && a.dv >= 1 && a.nk >= 1 && a.nv % a.nk == 0, "dn_heads: dk = ", a.dk, ", dv = ", a.dv,
                ", nk = ", a.nk, ", nv = ", a.nv);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const unsigned nv = (unsigned)a.nv;
-  if (a.dk == 128 && T >= kPipeMinT)
+  if (a.dk == 128 && T >= kPipeMinT && g_dn_pipe)
     launch(k_dn_heads_pipe<128>, dim3((unsigned)((a.dv + 15) / 16), nv), 32, 0, st, S, S_work, a, T, n_src);
   else if (a.dk == 128)
     launch(k_dn_heads_split<128>, dim3((unsigned)((a.dv + 15) / 16), nv), 32, 0, st, S, S_work, a, T, n_src);

@@ -455,7 +455,8 @@ __global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __r
 // by init_tables) and tests / benches have not turned them off (cuda_prefer_mma). The same bits either way.
 bool g_mma_card = false;
 bool g_mma_on = true;
-bool g_iq2_panel = true;  // prompt pieces' dense IQ2_XXS products by k_iq2xxs_panel (prefer_iq2_panel: the A/B)
+bool g_iq2_panel = true;
+bool g_row_groups = true;  // small float matrices past 16 rows in blocks of 16 rows (prefer_row_groups: the A/B)  // prompt pieces' dense IQ2_XXS products by k_iq2xxs_panel (prefer_iq2_panel: the A/B)
 bool mma_available() { return g_mma_card && g_mma_on; }
 int g_mma_min_t = 5;  // rows from which the dense IQ2_XXS products take k_iq2xxs_mma (2..4: k_iq2xxs_warp)
 
@@ -1188,8 +1189,8 @@ void launch_float_r(const MatView& W, const float* x, int64_t ldx, int T, float*
   auto go = [&](auto kern) {
     launch(kern, grid, threads, 0, st, W.data, W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy, nullptr, 0, 1);
   };
-  if (T > kMaxT) {  // prompt pieces: a block per (rows, 16 activation rows) (small matrices such as the routers
-                    // read their weights once per 16 rows, not once per row)
+  if (T > kMaxT && (threads != 64 || g_row_groups)) {  // prompt pieces: a block per (rows, 16 activation rows)
+    // (small matrices such as the routers read their weights once per 16 rows, not once per row)
     launch(k_float<D, kMaxT, R>, dim3(grid.x, (unsigned)((T + kMaxT - 1) / kMaxT)), threads, 0, st, W.data,
            W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy, nullptr, 0, 1);
     return;
@@ -1387,6 +1388,7 @@ void init_tables() {
 }
 
 void prefer_iq2_panel(bool on) { g_iq2_panel = on; }
+void prefer_row_groups(bool on) { g_row_groups = on; }
 
 void prefer_mma(bool on, int min_rows) {
   STRATA_CHECK(min_rows >= 2, "cuda prefer_mma: min_rows = ", min_rows, " (at least 2: one row is the warp kernel's)");

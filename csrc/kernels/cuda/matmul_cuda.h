@@ -81,6 +81,9 @@ void prefer_iq2_rows(int dense, int sel, int pair);
 // Tests and benches: whether the dense IQ2_XXS products of 32+ rows (prompt pieces) decode a block's weight rows once
 // into shared memory (k_iq2xxs_panel, default on) or take k_iq2xxs_mma; the same bits either way.
 void prefer_iq2_panel(bool on);
+// Tests and benches: whether small float matrices (the routers) over 17+ rows take blocks of 16 activation rows
+// (default on) or a block per activation row; the same bits either way.
+void prefer_row_groups(bool on);
 bool matmul_supported(uint32_t type);
 // backend.h embed_rows: out[t] = row ids[t] of table, dequantized as types.h does (the decoders' value(): F32, F16,
 // BF16, Q8_0, the types embed_supported names). Returns at once.
