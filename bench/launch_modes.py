@@ -6,15 +6,16 @@ default), "all" = PDL for those windows too, "no-prefetch" = "on" without the pr
 "on" with the IQ2_XXS one-row kernel taking that many weight rows a warp in the dense and the experts' products
 (cuda_prefer_iq2_rows; "on": 1 dense, 4 experts, 2 for the experts' fused gate / up); "pieces64" = "on" with prompt
 windows in pieces of 64 rows (cuda_prefer_prompt_rows; "on": 512); "nopanel" = "on" with the prompt pieces' dense
-IQ2_XXS products decoded per 16 activation rows (cuda_prefer_iq2_panel(False)); "dnsplit" = "on" with the DeltaNet
-heads of 8+ rows on k_dn_heads_split, not the pipelined kernel (cuda_prefer_dn_pipe(False)); "rows1" = "on" with
-the small float matrices (routers) of prompt pieces a block per activation row (cuda_prefer_row_groups(False)).
+IQ2_XXS products decoded per 16 activation rows (cuda_prefer_iq2_panel(False)); "dnpipe" = "on" with the DeltaNet
+heads of 8+ rows on the pipelined kernel, not k_dn_heads_split (cuda_prefer_dn_pipe(True)); "rowgroups" = "on" with
+the small float matrices (routers) of prompt pieces in blocks of 16 activation rows, not a block per row
+(cuda_prefer_row_groups(True)).
 Shared by bench_gpu_forward.py, bench_spec.py and profile_gpu_forward.py. A recorded step keeps the mode
 it was recorded in, so a mode applies to the sessions made after it is set."""
 from __future__ import annotations
 
 LAUNCH_MODES = ("on", "all", "no-prefetch", "off", "unfused", "iq2-rows1", "iq2-rows2", "iq2-rows4", "pieces64",
-                "nopanel", "dnsplit", "rows1")
+                "nopanel", "dnpipe", "rowgroups")
 
 
 def set_launches(mode: str) -> None:
@@ -27,5 +28,5 @@ def set_launches(mode: str) -> None:
     _core.cuda_prefer_iq2_rows(r or 1, r or 4, r or 2)
     _core.cuda_prefer_prompt_rows(64 if mode == "pieces64" else 512)
     _core.cuda_prefer_iq2_panel(mode != "nopanel")
-    _core.cuda_prefer_dn_pipe(mode != "dnsplit")
-    _core.cuda_prefer_row_groups(mode != "rows1")
+    _core.cuda_prefer_dn_pipe(mode == "dnpipe")
+    _core.cuda_prefer_row_groups(mode == "rowgroups")

@@ -175,18 +175,18 @@ def test_iq2xxs_panel_equals_tensor_cores_and_cpu_ref():
 
 
 def test_router_row_groups_equal_rows_and_cpu_ref():
-    """Small float matrices (the F32 routers: 512 x 2048) over a prompt piece's rows: blocks of 16 activation rows
-    (the default) and a block per row (cuda_prefer_row_groups(False)) give the CPU's scalar kernel's bits."""
+    """Small float matrices (the F32 routers: 512 x 2048) over a prompt piece's rows: a block per row (the default)
+    and blocks of 16 activation rows (cuda_prefer_row_groups(True)) give the CPU's scalar kernel's bits."""
     rng = np.random.default_rng()
     for rows, T in ((512, 100), (37, 17), (512, 513)):
         w = weights(rng, "F32", rows, 2048)
         x = rng.standard_normal((T, 2048)).astype(np.float32)
         want = _core.matmul(w, "F32", rows, 2048, x, isa="scalar")
         got = _core.backend_matmul("cuda", w, "F32", rows, 2048, x)
-        _core.cuda_prefer_row_groups(False)
+        _core.cuda_prefer_row_groups(True)
         try:
-            per_row = _core.backend_matmul("cuda", w, "F32", rows, 2048, x)
+            groups = _core.backend_matmul("cuda", w, "F32", rows, 2048, x)
         finally:
-            _core.cuda_prefer_row_groups(True)
+            _core.cuda_prefer_row_groups(False)
         np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{rows} rows T={T}")
-        np.testing.assert_array_equal(bits(per_row), bits(want), err_msg=f"{rows} rows T={T}, a block per row")
+        np.testing.assert_array_equal(bits(groups), bits(want), err_msg=f"{rows} rows T={T}, blocks of 16 rows")

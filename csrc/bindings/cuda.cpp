@@ -353,11 +353,11 @@ void init_cuda(nb::module_& m) {
         "Tests and benches: whether the dense IQ2_XXS products of 32+ rows (prompt pieces) decode a block's 16 weight "
         "rows once into shared memory (default on) or per 16 activation rows; the same bits either way.");
   m.def("cuda_prefer_dn_pipe", &cuda_prefer_dn_pipe, nb::arg("on"),
-        "Tests and benches: whether DeltaNet heads (dk = 128) over 8+ rows take the pipelined kernel (default on); the "
+        "Tests and benches: whether DeltaNet heads (dk = 128) over 8+ rows take the pipelined kernel (default off: slower); the "
         "same bits either way.");
   m.def("cuda_prefer_row_groups", &cuda_prefer_row_groups, nb::arg("on"),
         "Tests and benches: whether small float matrices (the routers) over 17+ rows take blocks of 16 activation rows "
-        "(default on) or a block per row; the same bits either way.");
+        "or a block per row (the default); the same bits either way.");
   m.def("cuda_prefer_prompt_rows", &cuda_prefer_prompt_rows, nb::arg("rows"),
         "Tests and benches: the rows of a prompt piece on the card (1..4096, default 512), for the sessions made after "
         "the call; the same bits for any value.");

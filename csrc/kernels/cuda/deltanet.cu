@@ -346,7 +346,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // memory kDnStage - 1 rows ahead (cp.async: their loads overlap the sums), eg, beta and v one row ahead.
 constexpr int kDnStage = 4;
 constexpr int kPipeMinT = 8;
-bool g_dn_pipe = true;  // prefer_dn_pipe: the A/B against k_dn_heads_split
+bool g_dn_pipe = false;  // prefer_dn_pipe: off (k_dn_heads_split was faster in prompt pieces, docs/BENCHMARKS.md)
 template <int DK>
 __global__ void __launch_bounds__(32) k_dn_heads_pipe(float* __restrict__ S, float* __restrict__ S_work,
                                                       const __grid_constant__ DnHeads A, int T, int n_src) {

@@ -455,8 +455,9 @@ __global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __r
 // by init_tables) and tests / benches have not turned them off (cuda_prefer_mma). The same bits either way.
 bool g_mma_card = false;
 bool g_mma_on = true;
-bool g_iq2_panel = true;
-bool g_row_groups = true;  // small float matrices past 16 rows in blocks of 16 rows (prefer_row_groups: the A/B)  // prompt pieces' dense IQ2_XXS products by k_iq2xxs_panel (prefer_iq2_panel: the A/B)
+bool g_iq2_panel = true;  // prompt pieces' dense IQ2_XXS products by k_iq2xxs_panel (prefer_iq2_panel: the A/B)
+// small float matrices past 16 rows in blocks of 16 rows (prefer_row_groups): off, a block per row measured faster
+bool g_row_groups = false;
 bool mma_available() { return g_mma_card && g_mma_on; }
 int g_mma_min_t = 5;  // rows from which the dense IQ2_XXS products take k_iq2xxs_mma (2..4: k_iq2xxs_warp)
 

@@ -82,7 +82,7 @@ void prefer_iq2_rows(int dense, int sel, int pair);
 // into shared memory (k_iq2xxs_panel, default on) or take k_iq2xxs_mma; the same bits either way.
 void prefer_iq2_panel(bool on);
 // Tests and benches: whether small float matrices (the routers) over 17+ rows take blocks of 16 activation rows
-// (default on) or a block per activation row; the same bits either way.
+// or a block per activation row (the default: faster); the same bits either way.
 void prefer_row_groups(bool on);
 bool matmul_supported(uint32_t type);
 // backend.h embed_rows: out[t] = row ids[t] of table, dequantized as types.h does (the decoders' value(): F32, F16,
