@@ -93,6 +93,18 @@ def test_device_name_and_launch_timing():
     assert 0 < least <= median and np.isfinite(median)
 
 
+def _largest_lane_sums(rng, w, rows, cols, T):
+    """IQ2_XXS weights w with every sub-block scale at 15 and no negative sign, and T activation rows of +-1 (q =
+    +-127), the first 6 all positive: the lane sums P at their largest, where the (float)P bias needs |P| < 2^22."""
+    blocks = w.reshape(rows, cols // 256, 66).copy()
+    for sb in range(8):  # sub-block sb's sign / scale word at 2 + 8 sb + 4: 0xf0000000
+        blocks[:, :, 6 + 8 * sb:9 + 8 * sb] = 0
+        blocks[:, :, 9 + 8 * sb] = 0xF0
+    x = np.sign(rng.standard_normal((T, cols))).astype(np.float32)
+    x[:6] = 1.0
+    return blocks.ravel(), x
+
+
 def test_iq2xxs_tensor_cores_equal_dp4a_and_cpu_ref():
     """IQ2_XXS products of 5+ rows take the int8 tensor cores (csrc/kernels/cuda/iq2_mma.cuh: P_k = 256 P_hi + P_lo by two
     MMAs, exact); they equal the dp4a kernels and the CPU's scalar kernel bit for bit: rows across the 16-row tiles,
@@ -105,13 +117,7 @@ def test_iq2xxs_tensor_cores_equal_dp4a_and_cpu_ref():
         w = weights(rng, "IQ2_XXS", rows, cols)
         x = (rng.standard_normal((T, cols)) * rng.uniform(0.01, 100)).astype(np.float32)
         if (rows, cols, T) == (40, 1024, 12):  # the largest |P|: scale nibble 15 and no negative sign in every sub-block
-            blocks = w.reshape(rows, cols // 256, 66).copy()
-            for sb in range(8):  # sub-block sb's sign / scale word at 2 + 8 sb + 4: 0xf0000000
-                blocks[:, :, 6 + 8 * sb:9 + 8 * sb] = 0
-                blocks[:, :, 9 + 8 * sb] = 0xF0
-            w = blocks.ravel()
-            x = np.sign(rng.standard_normal((T, cols))).astype(np.float32)  # q = +-127 everywhere
-            x[:6] = 1.0  # and all positive: P at its maximum
+            w, x = _largest_lane_sums(rng, w, rows, cols, T)
         want = _core.matmul(w, "IQ2_XXS", rows, cols, x, isa="scalar")
         got = _core.backend_matmul("cuda", w, "IQ2_XXS", rows, cols, x)
         with tensor_cores(False):
@@ -158,13 +164,7 @@ def test_iq2xxs_panel_equals_tensor_cores_and_cpu_ref():
         w = weights(rng, "IQ2_XXS", rows, cols)
         x = (rng.standard_normal((T, cols)) * rng.uniform(0.01, 100)).astype(np.float32)
         if (rows, cols, T) == (40, 1024, 40):  # the largest |P|, as test_iq2xxs_tensor_cores_equal_dp4a_and_cpu_ref
-            blocks = w.reshape(rows, cols // 256, 66).copy()
-            for sb in range(8):
-                blocks[:, :, 6 + 8 * sb:9 + 8 * sb] = 0
-                blocks[:, :, 9 + 8 * sb] = 0xF0
-            w = blocks.ravel()
-            x = np.sign(rng.standard_normal((T, cols))).astype(np.float32)
-            x[:6] = 1.0
+            w, x = _largest_lane_sums(rng, w, rows, cols, T)
         want = _core.matmul(w, "IQ2_XXS", rows, cols, x, isa="scalar")
         got = _core.backend_matmul("cuda", w, "IQ2_XXS", rows, cols, x)
         with iq2_panel(False):

@@ -80,6 +80,29 @@ __device__ __forceinline__ uint32_t iq2_pair16(uint32_t gw, uint32_t mw, int m, 
   return ((gp * ls) ^ mm) + (mm & 0x00010001u);
 }
 
+// Grid entry l of thread (g, c4)'s share of a block (cur), as the MMA's A fragments of lanes k = 4 l + m: a[m] =
+// (lo of row g, lo of row g + 8, hi of row g, hi of row g + 8), each 4 bytes at K 4 c4 .. 4 c4 + 3.
+__device__ __forceinline__ void iq2_mma_frags(const Iq2MmaPart& cur, int l, const uint64_t* grid,
+                                              const uint64_t* smask, uint4 (&a)[4]) {
+  uint32_t wp[2][2][4];
+#pragma unroll
+  for (int i = 0; i < 2; i++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const uint64_t gv = grid[(cur.idx[i][h] >> (8 * l)) & 255];
+      const uint64_t mk = smask[(cur.aux[i][h] >> (7 * l)) & 127];
+      const uint32_t ls = 2 * (cur.aux[i][h] >> 28) + 1;
+#pragma unroll
+      for (int m = 0; m < 4; m++)
+        wp[i][h][m] = iq2_pair16(m < 2 ? (uint32_t)gv : (uint32_t)(gv >> 32),
+                                 m < 2 ? (uint32_t)mk : (uint32_t)(mk >> 32), m, ls);
+    }
+#pragma unroll
+  for (int m = 0; m < 4; m++)
+    a[m] = make_uint4(__byte_perm(wp[0][0][m], wp[0][1][m], 0x6420), __byte_perm(wp[1][0][m], wp[1][1][m], 0x6420),
+                      __byte_perm(wp[0][0][m], wp[0][1][m], 0x7531), __byte_perm(wp[1][0][m], wp[1][1][m], 0x7531));
+}
+
 // The warp's 16 weight rows r0 .. r0 + 15 of W (rows past `rows` read row rows - 1, their outputs unused) against
 // NT x 8 activation rows: thread (g, c4)'s B rows qb[n] (activation row 8 n + g; q of block 0) and its C rows' dx
 // (dxc[n][j]: activation row 8 n + 2 c4 + j). out[n][e]: the finished value (matmul.h's y) of weight row
@@ -118,26 +141,12 @@ __device__ __forceinline__ void iq2_mma_rows(const uint8_t* __restrict__ W, size
     }
 #pragma unroll
     for (int l = 0; l < 4; l++) {  // grid entry l: lanes 4 l .. 4 l + 3
-      uint32_t wp[2][2][4];
-#pragma unroll
-      for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-          const uint64_t gv = grid[(cur.idx[i][h] >> (8 * l)) & 255];
-          const uint64_t mk = smask[(cur.aux[i][h] >> (7 * l)) & 127];
-          const uint32_t ls = 2 * (cur.aux[i][h] >> 28) + 1;
-#pragma unroll
-          for (int m = 0; m < 4; m++)
-            wp[i][h][m] = iq2_pair16(m < 2 ? (uint32_t)gv : (uint32_t)(gv >> 32),
-                                     m < 2 ? (uint32_t)mk : (uint32_t)(mk >> 32), m, ls);
-        }
+      uint4 a[4];
+      iq2_mma_frags(cur, l, grid, smask, a);
 #pragma unroll
       for (int m = 0; m < 4; m++) {
         const int k = 4 * l + m;
-        const uint32_t lo0 = __byte_perm(wp[0][0][m], wp[0][1][m], 0x6420);
-        const uint32_t lo1 = __byte_perm(wp[1][0][m], wp[1][1][m], 0x6420);
-        const uint32_t hi0 = __byte_perm(wp[0][0][m], wp[0][1][m], 0x7531);
-        const uint32_t hi1 = __byte_perm(wp[1][0][m], wp[1][1][m], 0x7531);
+        const uint32_t lo0 = a[m].x, lo1 = a[m].y, hi0 = a[m].z, hi1 = a[m].w;
 #pragma unroll
         for (int n = 0; n < NT; n++) {
           const uint32_t bq = __ldg(reinterpret_cast<const uint32_t*>(qb[n] + b * QK_K + 16 * k + 4 * c4));
@@ -259,24 +268,10 @@ __global__ void __launch_bounds__(32 * kPanelWarps) k_iq2xxs_panel(const uint8_t
       }
 #pragma unroll
       for (int l = 0; l < 4; l++) {
-        uint32_t wp[2][2][4];
+        uint4 a[4];
+        iq2_mma_frags(cur, l, grid, smask, a);
 #pragma unroll
-        for (int i = 0; i < 2; i++)
-#pragma unroll
-          for (int h = 0; h < 2; h++) {
-            const uint64_t gv = grid[(cur.idx[i][h] >> (8 * l)) & 255];
-            const uint64_t mk = smask[(cur.aux[i][h] >> (7 * l)) & 127];
-            const uint32_t ls = 2 * (cur.aux[i][h] >> 28) + 1;
-#pragma unroll
-            for (int m = 0; m < 4; m++)
-              wp[i][h][m] = iq2_pair16(m < 2 ? (uint32_t)gv : (uint32_t)(gv >> 32),
-                                       m < 2 ? (uint32_t)mk : (uint32_t)(mk >> 32), m, ls);
-          }
-#pragma unroll
-        for (int m = 0; m < 4; m++)
-          frag[(b * 16 + 4 * l + m) * 32 + lane] =
-              make_uint4(__byte_perm(wp[0][0][m], wp[0][1][m], 0x6420), __byte_perm(wp[1][0][m], wp[1][1][m], 0x6420),
-                         __byte_perm(wp[0][0][m], wp[0][1][m], 0x7531), __byte_perm(wp[1][0][m], wp[1][1][m], 0x7531));
+        for (int m = 0; m < 4; m++) frag[(b * 16 + 4 * l + m) * 32 + lane] = a[m];
       }
     }
   }
