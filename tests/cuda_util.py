@@ -63,6 +63,17 @@ def iq2_rows(dense: int, sel: int, pair: int):
 
 
 @contextmanager
+def switched(setter, on: bool, default: bool):
+    """A boolean kernel switch of _core (cuda_prefer_iq2_panel, cuda_prefer_dn_pipe, cuda_prefer_row_groups) set to
+    `on` for the block, its default restored after."""
+    setter(on)
+    try:
+        yield
+    finally:
+        setter(default)
+
+
+@contextmanager
 def prompt_rows(rows: int):
     """The rows of a prompt piece on the card for the sessions made in the block (cuda_prefer_prompt_rows), the
     setting found restored after."""

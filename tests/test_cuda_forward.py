@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from backend_util import assert_same, continue_equal, decode_equal, tiny_qwen35moe, windows_equal
-from cuda_util import CUDA_TYPES, bits, iq2_rows, needs_cuda, pdl, prompt_rows, tensor_cores, weights
+from cuda_util import CUDA_TYPES, bits, iq2_rows, needs_cuda, pdl, prompt_rows, switched, tensor_cores, weights
 from seeds import fresh_rng
 from strata_py import _core
 from strata_py.model import Model
@@ -130,11 +130,8 @@ def test_dn_heads_equal_cpu_and_rows(dk, dv, mode, rows):
     n = [nk * dk, nv * dv, nk * dk, nv * dv, nk, nv, dk, dv, T, n_src, int(has_o), int(n_src < T)]
     out = both("dn_heads", f, n=n)
     if rows == "long":  # and on the pipelined kernel (cuda_prefer_dn_pipe(True)): the same bits
-        _core.cuda_prefer_dn_pipe(True)
-        try:
+        with switched(_core.cuda_prefer_dn_pipe, True, False):
             pipe = _op("cuda", "dn_heads", f, n=n)[0]
-        finally:
-            _core.cuda_prefer_dn_pipe(False)
         for j in (0, 1, 7):
             assert np.array_equal(bits(pipe[j]), bits(out[j])), f"k_dn_heads_pipe, array {j}"
     if mode == "in_place":  # T one-row calls carrying S
@@ -502,9 +499,9 @@ def test_gpu_session_long_prompt(tiny_q8_model):
 
 @pytest.mark.parametrize("which", ["tiny_q8_model", "q4k_model", "iq2_model"])
 def test_gpu_prompt_pieces_of_any_rows_equal_cpu(request, which):
-    """A prompt of 1100 rows on the card in pieces of 512 rows (the default: every product and the routers over the
-    piece's rows at once, the expert products grouped over 5000+ slots), of 64 and of 100: the CPU session's logits
-    and hidden rows bit for bit each way, and windows after it."""
+    """A prompt of 1100 rows on the card in pieces of 512 rows (the default: each product over the piece's rows in one
+    launch, the expert products grouped over 5000+ slots), of 64 and of 100: the CPU session's logits and hidden rows
+    bit for bit each way, and windows after it."""
     m = request.getfixturevalue(which)
     for rows in (512, 64, 100):
         with prompt_rows(rows):

@@ -5,12 +5,10 @@ call equals T one-row calls bit for bit, for T across the 16-row pass boundary; 
 inputs on every run, outputs compared as bit patterns. Skipped where no CUDA device is usable (CI)."""
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 import pytest
 
-from cuda_util import CUDA_TYPES, NOT_ON_CUDA, bits, needs_cuda, tensor_cores, weights
+from cuda_util import CUDA_TYPES, NOT_ON_CUDA, bits, needs_cuda, switched, tensor_cores, weights
 from kquant import ACT32_TYPES
 from strata_py import _core
 
@@ -105,6 +103,22 @@ def _largest_lane_sums(rng, w, rows, cols, T):
     return blocks.ravel(), x
 
 
+def _iq2xxs_both_ways(rng, rows, cols, T, largest, other):
+    """A random IQ2_XXS product (largest: at the largest lane sums) on the default kernels and inside other() (a
+    context on another kernel): the CPU's scalar kernel's bits both ways."""
+    w = weights(rng, "IQ2_XXS", rows, cols)
+    x = (rng.standard_normal((T, cols)) * rng.uniform(0.01, 100)).astype(np.float32)
+    if largest:
+        w, x = _largest_lane_sums(rng, w, rows, cols, T)
+    want = _core.matmul(w, "IQ2_XXS", rows, cols, x, isa="scalar")
+    got = _core.backend_matmul("cuda", w, "IQ2_XXS", rows, cols, x)
+    with other():
+        alt = _core.backend_matmul("cuda", w, "IQ2_XXS", rows, cols, x)
+    msg = f"{rows}x{cols} T={T}"
+    np.testing.assert_array_equal(bits(got), bits(want), err_msg=msg)
+    np.testing.assert_array_equal(bits(alt), bits(want), err_msg=msg + " (the other kernel)")
+
+
 def test_iq2xxs_tensor_cores_equal_dp4a_and_cpu_ref():
     """IQ2_XXS products of 5+ rows take the int8 tensor cores (csrc/kernels/cuda/iq2_mma.cuh: P_k = 256 P_hi + P_lo by two
     MMAs, exact); they equal the dp4a kernels and the CPU's scalar kernel bit for bit: rows across the 16-row tiles,
@@ -113,18 +127,8 @@ def test_iq2xxs_tensor_cores_equal_dp4a_and_cpu_ref():
     rng = np.random.default_rng()
     assert _core.cuda_mma_used(), "the H200 has int8 tensor cores: the products must take them"
     cases = [(int(rng.integers(1, 70)), 2048, T) for T in (5, 8, 9, 16, 64, 70)] + [(37, 512, 13)]
-    for rows, cols, T in cases + [(40, 1024, 12)]:
-        w = weights(rng, "IQ2_XXS", rows, cols)
-        x = (rng.standard_normal((T, cols)) * rng.uniform(0.01, 100)).astype(np.float32)
-        if (rows, cols, T) == (40, 1024, 12):  # the largest |P|: scale nibble 15 and no negative sign in every sub-block
-            w, x = _largest_lane_sums(rng, w, rows, cols, T)
-        want = _core.matmul(w, "IQ2_XXS", rows, cols, x, isa="scalar")
-        got = _core.backend_matmul("cuda", w, "IQ2_XXS", rows, cols, x)
-        with tensor_cores(False):
-            dp4a = _core.backend_matmul("cuda", w, "IQ2_XXS", rows, cols, x)
-        msg = f"{rows}x{cols} T={T}"
-        np.testing.assert_array_equal(bits(got), bits(want), err_msg=msg)
-        np.testing.assert_array_equal(bits(dp4a), bits(want), err_msg=msg)
+    for rows, cols, T in cases + [(40, 1024, 12)]:  # the last: the largest |P|
+        _iq2xxs_both_ways(rng, rows, cols, T, (rows, cols, T) == (40, 1024, 12), lambda: tensor_cores(False))
 
 
 def test_iq2xxs_tensor_cores_from_two_rows():
@@ -142,15 +146,6 @@ def test_iq2xxs_tensor_cores_from_two_rows():
         _core.cuda_prefer_mma(True, 1)
 
 
-@contextmanager
-def iq2_panel(on: bool):
-    _core.cuda_prefer_iq2_panel(on)
-    try:
-        yield
-    finally:
-        _core.cuda_prefer_iq2_panel(True)
-
-
 def test_iq2xxs_panel_equals_tensor_cores_and_cpu_ref():
     """Dense IQ2_XXS products of 32+ rows (prompt pieces) decode a block's 16 weight rows once into shared memory
     (iq2_mma.cuh k_iq2xxs_panel): the CPU's scalar kernel and k_iq2xxs_mma bit for bit, for rows across the 16-row
@@ -160,18 +155,9 @@ def test_iq2xxs_panel_equals_tensor_cores_and_cpu_ref():
     rng = np.random.default_rng()
     cases = [(int(rng.integers(1, 40)), 2048, 32), (300, 256, 100), (2100, 2048, 37), (17, 4096, 513),
              (33, 5120, 45), (40, 1024, 40)]
-    for rows, cols, T in cases:
-        w = weights(rng, "IQ2_XXS", rows, cols)
-        x = (rng.standard_normal((T, cols)) * rng.uniform(0.01, 100)).astype(np.float32)
-        if (rows, cols, T) == (40, 1024, 40):  # the largest |P|, as test_iq2xxs_tensor_cores_equal_dp4a_and_cpu_ref
-            w, x = _largest_lane_sums(rng, w, rows, cols, T)
-        want = _core.matmul(w, "IQ2_XXS", rows, cols, x, isa="scalar")
-        got = _core.backend_matmul("cuda", w, "IQ2_XXS", rows, cols, x)
-        with iq2_panel(False):
-            mma = _core.backend_matmul("cuda", w, "IQ2_XXS", rows, cols, x)
-        msg = f"{rows}x{cols} T={T}"
-        np.testing.assert_array_equal(bits(got), bits(want), err_msg=msg)
-        np.testing.assert_array_equal(bits(mma), bits(want), err_msg=msg)
+    for rows, cols, T in cases:  # the last: the largest |P|
+        _iq2xxs_both_ways(rng, rows, cols, T, (rows, cols, T) == (40, 1024, 40),
+                          lambda: switched(_core.cuda_prefer_iq2_panel, False, True))
 
 
 def test_router_row_groups_equal_rows_and_cpu_ref():
@@ -183,10 +169,7 @@ def test_router_row_groups_equal_rows_and_cpu_ref():
         x = rng.standard_normal((T, 2048)).astype(np.float32)
         want = _core.matmul(w, "F32", rows, 2048, x, isa="scalar")
         got = _core.backend_matmul("cuda", w, "F32", rows, 2048, x)
-        _core.cuda_prefer_row_groups(True)
-        try:
+        with switched(_core.cuda_prefer_row_groups, True, False):
             groups = _core.backend_matmul("cuda", w, "F32", rows, 2048, x)
-        finally:
-            _core.cuda_prefer_row_groups(False)
         np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{rows} rows T={T}")
         np.testing.assert_array_equal(bits(groups), bits(want), err_msg=f"{rows} rows T={T}, blocks of 16 rows")

@@ -1190,8 +1190,9 @@ void launch_float_r(const MatView& W, const float* x, int64_t ldx, int T, float*
   auto go = [&](auto kern) {
     launch(kern, grid, threads, 0, st, W.data, W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy, nullptr, 0, 1);
   };
-  if (T > kMaxT && (threads != 64 || g_row_groups)) {  // prompt pieces: a block per (rows, 16 activation rows)
-    // (small matrices such as the routers read their weights once per 16 rows, not once per row)
+  // prompt pieces: a block per (rows, 16 activation rows); small matrices (the routers) keep a block per activation
+  // row below unless prefer_row_groups (16-row blocks measured slower there: docs/BENCHMARKS.md)
+  if (T > kMaxT && (threads != 64 || g_row_groups)) {
     launch(k_float<D, kMaxT, R>, dim3(grid.x, (unsigned)((T + kMaxT - 1) / kMaxT)), threads, 0, st, W.data,
            W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy, nullptr, 0, 1);
     return;
