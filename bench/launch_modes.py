@@ -9,13 +9,15 @@ windows in pieces of 64 rows (cuda_prefer_prompt_rows; "on": 512); "nopanel" = "
 IQ2_XXS products decoded per 16 activation rows (cuda_prefer_iq2_panel(False)); "dnpipe" = "on" with the DeltaNet
 heads of 8+ rows on the pipelined kernel, not k_dn_heads_split (cuda_prefer_dn_pipe(True)); "rowgroups" = "on" with
 the small float matrices (routers) of prompt pieces in blocks of 16 activation rows, not a block per row
-(cuda_prefer_row_groups(True)).
+(cuda_prefer_row_groups(True)); "noattntiles" = "on" with the prompt pieces' attention a block per (row, head), not
+the tiled kernels (cuda_prefer_attn_tiles(False)); "notileahead" = "on" without the IQ2_XXS expert tiles' L2
+prefetch of each block's next tile (cuda_prefer_tile_prefetch(False)).
 Shared by bench_gpu_forward.py, bench_spec.py and profile_gpu_forward.py. A recorded step keeps the mode
 it was recorded in, so a mode applies to the sessions made after it is set."""
 from __future__ import annotations
 
 LAUNCH_MODES = ("on", "all", "no-prefetch", "off", "unfused", "iq2-rows1", "iq2-rows2", "iq2-rows4", "pieces64",
-                "nopanel", "dnpipe", "rowgroups")
+                "nopanel", "dnpipe", "rowgroups", "noattntiles", "notileahead")
 
 
 def set_launches(mode: str) -> None:
@@ -30,3 +32,5 @@ def set_launches(mode: str) -> None:
     _core.cuda_prefer_iq2_panel(mode != "nopanel")
     _core.cuda_prefer_dn_pipe(mode == "dnpipe")
     _core.cuda_prefer_row_groups(mode == "rowgroups")
+    _core.cuda_prefer_attn_tiles(mode != "noattntiles", 1024)
+    _core.cuda_prefer_tile_prefetch(mode != "notileahead")

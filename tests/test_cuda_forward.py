@@ -509,6 +509,18 @@ def test_gpu_prompt_pieces_of_any_rows_equal_cpu(request, which):
                           label=f"{which}, 1100-row prompt in pieces of {rows}")
 
 
+@pytest.mark.parametrize("which", ["tiny_q8_model", "q4k_model"])
+def test_gpu_attention_tiles_everywhere_equal_cpu(request, which):
+    """The tiled attention kernels of prompt pieces taken from one query up (every T = 1 step, window and prompt,
+    recorded steps with the cells counted on the card): the CPU session's logits bit for bit."""
+    m = request.getfixturevalue(which)
+    _core.cuda_prefer_attn_tiles(True, 1)
+    try:
+        windows_equal(m, "cuda", fresh_rng(), n_windows=4, prompt=150, n_ctx=320, label=f"{which}, tiles from 1 query")
+    finally:
+        _core.cuda_prefer_attn_tiles(True, 1024)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 @pytest.mark.parametrize("draft", ["none", "suffix"])
 def test_gpu_decode(default_model, temperature, draft):

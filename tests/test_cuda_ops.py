@@ -112,6 +112,32 @@ def test_attend_cell_list_equals_attend_ref(hd):
         _core.backend_attend("cuda", np.ones((16, hd), np.float32), 8, k, v, 2, 0.1, [0, 1])
 
 
+@pytest.mark.parametrize("hd", [256, 128, 64])
+def test_attend_tiles_equal_attend_ref(hd):
+    """The tiled kernels of prompt pieces (k_scores_tiles, k_softmax_v_tiles): attend_ref's bits from one query up
+    (partial query and cell tiles, rows that see fewer cells than the tile stages, long contexts) and at the default
+    threshold (1024 queries, as a 512-row piece of the 80B file), and the same bits as the kernels a block per
+    (row, head)."""
+    rng = np.random.default_rng()
+    scale = float(1 / np.sqrt(hd))
+    cases = [(1, 8, 1), (1, 3, 700), (3, 3, 37), (17, 8, 300), (40, 1, 1), (100, 5, 2000),
+             (int(rng.integers(1, 60)), int(rng.integers(1, 9)), int(rng.integers(1, 3000)))]
+    try:
+        for min_queries in (1, 1024):
+            _core.cuda_prefer_attn_tiles(True, min_queries)
+            for T, nh, n0 in cases if min_queries == 1 else [(128, 8, 1), (1100, 1, 5), (205, 5, 700)]:
+                q, k, v = _attn_inputs(rng, T, nh, hd, n0)
+                got = _core.backend_attend("cuda", q, nh, k, v, n0, scale)
+                want = _core.attend(q, nh, k, v, n0, scale, isa="scalar")
+                np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"hd={hd} T={T} nh={nh} n0={n0}")
+                if T * nh >= 1024:
+                    _core.cuda_prefer_attn_tiles(False, min_queries)
+                    np.testing.assert_array_equal(bits(_core.backend_attend("cuda", q, nh, k, v, n0, scale)), bits(got))
+                    _core.cuda_prefer_attn_tiles(True, min_queries)
+    finally:
+        _core.cuda_prefer_attn_tiles(True, 1024)
+
+
 def test_attend_window_equals_one_row_calls():
     rng = np.random.default_rng()
     T, nh, hd, n0 = 16, 8, 256, 500

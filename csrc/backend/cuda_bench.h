@@ -42,6 +42,8 @@ void cuda_prefer_iq2_panel(bool on);
 // float matrices past 16 rows in blocks of 16 rows), both default off (slower on the H100, docs/BENCHMARKS.md).
 void cuda_prefer_dn_pipe(bool on);
 void cuda_prefer_row_groups(bool on);
+void cuda_prefer_attn_tiles(bool on, int64_t min_queries);
+void cuda_prefer_tile_prefetch(bool on);
 // Tests and benches: the rows of a prompt piece on the card (Backend::prompt_rows, default 512; sessions made
 // after the call), and the current setting.
 void cuda_prefer_prompt_rows(int rows);

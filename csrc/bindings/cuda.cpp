@@ -358,6 +358,12 @@ void init_cuda(nb::module_& m) {
   m.def("cuda_prefer_row_groups", &cuda_prefer_row_groups, nb::arg("on"),
         "Tests and benches: whether small float matrices (the routers) over 17+ rows take blocks of 16 activation rows "
         "or a block per row (the default); the same bits either way.");
+  m.def("cuda_prefer_attn_tiles", &cuda_prefer_attn_tiles, nb::arg("on"), nb::arg("min_queries") = 1024,
+        "Tests and benches: whether attention over min_queries+ queries (rows x heads of a KV head) takes the tiled "
+        "kernels (default on from 1024: prompt pieces) or a block per (row, head); the same bits either way.");
+  m.def("cuda_prefer_tile_prefetch", &cuda_prefer_tile_prefetch, nb::arg("on"),
+        "Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores prefetch each block's next tile's "
+        "weights into L2 (default on); a hint, the same bits either way.");
   m.def("cuda_prefer_prompt_rows", &cuda_prefer_prompt_rows, nb::arg("rows"),
         "Tests and benches: the rows of a prompt piece on the card (1..4096, default 512), for the sessions made after "
         "the call; the same bits for any value.");

@@ -7,6 +7,16 @@
 //      exp_shift: sc[c] = exp_inl(sc[c] - mx), rowops' polynomial ported to the device (exp_inl.cuh).
 //   3. sum: one running float sum in increasing c (attend_ref's order: one thread, the price of bit identity).
 //   4. o[d] = sum over c in increasing c of (sc[c] * inv) * v[c][d]: a thread per d, cells staged in shared memory.
+// Prompt pieces (many queries: T x nh >= g_tile_queries, hd 64 / 128 / 256) take two tiled kernels instead, so that
+// each key and value staged in shared memory serves a whole tile of queries (the kernels above read them again for
+// every (row, head): a 512-row piece of the 80B file spent ~2 ms a KV head there). Each output keeps its operations
+// and their order, so the bits are the same:
+//   k_scores_tiles (a block per 32 queries x 32 cells): a thread takes 2 queries x 2 cells and keeps dot16's 16
+//      lanes for each pair in registers (lane i: the products of i' = i (mod 16) in increasing i'), then dot16's
+//      tree in registers, times scale.
+//   k_softmax_v_tiles<HD> (a block per 4096 / HD queries): the maximum a warp per query; exp_shift; the running sum
+//      a thread per query in increasing c; o with a thread per 4 queries x 4 d, values and p staged 32 cells a pass,
+//      each o[d] added in increasing c (cells a query does not see are skipped, never added as zeros).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -132,7 +142,203 @@ __global__ void __launch_bounds__(kThreads) k_softmax_v(AttendArgs a, float* __r
   }
 }
 
+constexpr int kTileQ = 32;      // queries a scores tile
+constexpr int kTileC = 32;      // cells a scores tile
+constexpr int kTileHd = 64;     // head dims staged a pass
+constexpr int kTilePad = 4;     // floats after each staged row: 8 consecutive rows' float4 hit distinct banks
+bool g_tiles = true;            // prefer_attn_tiles
+int64_t g_tile_queries = 1024;  // the least T x nh that takes the tiled kernels
+
+// row t, head h of query q (q = t * nh + h, the scratch's row order)
+__device__ __forceinline__ const float* query_at(const AttendArgs& a, int q) {
+  return a.q + (q / a.nh) * a.ldq_t + (q % a.nh) * a.ldq_h;
+}
+
+// sc[q][c] for kTileQ queries x kTileC cells; hd % kTileHd == 0, rows 16-byte aligned (the caller checks).
+__global__ void __launch_bounds__(kThreads, 2) k_scores_tiles(AttendArgs a, float* __restrict__ scratch, int64_t stride,
+                                                           const int32_t* __restrict__ n_dev) {
+  pdl_wait();
+  __shared__ __align__(16) float qs[kTileQ][kTileHd + kTilePad];
+  __shared__ __align__(16) float ks[kTileC][kTileHd + kTilePad];
+  const int tid = threadIdx.x;
+  const int nq = a.T * a.nh, q0 = blockIdx.x * kTileQ;
+  const int64_t c0 = (int64_t)blockIdx.y * kTileC, n = n_dev ? (int64_t)*n_dev : a.n;
+  const int64_t n_hi = n + (min(q0 + kTileQ, nq) - 1) / a.nh;  // cells the tile's last row sees
+  if (c0 >= n_hi) return;  // the whole block
+  const int qp = tid >> 4, cp = tid & 15;  // this thread: queries q0 + qp + 16 x, cells c0 + cp + 16 y
+  float l[2][2][16];
+#pragma unroll
+  for (int x = 0; x < 2; x++)
+#pragma unroll
+    for (int y = 0; y < 2; y++)
+#pragma unroll
+      for (int i = 0; i < 16; i++) l[x][y][i] = 0.f;
+  for (int64_t i0 = 0; i0 < a.hd; i0 += kTileHd) {
+    __syncthreads();
+    for (int e = tid; e < kTileQ * kTileHd / 4; e += kThreads) {  // kTileQ == kTileC rows of each
+      const int r = e / (kTileHd / 4), j = e % (kTileHd / 4) * 4;
+      const int q = q0 + r;
+      const int64_t c = c0 + r;
+      float4 x = make_float4(0.f, 0.f, 0.f, 0.f), y = x;
+      if (q < nq) x = *reinterpret_cast<const float4*>(query_at(a, q) + i0 + j);
+      if (c < n_hi) y = *reinterpret_cast<const float4*>(a.k + c * a.ldkv + i0 + j);
+      *reinterpret_cast<float4*>(&qs[r][j]) = x;
+      *reinterpret_cast<float4*>(&ks[r][j]) = y;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kTileHd; j += 4) {
+      float qv[2][4], kv[2][4];
+#pragma unroll
+      for (int x = 0; x < 2; x++) {
+        const float4 f = *reinterpret_cast<const float4*>(&qs[qp + 16 * x][j]);
+        qv[x][0] = f.x, qv[x][1] = f.y, qv[x][2] = f.z, qv[x][3] = f.w;
+        const float4 g = *reinterpret_cast<const float4*>(&ks[cp + 16 * x][j]);
+        kv[x][0] = g.x, kv[x][1] = g.y, kv[x][2] = g.z, kv[x][3] = g.w;
+      }
+#pragma unroll
+      for (int x = 0; x < 2; x++)
+#pragma unroll
+        for (int y = 0; y < 2; y++)
+#pragma unroll
+          for (int e = 0; e < 4; e++)  // i0 % 16 == 0: the lane of i0 + j + e is (j + e) % 16
+            l[x][y][(j + e) & 15] = __fadd_rn(l[x][y][(j + e) & 15], __fmul_rn(qv[x][e], kv[y][e]));
+    }
+  }
+#pragma unroll
+  for (int x = 0; x < 2; x++) {
+    const int q = q0 + qp + 16 * x;
+    if (q >= nq) continue;
+    const int64_t nt = n + q / a.nh;
+    float* sc = scratch + (int64_t)q * stride;
+#pragma unroll
+    for (int y = 0; y < 2; y++) {
+      const int64_t c = c0 + cp + 16 * y;
+      const float* v = l[x][y];
+      float s8[8], s4[4];
+#pragma unroll
+      for (int i = 0; i < 8; i++) s8[i] = __fadd_rn(v[i], v[i + 8]);
+#pragma unroll
+      for (int i = 0; i < 4; i++) s4[i] = __fadd_rn(s8[i], s8[i + 4]);
+      if (c < nt) sc[c] = __fmul_rn(__fadd_rn(__fadd_rn(s4[0], s4[2]), __fadd_rn(s4[1], s4[3])), a.scale);
+    }
+  }
+}
+
+// The softmax and o for 4096 / HD queries a block, from k_scores_tiles' sc.
+template <int HD>
+__global__ void __launch_bounds__(kThreads) k_softmax_v_tiles(AttendArgs a, float* __restrict__ scratch,
+                                                              int64_t stride, const int32_t* __restrict__ n_dev) {
+  pdl_wait();
+  constexpr int kDq = HD / 4;            // threads across a row of o (a float4 each)
+  constexpr int kQg = kThreads / kDq;    // groups of 4 queries
+  constexpr int kQv = 4 * kQg;           // queries a block
+  constexpr int kCells = 32;             // cells staged a pass
+  static_assert(kDq * kQg == kThreads && kQv % (kThreads / 32) == 0, "k_softmax_v_tiles: HD");
+  __shared__ __align__(16) float vs[kCells][HD];
+  __shared__ __align__(16) float ps[kCells][kQv];  // p of cell c for the block's query i
+  __shared__ float inv_s[kQv];
+  __shared__ int64_t nt_s[kQv];  // cells query i of the block sees (0 past the last query)
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nq = a.T * a.nh, q0 = blockIdx.x * kQv;
+  const int64_t n = n_dev ? (int64_t)*n_dev : a.n;
+  if (tid < kQv) nt_s[tid] = q0 + tid < nq ? n + (q0 + tid) / a.nh : 0;
+  __syncthreads();
+
+  // the maximum and exp_shift, a warp per query
+  for (int i = warp; i < kQv; i += kThreads / 32) {
+    const int64_t nt = nt_s[i];
+    float* sc = scratch + (int64_t)(q0 + i) * stride;
+    float mx = -INFINITY;
+    for (int64_t c = lane; c < nt; c += 32) mx = max_nan_loses(mx, sc[c]);
+    for (int o = 16; o; o >>= 1) mx = max_nan_loses(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    for (int64_t c = lane; c < nt; c += 32) sc[c] = exp_inl_dev(__fsub_rn(sc[c], mx));
+  }
+  __syncthreads();
+  // attend_ref's running sum in cell order, a thread per query
+  if (tid < kQv) {
+    const int64_t nt = nt_s[tid];
+    const float* sc = scratch + (int64_t)(q0 + tid) * stride;
+    float sum = 0.f;
+#pragma unroll 8
+    for (int64_t c = 0; c < nt; c++) sum = __fadd_rn(sum, sc[c]);
+    inv_s[tid] = __fdiv_rn(1.f, sum);
+  }
+  __syncthreads();
+
+  const int dq = tid % kDq, qg = tid / kDq;  // this thread: d = 4 dq .. 4 dq + 3 of queries 4 qg .. 4 qg + 3
+  int64_t nt[4];
+#pragma unroll
+  for (int x = 0; x < 4; x++) nt[x] = nt_s[4 * qg + x];
+  const int64_t n_lo = nt_s[0], n_hi = n + ((q0 + kQv < nq ? q0 + kQv : nq) - 1) / a.nh;  // first and last query's
+  float acc[4][4];
+#pragma unroll
+  for (int x = 0; x < 4; x++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) acc[x][e] = 0.f;
+  for (int64_t c0 = 0; c0 < n_hi; c0 += kCells) {
+    __syncthreads();
+    for (int e = tid; e < kCells * kDq; e += kThreads) {
+      const int r = e / kDq, j = e % kDq * 4;
+      float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (c0 + r < n_hi) y = *reinterpret_cast<const float4*>(a.v + (c0 + r) * a.ldkv + j);
+      *reinterpret_cast<float4*>(&vs[r][j]) = y;
+    }
+    for (int e = tid; e < kCells * kQv; e += kThreads) {
+      const int r = e / kQv, i = e % kQv;
+      ps[r][i] = c0 + r < nt_s[i] ? __fmul_rn(scratch[(int64_t)(q0 + i) * stride + c0 + r], inv_s[i]) : 0.f;
+    }
+    __syncthreads();
+    const int m = n_hi - c0 < kCells ? (int)(n_hi - c0) : kCells;
+    if (c0 + m <= n_lo) {  // every query of the block sees every staged cell
+#pragma unroll 4
+      for (int r = 0; r < m; r++) {
+        const float4 v = *reinterpret_cast<const float4*>(&vs[r][4 * dq]);
+        const float4 p = *reinterpret_cast<const float4*>(&ps[r][4 * qg]);
+        const float pv[4] = {p.x, p.y, p.z, p.w}, vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int x = 0; x < 4; x++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) acc[x][e] = __fadd_rn(acc[x][e], __fmul_rn(pv[x], vv[e]));
+      }
+    } else {
+      for (int r = 0; r < m; r++) {
+        const float4 v = *reinterpret_cast<const float4*>(&vs[r][4 * dq]);
+        const float4 p = *reinterpret_cast<const float4*>(&ps[r][4 * qg]);
+        const float pv[4] = {p.x, p.y, p.z, p.w}, vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int x = 0; x < 4; x++)
+          if (c0 + r < nt[x])
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[x][e] = __fadd_rn(acc[x][e], __fmul_rn(pv[x], vv[e]));
+      }
+    }
+  }
+#pragma unroll
+  for (int x = 0; x < 4; x++) {
+    const int q = q0 + 4 * qg + x;
+    if (q < nq)
+      *reinterpret_cast<float4*>(a.o + (q / a.nh) * a.ldo_t + (q % a.nh) * a.ldo_h + 4 * dq) =
+          make_float4(acc[x][0], acc[x][1], acc[x][2], acc[x][3]);
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Whether a takes the tiled kernels: many queries, no cell list, hd 64 / 128 / 256, every row 16-byte aligned.
+bool tiles_for(const AttendArgs& a) {
+  return g_tiles && !a.cells && (int64_t)a.T * a.nh >= g_tile_queries && (a.hd == 64 || a.hd == 128 || a.hd == 256) &&
+         aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && aligned16(a.o) &&
+         (a.ldq_t | a.ldq_h | a.ldkv | a.ldo_t | a.ldo_h) % 4 == 0;
+}
+
 }  // namespace
+
+void prefer_attn_tiles(bool on, int64_t min_queries) {
+  STRATA_CHECK(min_queries >= 1, "prefer_attn_tiles: min_queries = ", min_queries);
+  g_tiles = on;
+  g_tile_queries = min_queries;
+}
 
 void attend(const AttendArgs& a, float* scratch, void* stream, const int32_t* n_dev) {
   STRATA_CHECK(!a.cells || a.T == 1, "attend: a cell list needs T = 1, got T = ", a.T);
@@ -140,6 +346,20 @@ void attend(const AttendArgs& a, float* scratch, void* stream, const int32_t* n_
                ", n = ", a.n);
   const int64_t stride = a.n + a.T;  // row t, head h uses n + t <= stride floats (attend_scratch has more)
   cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (tiles_for(a)) {
+    const int64_t nq = (int64_t)a.T * a.nh, cell_tiles = (a.n + a.T - 1 + kTileC - 1) / kTileC;
+    STRATA_CHECK(cell_tiles < 65536, "cuda attend: ", a.n, " cells are more than one launch covers");
+    if (cell_tiles > 0)
+      launch(k_scores_tiles, dim3((unsigned)((nq + kTileQ - 1) / kTileQ), (unsigned)cell_tiles), kThreads, 0, st, a,
+             scratch, stride, n_dev);
+    const unsigned blocks = (unsigned)((nq + 4096 / a.hd - 1) / (4096 / a.hd));
+    if (a.hd == 64) launch(k_softmax_v_tiles<64>, blocks, kThreads, 0, st, a, scratch, stride, n_dev);
+    if (a.hd == 128) launch(k_softmax_v_tiles<128>, blocks, kThreads, 0, st, a, scratch, stride, n_dev);
+    if (a.hd == 256) launch(k_softmax_v_tiles<256>, blocks, kThreads, 0, st, a, scratch, stride, n_dev);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) fail<std::runtime_error>("cuda: launch of the tiled attention kernels: ", cudaGetErrorString(e));
+    return;
+  }
   const int64_t cell_blocks = (a.n + a.T - 1 + kCellsPerScoreBlock - 1) / kCellsPerScoreBlock;
   if (cell_blocks > 0) {
     STRATA_CHECK(cell_blocks < 65536, "cuda attend: ", a.n, " cells are more than one launch covers");

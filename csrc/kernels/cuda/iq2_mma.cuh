@@ -369,21 +369,34 @@ __device__ __forceinline__ void iq2_mma_tile(const uint8_t* We, const uint8_t* W
 }
 
 // Launched twice over the same tiles: NT = 1 takes the tiles of at most 8 slots, NT = 2 the others (one NT a kernel:
-// registers).
+// registers). ahead: while a tile's header is read, the block's rows of its next tile of this launch's kind (their
+// first 16 kMmaWarps rows; W2's too) are prefetched into L2, so that the tile's first weight loads do not wait on
+// DRAM (a tile is only nb blocks a row, each load waiting on the one before).
 template <int NT, bool kPair>
 __global__ void __launch_bounds__(32 * kMmaWarps) k_iq2xxs_tiles_mma(
     const uint8_t* __restrict__ W, const uint8_t* __restrict__ W2, size_t row_bytes, int64_t rows, int64_t nb,
     const int8_t* __restrict__ q, const float* __restrict__ dx, float* __restrict__ y, float* __restrict__ y2,
     int64_t ldy, size_t ebytes, size_t ebytes2, int xdiv, const int32_t* __restrict__ tile_e,
-    const int32_t* __restrict__ tile_n, const int32_t* __restrict__ tile_slot, const int32_t* __restrict__ ntiles) {
+    const int32_t* __restrict__ tile_n, const int32_t* __restrict__ tile_slot, const int32_t* __restrict__ ntiles,
+    bool ahead) {
   pdl_wait();
   __shared__ uint64_t grid[256];
   __shared__ uint64_t smask[128];
   iq2_tables(grid, smask);
+  const int64_t r_block = (int64_t)blockIdx.x * kMmaWarps * 16;
+  auto next = [&](int tile, int nt) {
+    if (!ahead || r_block >= rows) return;
+    while (tile < nt && (tile_n[tile] <= 8) != (NT == 1)) tile += gridDim.y;
+    if (tile >= nt) return;
+    const size_t bytes = (size_t)(rows - r_block < 16 * kMmaWarps ? rows - r_block : 16 * kMmaWarps) * row_bytes;
+    const size_t e = (size_t)tile_e[tile];
+    pdl_prefetch(W + e * ebytes + r_block * row_bytes, bytes);
+    if constexpr (kPair) pdl_prefetch(W2 + e * ebytes2 + r_block * row_bytes, bytes);
+  };
   over_tiles(tile_e, tile_n, tile_slot, ntiles, xdiv, [&](int expert, int cnt, const int32_t* xrow, const int32_t* yrow) {
     if ((cnt <= 8) != (NT == 1)) return;  // the other launch's tile
     const uint8_t* We = W + (size_t)expert * ebytes;
     const uint8_t* We2 = kPair ? W2 + (size_t)expert * ebytes2 : nullptr;
     iq2_mma_tile<NT, kPair>(We, We2, row_bytes, rows, nb, q, dx, y, y2, ldy, xrow, yrow, cnt, grid, smask);
-  });
+  }, next);
 }

@@ -250,20 +250,29 @@ __device__ __forceinline__ void tile_header(int tile, const int32_t* __restrict_
 
 // The tile kernels' loop: block y takes tiles y, y + gridDim.y, ... and runs body(expert, count, xrow, yrow) with the
 // tile's header in shared memory. The caller's shared tables are loaded before the call (its first barrier covers
-// them); body has no barrier.
-template <class F>
+// them); body has no barrier. ahead(tile, nt), where given, runs on one thread (warp 1's first) while the header is
+// read, with the block's next tile (tile + gridDim.y; nt: the tile count): a hint such as an L2 prefetch of its
+// weights, never a value.
+template <class F, class A>
 __device__ __forceinline__ void over_tiles(const int32_t* __restrict__ tile_e, const int32_t* __restrict__ tile_n,
                                            const int32_t* __restrict__ tile_slot, const int32_t* __restrict__ ntiles,
-                                           int xdiv, F&& body) {
+                                           int xdiv, F&& body, A&& ahead) {
   __shared__ int32_t xrow[kTileRows], yrow[kTileRows];
   __shared__ int32_t tile_expert, tile_count;
   const int nt = ntiles[0];
   for (int tile = blockIdx.y; tile < nt; tile += gridDim.y) {
     __syncthreads();  // the tables are in; the previous tile's reads of the header are done
     tile_header(tile, tile_e, tile_n, tile_slot, xdiv, xrow, yrow, &tile_expert, &tile_count);
+    if (threadIdx.x == 32) ahead(tile + (int)gridDim.y, nt);
     __syncthreads();
     body(tile_expert, tile_count, xrow, yrow);
   }
+}
+template <class F>
+__device__ __forceinline__ void over_tiles(const int32_t* __restrict__ tile_e, const int32_t* __restrict__ tile_n,
+                                           const int32_t* __restrict__ tile_slot, const int32_t* __restrict__ ntiles,
+                                           int xdiv, F&& body) {
+  over_tiles(tile_e, tile_n, tile_slot, ntiles, xdiv, body, [](int, int) {});
 }
 
 // Int8 activations: per block b, lane k's exact integer sum P over its 16 values, then L = fma(d * dx, P, L);
@@ -458,6 +467,8 @@ bool g_mma_on = true;
 bool g_iq2_panel = true;  // prompt pieces' dense IQ2_XXS products by k_iq2xxs_panel (prefer_iq2_panel: the A/B)
 // small float matrices past 16 rows in blocks of 16 rows (prefer_row_groups): off, a block per row measured faster
 bool g_row_groups = false;
+// the IQ2_XXS expert tiles on the tensor cores prefetch the block's rows of its next tile into L2 (prefer_tile_prefetch)
+bool g_tile_prefetch = true;
 bool mma_available() { return g_mma_card && g_mma_on; }
 int g_mma_min_t = 5;  // rows from which the dense IQ2_XXS products take k_iq2xxs_mma (2..4: k_iq2xxs_warp)
 
@@ -923,9 +934,9 @@ void launch_iq2_sel(const MatView& W, const uint8_t* W2, size_t eb, size_t eb2, 
       const int64_t gx = std::max<int64_t>(1, std::min<int64_t>((g16 + kMmaWarps - 1) / kMmaWarps, (2048 + gy - 1) / gy));
       const dim3 grid((unsigned)gx, (unsigned)gy);
       launch(k_iq2xxs_tiles_mma<1, kPair>, grid, 32 * kMmaWarps, 0, st, W.data, W2, W.row_bytes, W.rows, nb, q, dx, y,
-             y2, ldy, eb, eb2, xdiv, tb.e, tb.n, tb.slot, tb.count);
+             y2, ldy, eb, eb2, xdiv, tb.e, tb.n, tb.slot, tb.count, g_tile_prefetch);
       launch(k_iq2xxs_tiles_mma<2, kPair>, grid, 32 * kMmaWarps, 0, st, W.data, W2, W.row_bytes, W.rows, nb, q, dx, y,
-             y2, ldy, eb, eb2, xdiv, tb.e, tb.n, tb.slot, tb.count);
+             y2, ldy, eb, eb2, xdiv, tb.e, tb.n, tb.slot, tb.count, g_tile_prefetch);
       return;
     }
     auto go = [&](auto kern, int R) {  // ~2048 blocks in all (8 an SM), at most a warp per R weight rows
@@ -941,27 +952,36 @@ void launch_iq2_sel(const MatView& W, const uint8_t* W2, size_t eb, size_t eb2, 
   });
 }
 
-// quantize_act_ref on the card: one thread block of 256 per (row t, block b). amax = max |x| (a max: any order),
-// iscale = 127 / amax, q = round-half-even(iscale * x), dx = amax / 127 (IEEE division, as on the CPU).
-// Stored lane-major: value v = 32 s + 2 k + i of block b at b * 256 + 16 k + 2 s + i, so that lane k of k_int
+// quantize_act_ref on the card, a 256-value block xb by one warp (lane l holding values l + 32 j): amax = max |x| from
+// 0 (a max: any order), iscale = 127 / amax, q = round-half-even(iscale * x), dx = amax / 127 (IEEE division, as on
+// the CPU). Stored lane-major: value v = 32 s + 2 k + i of the block at 16 k + 2 s + i, so that lane k of k_int
 // reads its 16 values with one 16-byte load.
+__device__ __forceinline__ void quantize_q8_256_warp(const float* xb, int8_t* __restrict__ qb, float* __restrict__ dxb) {
+  const int lane = threadIdx.x & 31;
+  float v[8];
+  float a = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    v[j] = xb[lane + 32 * j];
+    a = fmaxf(a, fabsf(v[j]));
+  }
+  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  const float iscale = a > 0.f ? __fdiv_rn(127.f, a) : 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; j++)  // value vi = lane + 32 j at 16 (vi % 32 / 2) + 2 (vi / 32) + vi % 2
+    qb[16 * (lane / 2) + 2 * j + lane % 2] = (int8_t)rintf(__fmul_rn(iscale, v[j]));
+  if (lane == 0) *dxb = __fdiv_rn(a, 127.f);
+}
+
+// x's rows quantized: a warp per (row t, block b), 8 blocks per thread block (a block of 256 threads per 256 values
+// was 15 ms of a 512-row piece of the 80B file: ~900 000 tiny blocks).
 __global__ void __launch_bounds__(256) k_quantize(const float* __restrict__ x, int64_t ldx, int64_t nb,
                                                   int8_t* __restrict__ q, float* __restrict__ dx) {
   pdl_wait();
   const int t = blockIdx.y;
-  const int64_t b = blockIdx.x;
-  const float v = x[t * ldx + b * QK_K + threadIdx.x];
-  float a = fabsf(v);
-  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-  __shared__ float warp_max[8];
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = a;
-  __syncthreads();
-  float amax = warp_max[0];
-  for (int i = 1; i < 8; i++) amax = fmaxf(amax, warp_max[i]);
-  const float iscale = amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f;
-  const int vi = threadIdx.x, lane_pos = 16 * ((vi % 32) / 2) + 2 * (vi / 32) + vi % 2;
-  q[t * nb * QK_K + b * QK_K + lane_pos] = (int8_t)rintf(__fmul_rn(iscale, v));
-  if (threadIdx.x == 0) dx[t * nb + b] = __fdiv_rn(amax, 127.f);
+  const int64_t b = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (b >= nb) return;  // whole warps
+  quantize_q8_256_warp(x + t * ldx + b * QK_K, q + t * nb * QK_K + b * QK_K, dx + t * nb + b);
 }
 
 // quantize_act32_ref on the card (act32.h): a warp per (row t, 32-value block b), 8 blocks per thread block;
@@ -1040,21 +1060,7 @@ constexpr int kNormStage = 8192;
 __device__ void quantize_staged(const float* xs, int64_t n, int kind, int8_t* __restrict__ q, float* __restrict__ dx) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   if (kind == (int)ActKind::Q8_256) {
-    for (int64_t b = warp; b < n / QK_K; b += warps) {
-      float v[8];
-      float a = 0.f;
-#pragma unroll
-      for (int j = 0; j < 8; j++) {
-        v[j] = xs[b * QK_K + lane + 32 * j];
-        a = fmaxf(a, fabsf(v[j]));
-      }
-      for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-      const float iscale = a > 0.f ? __fdiv_rn(127.f, a) : 0.f;
-#pragma unroll
-      for (int j = 0; j < 8; j++)  // value vi = lane + 32 j at 16 (vi % 32 / 2) + 2 (vi / 32) + vi % 2
-        q[b * QK_K + 16 * (lane / 2) + 2 * j + lane % 2] = (int8_t)rintf(__fmul_rn(iscale, v[j]));
-      if (lane == 0) dx[b] = __fdiv_rn(a, 127.f);
-    }
+    for (int64_t b = warp; b < n / QK_K; b += warps) quantize_q8_256_warp(xs + b * QK_K, q + b * QK_K, dx + b);
   } else {
     for (int64_t b = warp; b < n / 32; b += warps) {
       const float v = xs[b * 32 + lane];
@@ -1391,6 +1397,7 @@ void init_tables() {
 
 void prefer_iq2_panel(bool on) { g_iq2_panel = on; }
 void prefer_row_groups(bool on) { g_row_groups = on; }
+void prefer_tile_prefetch(bool on) { g_tile_prefetch = on; }
 
 void prefer_mma(bool on, int min_rows) {
   STRATA_CHECK(min_rows >= 2, "cuda prefer_mma: min_rows = ", min_rows, " (at least 2: one row is the warp kernel's)");
@@ -1421,7 +1428,7 @@ void quantize_rows(ActKind kind, const float* x, int64_t ldx, int rows, int64_t 
   int8_t* q = static_cast<int8_t*>(dst);
   float* dx = reinterpret_cast<float*>(q + (size_t)rows * cols);
   if (kind == ActKind::Q8_256)
-    launch(k_quantize, dim3((unsigned)(cols / QK_K), (unsigned)rows), 256, 0, st, x, ldx, cols / QK_K, q, dx);
+    launch(k_quantize, dim3((unsigned)((cols / QK_K + 7) / 8), (unsigned)rows), 256, 0, st, x, ldx, cols / QK_K, q, dx);
   else
     launch(k_quantize32, dim3((unsigned)((cols / 32 + 7) / 8), (unsigned)rows), 256, 0, st, x, ldx, cols / 32, q, dx);
 }

@@ -84,6 +84,9 @@ void prefer_iq2_panel(bool on);
 // Tests and benches: whether small float matrices (the routers) over 17+ rows take blocks of 16 activation rows
 // or a block per activation row (the default: faster); the same bits either way.
 void prefer_row_groups(bool on);
+// Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores prefetch each block's next tile's weights
+// into L2 (default on); a hint, the same bits either way.
+void prefer_tile_prefetch(bool on);
 bool matmul_supported(uint32_t type);
 // backend.h embed_rows: out[t] = row ids[t] of table, dequantized as types.h does (the decoders' value(): F32, F16,
 // BF16, Q8_0, the types embed_supported names). Returns at once.

@@ -27,6 +27,9 @@ void dn_rows(float* S, float* S_work, const DnRow* rows, int T, int n_src, int64
 // n_dev (device, optional): the cells row 0 sees, read on the card (a.n is then the most it can be: the launch
 // shape and the scratch stride), so that a recorded step replays at any position.
 void attend(const AttendArgs& a, float* scratch, void* stream, const int32_t* n_dev = nullptr);
+// Tests and benches: whether attention over min_queries+ queries (T x nh) takes the tiled kernels (default on, from
+// 1024 queries: prompt pieces); the same bits either way.
+void prefer_attn_tiles(bool on, int64_t min_queries);
 
 // The CPU backend's moe_route (moe.cpp's routing): softmax with exp_inl and a running sum, top-k by (p desc, id
 // asc), weights renormalised over the k with a running sum.
