@@ -160,16 +160,24 @@ def test_iq2xxs_panel_equals_tensor_cores_and_cpu_ref():
                           lambda: switched(_core.cuda_prefer_iq2_panel, False, True))
 
 
-def test_router_row_groups_equal_rows_and_cpu_ref():
-    """Small float matrices (the F32 routers: 512 x 2048) over a prompt piece's rows: a block per row (the default)
-    and blocks of 16 activation rows (cuda_prefer_row_groups(True)) give the CPU's scalar kernel's bits."""
+@pytest.mark.parametrize("typ", ["F32", "F16", "BF16"])
+def test_router_row_groups_equal_rows_and_cpu_ref(typ):
+    """Small float matrices (the F32 routers: 512 x 2048) over a prompt piece's rows: blocks of 32 rows x 32 weight
+    rows staged in shared memory (k_float_tiles, the default from 32 rows), a block per row (tiles off) and blocks of
+    16 activation rows (cuda_prefer_row_groups(True)) give the CPU's scalar kernel's bits; weight rows and columns
+    that cut the 32-row and 64-column tiles (and columns padded to 16)."""
     rng = np.random.default_rng()
-    for rows, T in ((512, 100), (37, 17), (512, 513)):
-        w = weights(rng, "F32", rows, 2048)
-        x = rng.standard_normal((T, 2048)).astype(np.float32)
-        want = _core.matmul(w, "F32", rows, 2048, x, isa="scalar")
-        got = _core.backend_matmul("cuda", w, "F32", rows, 2048, x)
-        with switched(_core.cuda_prefer_row_groups, True, False):
-            groups = _core.backend_matmul("cuda", w, "F32", rows, 2048, x)
-        np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{rows} rows T={T}")
-        np.testing.assert_array_equal(bits(groups), bits(want), err_msg=f"{rows} rows T={T}, blocks of 16 rows")
+    for rows, cols, T in ((512, 2048, 100), (37, 2048, 17), (512, 2048, 513), (45, 1000, 33), (70, 70, 64),
+                          (int(rng.integers(1, 100)), int(rng.integers(1, 600)), int(rng.integers(32, 90)))):
+        w = weights(rng, typ, rows, cols)
+        x = rng.standard_normal((T, cols)).astype(np.float32)
+        want = _core.matmul(w, typ, rows, cols, x, isa="scalar")
+        got = _core.backend_matmul("cuda", w, typ, rows, cols, x)
+        with switched(_core.cuda_prefer_float_tiles, False, True):
+            one = _core.backend_matmul("cuda", w, typ, rows, cols, x)
+            with switched(_core.cuda_prefer_row_groups, True, False):
+                groups = _core.backend_matmul("cuda", w, typ, rows, cols, x)
+        msg = f"{typ} {rows}x{cols} T={T}"
+        np.testing.assert_array_equal(bits(got), bits(want), err_msg=msg)
+        np.testing.assert_array_equal(bits(one), bits(want), err_msg=msg + ", a block per row")
+        np.testing.assert_array_equal(bits(groups), bits(want), err_msg=msg + ", blocks of 16 rows")

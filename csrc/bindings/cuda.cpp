@@ -364,6 +364,9 @@ void init_cuda(nb::module_& m) {
   m.def("cuda_prefer_tile_prefetch", &cuda_prefer_tile_prefetch, nb::arg("on"),
         "Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores prefetch each block's next tile's "
         "weights into L2 (default on); a hint, the same bits either way.");
+  m.def("cuda_prefer_float_tiles", &cuda_prefer_float_tiles, nb::arg("on"),
+        "Tests and benches: whether float products (F32 / F16 / BF16: the routers) of 32+ activation rows take blocks of "
+        "32 rows x 32 weight rows staged in shared memory (default on) or k_float; the same bits either way.");
   m.def("cuda_prefer_prompt_rows", &cuda_prefer_prompt_rows, nb::arg("rows"),
         "Tests and benches: the rows of a prompt piece on the card (1..4096, default 512), for the sessions made after "
         "the call; the same bits for any value.");

@@ -116,6 +116,84 @@ __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, si
     }
 }
 
+// Float products of many activation rows (prompt pieces: the F32 routers, 512 x 2048, every layer): a block per 32
+// activation rows x 32 weight rows, both staged in shared memory 64 columns at a time, so that each weight value
+// loaded serves 32 activation rows (k_float reads the router again for every row). A thread takes 2 x 2 (row,
+// weight row) pairs and keeps k_float's 16 lanes of each in registers: lane j = fma(w, x, lane j) over the columns
+// c = j (mod 16) in increasing c, up to the zero-padded multiple of 16 and no further; then reduce16's tree. So
+// each output is k_float's, bit for bit.
+constexpr int kFloatTile = 32;      // activation rows and weight rows a block
+constexpr int kFloatTileCols = 64;  // columns staged a pass
+constexpr int kFloatTileMinT = 32;  // fewer activation rows: k_float
+bool g_float_tiles = true;          // prefer_float_tiles
+
+template <class D>
+__global__ void __launch_bounds__(256, 2) k_float_tiles(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
+                                                        int64_t cols, const float* __restrict__ x, int64_t ldx, int T,
+                                                        float* __restrict__ y, int64_t ldy) {
+  prefetch_rows(W, row_bytes, rows, (int64_t)blockIdx.x * kFloatTile, kFloatTile);
+  pdl_wait();
+  __shared__ __align__(16) float xs[kFloatTile][kFloatTileCols + 4];  // + 4: 8 consecutive rows' float4, 8 banks
+  __shared__ __align__(16) float ws[kFloatTile][kFloatTileCols + 4];
+  const int tid = threadIdx.x, tp = tid >> 4, rp = tid & 15;  // rows t0 + tp + 16 a, weight rows r0 + rp + 16 b
+  const int t0 = (int)blockIdx.y * kFloatTile;
+  const int64_t r0 = (int64_t)blockIdx.x * kFloatTile, padded = (cols + 15) / 16 * 16;
+  float l[2][2][16];
+#pragma unroll
+  for (int a = 0; a < 2; a++)
+#pragma unroll
+    for (int b = 0; b < 2; b++)
+#pragma unroll
+      for (int i = 0; i < 16; i++) l[a][b][i] = 0.f;
+  for (int64_t i0 = 0; i0 < padded; i0 += kFloatTileCols) {
+    __syncthreads();
+    for (int e = tid; e < kFloatTile * kFloatTileCols; e += 256) {
+      const int r = e / kFloatTileCols, j = e % kFloatTileCols;
+      const int64_t c = i0 + j;
+      xs[r][j] = t0 + r < T && c < cols ? x[(int64_t)(t0 + r) * ldx + c] : 0.f;
+      ws[r][j] = r0 + r < rows && c < cols ? D::value(W + (r0 + r) * row_bytes, c) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < kFloatTileCols / 16; g++) {
+      if (i0 + 16 * g >= padded) break;  // the block's columns end at the padding, as k_float's
+#pragma unroll
+      for (int j = 16 * g; j < 16 * g + 16; j += 4) {
+        float xv[2][4], wv[2][4];
+#pragma unroll
+        for (int a = 0; a < 2; a++) {
+          const float4 f = *reinterpret_cast<const float4*>(&xs[tp + 16 * a][j]);
+          xv[a][0] = f.x, xv[a][1] = f.y, xv[a][2] = f.z, xv[a][3] = f.w;
+          const float4 h = *reinterpret_cast<const float4*>(&ws[rp + 16 * a][j]);
+          wv[a][0] = h.x, wv[a][1] = h.y, wv[a][2] = h.z, wv[a][3] = h.w;
+        }
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+#pragma unroll
+          for (int b = 0; b < 2; b++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)  // i0 % 16 == 0: column i0 + j + e is lane (j + e) % 16's
+              l[a][b][(j + e) & 15] = fmaf(wv[b][e], xv[a][e], l[a][b][(j + e) & 15]);
+      }
+    }
+  }
+#pragma unroll
+  for (int a = 0; a < 2; a++) {
+    const int t = t0 + tp + 16 * a;
+#pragma unroll
+    for (int b = 0; b < 2; b++) {
+      const int64_t r = r0 + rp + 16 * b;
+      const float* v = l[a][b];
+      float s8[8], s4[4];
+#pragma unroll
+      for (int i = 0; i < 8; i++) s8[i] = __fadd_rn(v[i], v[i + 8]);
+#pragma unroll
+      for (int i = 0; i < 4; i++) s4[i] = __fadd_rn(s8[i], s8[i + 4]);
+      if (t < T && r < rows) y[(int64_t)t * ldy + r] = __fadd_rn(__fadd_rn(s4[0], s4[2]), __fadd_rn(s4[1], s4[3]));
+    }
+  }
+}
+
 // Selections of at least kTileMinSlots slots (prompt pieces, long windows) are grouped by expert: k_sel_tiles sorts
 // the slots by (expert, slot) and cuts each expert's run into tiles of at most kTileRows slots; the product kernels
 // then decode a weight row once per tile and sum it against every slot of the tile (k_iq2xxs_tiles, k_int's kTiled).
@@ -1216,6 +1294,11 @@ void launch_float_r(const MatView& W, const float* x, int64_t ldx, int T, float*
 }
 template <class D>
 void launch_float(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, cudaStream_t st) {
+  if (T >= kFloatTileMinT && g_float_tiles) {  // prompt pieces
+    const dim3 grid((unsigned)((W.rows + kFloatTile - 1) / kFloatTile), (unsigned)((T + kFloatTile - 1) / kFloatTile));
+    launch(k_float_tiles<D>, grid, 256, 0, st, W.data, W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy);
+    return;
+  }
   // F32/F16/BF16: 4 rows a thread once the grid still fills the card several times over (132 SMs x 8 blocks of 256
   // threads); the block types decode more per value and ran slower that way on the H200 (docs/BENCHMARKS.md)
   if (D::kPlain && W.rows >= kRowsForR4) launch_float_r<D, 4>(W, x, ldx, T, y, ldy, st);
@@ -1398,6 +1481,7 @@ void init_tables() {
 void prefer_iq2_panel(bool on) { g_iq2_panel = on; }
 void prefer_row_groups(bool on) { g_row_groups = on; }
 void prefer_tile_prefetch(bool on) { g_tile_prefetch = on; }
+void prefer_float_tiles(bool on) { g_float_tiles = on; }
 
 void prefer_mma(bool on, int min_rows) {
   STRATA_CHECK(min_rows >= 2, "cuda prefer_mma: min_rows = ", min_rows, " (at least 2: one row is the warp kernel's)");
