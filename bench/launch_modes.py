@@ -12,13 +12,14 @@ the small float matrices (routers) of prompt pieces in blocks of 16 activation r
 (cuda_prefer_row_groups(True)); "noattntiles" = "on" with the prompt pieces' attention a block per (row, head), not
 the tiled kernels (cuda_prefer_attn_tiles(False)); "notileahead" = "on" without the IQ2_XXS expert tiles' L2
 prefetch of each block's next tile (cuda_prefer_tile_prefetch(False)); "nofloattiles" = "on" with the float
-products (routers) of prompt pieces on k_float, not k_float_tiles (cuda_prefer_float_tiles(False)).
+products (routers) of prompt pieces on k_float, not k_float_tiles (cuda_prefer_float_tiles(False)); "tilestage" =
+"on" with the IQ2_XXS expert tiles' activation rows staged in shared memory a tile (cuda_prefer_tile_stage(True)).
 Shared by bench_gpu_forward.py, bench_spec.py and profile_gpu_forward.py. A recorded step keeps the mode
 it was recorded in, so a mode applies to the sessions made after it is set."""
 from __future__ import annotations
 
 LAUNCH_MODES = ("on", "all", "no-prefetch", "off", "unfused", "iq2-rows1", "iq2-rows2", "iq2-rows4", "pieces64",
-                "nopanel", "dnpipe", "rowgroups", "noattntiles", "notileahead", "nofloattiles")
+                "nopanel", "dnpipe", "rowgroups", "noattntiles", "notileahead", "nofloattiles", "tilestage")
 
 
 def set_launches(mode: str) -> None:
@@ -36,3 +37,4 @@ def set_launches(mode: str) -> None:
     _core.cuda_prefer_attn_tiles(mode != "noattntiles", 1024)
     _core.cuda_prefer_tile_prefetch(mode != "notileahead")
     _core.cuda_prefer_float_tiles(mode != "nofloattiles")
+    _core.cuda_prefer_tile_stage(mode == "tilestage")

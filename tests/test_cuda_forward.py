@@ -372,13 +372,14 @@ def test_iq2_rows_a_warp_give_the_same_bits(rows_a_warp):
                  n=[qt, rows, cols, T * k, k, cols, eb])
 
 
-@pytest.mark.parametrize("typ", ["IQ2_XXS", "IQ2_XXS-dp4a", "Q4_K"])
+@pytest.mark.parametrize("typ", ["IQ2_XXS", "IQ2_XXS-dp4a", "IQ2_XXS-stage", "Q4_K"])
 @pytest.mark.parametrize("shape", ["few", "tiles-long-runs", "tiles-many-experts", "tiles-prompt-piece",
                                    "tiles-pieces"])
 def test_moe_experts_union_equals_cpu_and_slots(typ, shape):
-    """The IQ2_XXS tiles on the tensor cores (iq2_mma.cuh, the default) and on the dp4a kernels ("-dp4a")."""
-    typ, _, dp4a = typ.partition("-")
-    with tensor_cores(not dp4a):
+    """The IQ2_XXS tiles on the tensor cores (iq2_mma.cuh, the default), with each tile's activation rows staged in
+    shared memory first ("-stage": cuda_prefer_tile_stage) and on the dp4a kernels ("-dp4a")."""
+    typ, _, how = typ.partition("-")
+    with tensor_cores(how != "dp4a"), switched(_core.cuda_prefer_tile_stage, how == "stage", False):
         _moe_experts_case(typ, shape)
 
 

@@ -616,6 +616,7 @@ void cuda_prefer_row_groups(bool on) { cuda::prefer_row_groups(on); }
 void cuda_prefer_attn_tiles(bool on, int64_t min_queries) { cuda::prefer_attn_tiles(on, min_queries); }
 void cuda_prefer_tile_prefetch(bool on) { cuda::prefer_tile_prefetch(on); }
 void cuda_prefer_float_tiles(bool on) { cuda::prefer_float_tiles(on); }
+void cuda_prefer_tile_stage(bool on) { cuda::prefer_tile_stage(on); }
 void cuda_prefer_prompt_rows(int rows) {
   STRATA_CHECK(rows >= 1 && rows <= 4096, "cuda_prefer_prompt_rows: rows = ", rows, " (1..4096)");
   g_prompt_rows = rows;

@@ -367,6 +367,9 @@ void init_cuda(nb::module_& m) {
   m.def("cuda_prefer_float_tiles", &cuda_prefer_float_tiles, nb::arg("on"),
         "Tests and benches: whether float products (F32 / F16 / BF16: the routers) of 32+ activation rows take blocks of "
         "32 rows x 32 weight rows staged in shared memory (default on) or k_float; the same bits either way.");
+  m.def("cuda_prefer_tile_stage", &cuda_prefer_tile_stage, nb::arg("on"),
+        "Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores copy each tile's activation rows into "
+        "shared memory first (default off: not yet measured); the same bits either way.");
   m.def("cuda_prefer_prompt_rows", &cuda_prefer_prompt_rows, nb::arg("rows"),
         "Tests and benches: the rows of a prompt piece on the card (1..4096, default 512), for the sessions made after "
         "the call; the same bits for any value.");

@@ -107,7 +107,14 @@ __device__ __forceinline__ void iq2_mma_frags(const Iq2MmaPart& cur, int l, cons
 // NT x 8 activation rows: thread (g, c4)'s B rows qb[n] (activation row 8 n + g; q of block 0) and its C rows' dx
 // (dxc[n][j]: activation row 8 n + 2 c4 + j). out[n][e]: the finished value (matmul.h's y) of weight row
 // r0 + g + 8 (e >> 1) and activation row 8 n + 2 c4 + (e & 1).
-template <int NT>
+// An activation word or scale: from global memory (read-only path) or, kShared, from shared memory.
+template <bool kShared, class V>
+__device__ __forceinline__ V act_load(const V* p) {
+  if constexpr (kShared) return *p;
+  else return __ldg(p);
+}
+
+template <int NT, bool kSharedAct = false>
 __device__ __forceinline__ void iq2_mma_rows(const uint8_t* __restrict__ W, size_t row_bytes, int64_t r0,
                                              int64_t rows, int64_t nb, const int8_t* const (&qb)[NT],
                                              const float* const (&dxc)[NT][2], const uint64_t* grid,
@@ -134,7 +141,7 @@ __device__ __forceinline__ void iq2_mma_rows(const uint8_t* __restrict__ W, size
       for (int n = 0; n < NT; n++)
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-          const float dxv = __ldg(dxc[n][j] + b);
+          const float dxv = act_load<kSharedAct>(dxc[n][j] + b);
           dd[n][j] = __fmul_rn(d0, dxv);
           dd[n][2 + j] = __fmul_rn(d1, dxv);
         }
@@ -149,7 +156,7 @@ __device__ __forceinline__ void iq2_mma_rows(const uint8_t* __restrict__ W, size
         const uint32_t lo0 = a[m].x, lo1 = a[m].y, hi0 = a[m].z, hi1 = a[m].w;
 #pragma unroll
         for (int n = 0; n < NT; n++) {
-          const uint32_t bq = __ldg(reinterpret_cast<const uint32_t*>(qb[n] + b * QK_K + 16 * k + 4 * c4));
+          const uint32_t bq = act_load<kSharedAct>(reinterpret_cast<const uint32_t*>(qb[n] + b * QK_K + 16 * k + 4 * c4));
           int plo[4], phi[4];
           mma_k16<true>(plo, lo0, lo1, bq, kMmaBias);
           mma_k16<false>(phi, hi0, hi1, bq, 0);
@@ -336,20 +343,50 @@ __global__ void __launch_bounds__(32 * kPanelWarps) k_iq2xxs_panel(const uint8_t
 // takes the expert's 16-row groups x kMmaWarps + w, then + kMmaWarps gridDim.x. The tile's slots are the MMA's
 // activation rows (slot / xdiv; past the count: the first slot again, outputs unused); NT = 1 for tiles of at most
 // 8 slots. kPair: gate (W) and up (W2) in turn over the same slots, then y2 = up and y = silu(gate) * up.
-template <int NT, bool kPair>
+// kStage: the tile's 8 NT activation rows and their scales are first copied into shared memory by the whole block
+// (act_s: rows of cols + kActPad bytes, then dx_s), so that the MMAs' B words come from there instead of one L2
+// round trip each; the same words, so the same bits. Every thread of the block calls it (kStage has a barrier).
+constexpr int kActPad = 16;  // bytes after each staged row: thread (g, c4)'s words fall in bank 4 g + c4
+__host__ __device__ constexpr size_t tile_stage_bytes(int NT, int64_t nb) {
+  return (size_t)8 * NT * (nb * QK_K + kActPad) + (size_t)8 * NT * nb * sizeof(float);
+}
+constexpr size_t kTileStageMax = 100 * 1024;  // larger (rows past 6000 columns): the activations from L2
+template <int NT, bool kPair, bool kStage>
 __device__ __forceinline__ void iq2_mma_tile(const uint8_t* We, const uint8_t* We2, size_t row_bytes, int64_t rows,
                                              int64_t nb, const int8_t* q, const float* dx, float* y, float* y2,
                                              int64_t ldy, const int32_t* xrow, const int32_t* yrow, int cnt,
-                                             const uint64_t* grid, const uint64_t* smask) {
+                                             const uint64_t* grid, const uint64_t* smask, uint8_t* stage) {
   const int lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
   const int8_t* qb[NT];
   const float* dxc[NT][2];  // columns past the count: the first slot (outputs unused)
-  mma_act_rows<NT>(q, dx, nb, [&](int j) { return (int64_t)xrow[j < cnt ? j : 0]; }, qb, dxc);
+  if constexpr (kStage) {
+    const int64_t cols = nb * QK_K, ld = cols + kActPad, units = cols / 16;
+    int8_t* act_s = reinterpret_cast<int8_t*>(stage);
+    float* dx_s = reinterpret_cast<float*>(stage + (size_t)8 * NT * ld);
+    for (int64_t i = threadIdx.x; i < 8 * NT * units; i += blockDim.x) {
+      const int j = (int)(i / units);
+      const int64_t o = i % units * 16, row = xrow[j < cnt ? j : 0];
+      *reinterpret_cast<uint4*>(act_s + j * ld + o) = __ldg(reinterpret_cast<const uint4*>(q + row * cols + o));
+    }
+    for (int64_t i = threadIdx.x; i < 8 * NT * nb; i += blockDim.x) {
+      const int j = (int)(i / nb);
+      dx_s[i] = __ldg(dx + (int64_t)xrow[j < cnt ? j : 0] * nb + i % nb);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+      qb[n] = act_s + (8 * n + g) * ld;
+#pragma unroll
+      for (int j = 0; j < 2; j++) dxc[n][j] = dx_s + (8 * n + 2 * c4 + j) * nb;
+    }
+  } else {
+    mma_act_rows<NT>(q, dx, nb, [&](int j) { return (int64_t)xrow[j < cnt ? j : 0]; }, qb, dxc);
+  }
   const int64_t step = (int64_t)16 * kMmaWarps * gridDim.x;
   for (int64_t r0 = ((int64_t)blockIdx.x * kMmaWarps + (threadIdx.x >> 5)) * 16; r0 < rows; r0 += step) {
     float out[NT][4], up[kPair ? NT : 1][4];
-    iq2_mma_rows<NT>(We, row_bytes, r0, rows, nb, qb, dxc, grid, smask, out);
-    if constexpr (kPair) iq2_mma_rows<NT>(We2, row_bytes, r0, rows, nb, qb, dxc, grid, smask, up);
+    iq2_mma_rows<NT, kStage>(We, row_bytes, r0, rows, nb, qb, dxc, grid, smask, out);
+    if constexpr (kPair) iq2_mma_rows<NT, kStage>(We2, row_bytes, r0, rows, nb, qb, dxc, grid, smask, up);
 #pragma unroll
     for (int n = 0; n < NT; n++)
 #pragma unroll
@@ -372,7 +409,7 @@ __device__ __forceinline__ void iq2_mma_tile(const uint8_t* We, const uint8_t* W
 // registers). ahead: while a tile's header is read, the block's rows of its next tile of this launch's kind (their
 // first 16 kMmaWarps rows; W2's too) are prefetched into L2, so that the tile's first weight loads do not wait on
 // DRAM (a tile is only nb blocks a row, each load waiting on the one before).
-template <int NT, bool kPair>
+template <int NT, bool kPair, bool kStage>
 __global__ void __launch_bounds__(32 * kMmaWarps) k_iq2xxs_tiles_mma(
     const uint8_t* __restrict__ W, const uint8_t* __restrict__ W2, size_t row_bytes, int64_t rows, int64_t nb,
     const int8_t* __restrict__ q, const float* __restrict__ dx, float* __restrict__ y, float* __restrict__ y2,
@@ -382,6 +419,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps) k_iq2xxs_tiles_mma(
   pdl_wait();
   __shared__ uint64_t grid[256];
   __shared__ uint64_t smask[128];
+  extern __shared__ __align__(16) uint8_t stage[];  // kStage: tile_stage_bytes(NT, nb)
   iq2_tables(grid, smask);
   const int64_t r_block = (int64_t)blockIdx.x * kMmaWarps * 16;
   auto next = [&](int tile, int nt) {
@@ -397,6 +435,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps) k_iq2xxs_tiles_mma(
     if ((cnt <= 8) != (NT == 1)) return;  // the other launch's tile
     const uint8_t* We = W + (size_t)expert * ebytes;
     const uint8_t* We2 = kPair ? W2 + (size_t)expert * ebytes2 : nullptr;
-    iq2_mma_tile<NT, kPair>(We, We2, row_bytes, rows, nb, q, dx, y, y2, ldy, xrow, yrow, cnt, grid, smask);
+    iq2_mma_tile<NT, kPair, kStage>(We, We2, row_bytes, rows, nb, q, dx, y, y2, ldy, xrow, yrow, cnt, grid, smask,
+                                     stage);
   }, next);
 }

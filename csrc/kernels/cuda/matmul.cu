@@ -547,6 +547,9 @@ bool g_iq2_panel = true;  // prompt pieces' dense IQ2_XXS products by k_iq2xxs_p
 bool g_row_groups = false;
 // the IQ2_XXS expert tiles on the tensor cores prefetch the block's rows of its next tile into L2 (prefer_tile_prefetch)
 bool g_tile_prefetch = true;
+// the IQ2_XXS expert tiles on the tensor cores stage each tile's activation rows in shared memory (prefer_tile_stage):
+// off until measured on a card
+bool g_tile_stage = false;
 bool mma_available() { return g_mma_card && g_mma_on; }
 int g_mma_min_t = 5;  // rows from which the dense IQ2_XXS products take k_iq2xxs_mma (2..4: k_iq2xxs_warp)
 
@@ -1011,10 +1014,17 @@ void launch_iq2_sel(const MatView& W, const uint8_t* W2, size_t eb, size_t eb2, 
       const int64_t g16 = (W.rows + 15) / 16;
       const int64_t gx = std::max<int64_t>(1, std::min<int64_t>((g16 + kMmaWarps - 1) / kMmaWarps, (2048 + gy - 1) / gy));
       const dim3 grid((unsigned)gx, (unsigned)gy);
-      launch(k_iq2xxs_tiles_mma<1, kPair>, grid, 32 * kMmaWarps, 0, st, W.data, W2, W.row_bytes, W.rows, nb, q, dx, y,
-             y2, ldy, eb, eb2, xdiv, tb.e, tb.n, tb.slot, tb.count, g_tile_prefetch);
-      launch(k_iq2xxs_tiles_mma<2, kPair>, grid, 32 * kMmaWarps, 0, st, W.data, W2, W.row_bytes, W.rows, nb, q, dx, y,
-             y2, ldy, eb, eb2, xdiv, tb.e, tb.n, tb.slot, tb.count, g_tile_prefetch);
+      auto go = [&](auto kern, size_t smem) {
+        launch(kern, grid, 32 * kMmaWarps, smem, st, W.data, W2, W.row_bytes, W.rows, nb, q, dx, y, y2, ldy, eb, eb2,
+               xdiv, tb.e, tb.n, tb.slot, tb.count, g_tile_prefetch);
+      };
+      if (g_tile_stage && tile_stage_bytes(2, nb) <= kTileStageMax) {  // the activations staged a tile
+        go(k_iq2xxs_tiles_mma<1, kPair, true>, tile_stage_bytes(1, nb));
+        go(k_iq2xxs_tiles_mma<2, kPair, true>, tile_stage_bytes(2, nb));
+      } else {
+        go(k_iq2xxs_tiles_mma<1, kPair, false>, 0);
+        go(k_iq2xxs_tiles_mma<2, kPair, false>, 0);
+      }
       return;
     }
     auto go = [&](auto kern, int R) {  // ~2048 blocks in all (8 an SM), at most a warp per R weight rows
@@ -1472,6 +1482,14 @@ void init_tables() {
   check(cudaMemcpyToSymbol(g_mxfp4_values, kMxfp4Values, sizeof(kMxfp4Values)), "copy the MXFP4 values");
   check(cudaFuncSetAttribute(k_iq2xxs_panel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kPanelMaxSmem),
         "allow the IQ2_XXS panel kernel its shared memory");
+  auto allow_stage = [](auto kern) {
+    check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kTileStageMax),
+          "allow the IQ2_XXS expert tiles their staged activations");
+  };
+  allow_stage(k_iq2xxs_tiles_mma<1, false, true>);
+  allow_stage(k_iq2xxs_tiles_mma<2, false, true>);
+  allow_stage(k_iq2xxs_tiles_mma<1, true, true>);
+  allow_stage(k_iq2xxs_tiles_mma<2, true, true>);
   for (uint32_t type = 0; type < 64; type++)  // every type with_decoder knows
     with_decoder(type, [](auto dec, auto kind) {
       if constexpr (decltype(kind)::value == ActKind::Q8_256) allow_int_smem<decltype(dec)>();
@@ -1482,6 +1500,7 @@ void prefer_iq2_panel(bool on) { g_iq2_panel = on; }
 void prefer_row_groups(bool on) { g_row_groups = on; }
 void prefer_tile_prefetch(bool on) { g_tile_prefetch = on; }
 void prefer_float_tiles(bool on) { g_float_tiles = on; }
+void prefer_tile_stage(bool on) { g_tile_stage = on; }
 
 void prefer_mma(bool on, int min_rows) {
   STRATA_CHECK(min_rows >= 2, "cuda prefer_mma: min_rows = ", min_rows, " (at least 2: one row is the warp kernel's)");

@@ -90,6 +90,9 @@ void prefer_tile_prefetch(bool on);
 // Tests and benches: whether float products (F32 / F16 / BF16) of 32+ activation rows take k_float_tiles (blocks of
 // 32 rows x 32 weight rows, default on) or k_float; the same bits either way.
 void prefer_float_tiles(bool on);
+// Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores copy each tile's activation rows into shared
+// memory first (default off: not yet measured) or read them from L2 word by word; the same bits either way.
+void prefer_tile_stage(bool on);
 bool matmul_supported(uint32_t type);
 // backend.h embed_rows: out[t] = row ids[t] of table, dequantized as types.h does (the decoders' value(): F32, F16,
 // BF16, Q8_0, the types embed_supported names). Returns at once.
