@@ -255,12 +255,12 @@ __global__ void __launch_bounds__(kThreads) k_softmax_v_tiles(AttendArgs a, floa
     for (int64_t c = lane; c < nt; c += 32) sc[c] = exp_inl_dev(__fsub_rn(sc[c], mx));
   }
   __syncthreads();
-  // attend_ref's running sum in cell order, a thread per query
+  // attend_ref's running sum in cell order, a thread per query (32 loads in flight: the sum waits on L2 otherwise)
   if (tid < kQv) {
     const int64_t nt = nt_s[tid];
     const float* sc = scratch + (int64_t)(q0 + tid) * stride;
     float sum = 0.f;
-#pragma unroll 8
+#pragma unroll 32
     for (int64_t c = 0; c < nt; c++) sum = __fadd_rn(sum, sc[c]);
     inv_s[tid] = __fdiv_rn(1.f, sum);
   }
