@@ -23,6 +23,7 @@
 #include <stdexcept>
 
 #include "kernels/cuda/exp_inl.cuh"
+#include "kernels/cuda/lanes16.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_cuda.h"
 #include "util/common.h"
@@ -187,23 +188,7 @@ __global__ void __launch_bounds__(kThreads, 2) k_scores_tiles(AttendArgs a, floa
     }
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < kTileHd; j += 4) {
-      float qv[2][4], kv[2][4];
-#pragma unroll
-      for (int x = 0; x < 2; x++) {
-        const float4 f = *reinterpret_cast<const float4*>(&qs[qp + 16 * x][j]);
-        qv[x][0] = f.x, qv[x][1] = f.y, qv[x][2] = f.z, qv[x][3] = f.w;
-        const float4 g = *reinterpret_cast<const float4*>(&ks[cp + 16 * x][j]);
-        kv[x][0] = g.x, kv[x][1] = g.y, kv[x][2] = g.z, kv[x][3] = g.w;
-      }
-#pragma unroll
-      for (int x = 0; x < 2; x++)
-#pragma unroll
-        for (int y = 0; y < 2; y++)
-#pragma unroll
-          for (int e = 0; e < 4; e++)  // i0 % 16 == 0: the lane of i0 + j + e is (j + e) % 16
-            l[x][y][(j + e) & 15] = __fadd_rn(l[x][y][(j + e) & 15], __fmul_rn(qv[x][e], kv[y][e]));
-    }
+    for (int j0 = 0; j0 < kTileHd; j0 += 16) pairs16<false>(l, &qs[0][0], &ks[0][0], kTileHd + kTilePad, qp, cp, j0);
   }
 #pragma unroll
   for (int x = 0; x < 2; x++) {
@@ -214,13 +199,7 @@ __global__ void __launch_bounds__(kThreads, 2) k_scores_tiles(AttendArgs a, floa
 #pragma unroll
     for (int y = 0; y < 2; y++) {
       const int64_t c = c0 + cp + 16 * y;
-      const float* v = l[x][y];
-      float s8[8], s4[4];
-#pragma unroll
-      for (int i = 0; i < 8; i++) s8[i] = __fadd_rn(v[i], v[i + 8]);
-#pragma unroll
-      for (int i = 0; i < 4; i++) s4[i] = __fadd_rn(s8[i], s8[i + 4]);
-      if (c < nt) sc[c] = __fmul_rn(__fadd_rn(__fadd_rn(s4[0], s4[2]), __fadd_rn(s4[1], s4[3])), a.scale);
+      if (c < nt) sc[c] = __fmul_rn(tree16(l[x][y]), a.scale);
     }
   }
 }
@@ -290,28 +269,22 @@ __global__ void __launch_bounds__(kThreads) k_softmax_v_tiles(AttendArgs a, floa
     }
     __syncthreads();
     const int m = n_hi - c0 < kCells ? (int)(n_hi - c0) : kCells;
-    if (c0 + m <= n_lo) {  // every query of the block sees every staged cell
-#pragma unroll 4
-      for (int r = 0; r < m; r++) {
-        const float4 v = *reinterpret_cast<const float4*>(&vs[r][4 * dq]);
-        const float4 p = *reinterpret_cast<const float4*>(&ps[r][4 * qg]);
-        const float pv[4] = {p.x, p.y, p.z, p.w}, vv[4] = {v.x, v.y, v.z, v.w};
+    // cell r into the thread's 4 x 4 outputs; check: skip the queries that do not see it
+    auto cell = [&](int r, bool check) {
+      const float4 v = *reinterpret_cast<const float4*>(&vs[r][4 * dq]);
+      const float4 p = *reinterpret_cast<const float4*>(&ps[r][4 * qg]);
+      const float pv[4] = {p.x, p.y, p.z, p.w}, vv[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int x = 0; x < 4; x++)
+      for (int x = 0; x < 4; x++)
+        if (!check || c0 + r < nt[x])
 #pragma unroll
           for (int e = 0; e < 4; e++) acc[x][e] = __fadd_rn(acc[x][e], __fmul_rn(pv[x], vv[e]));
-      }
+    };
+    if (c0 + m <= n_lo) {  // every query of the block sees every staged cell
+#pragma unroll 4
+      for (int r = 0; r < m; r++) cell(r, false);
     } else {
-      for (int r = 0; r < m; r++) {
-        const float4 v = *reinterpret_cast<const float4*>(&vs[r][4 * dq]);
-        const float4 p = *reinterpret_cast<const float4*>(&ps[r][4 * qg]);
-        const float pv[4] = {p.x, p.y, p.z, p.w}, vv[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int x = 0; x < 4; x++)
-          if (c0 + r < nt[x])
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[x][e] = __fadd_rn(acc[x][e], __fmul_rn(pv[x], vv[e]));
-      }
+      for (int r = 0; r < m; r++) cell(r, true);
     }
   }
 #pragma unroll

@@ -172,15 +172,7 @@ __device__ __forceinline__ void iq2_mma_rows(const uint8_t* __restrict__ W, size
 #pragma unroll
   for (int n = 0; n < NT; n++)
 #pragma unroll
-    for (int e = 0; e < 4; e++) {  // reduce16's tree, then k_int's y = s - Lm with Lm = 0
-      float s8[8], s4[4];
-#pragma unroll
-      for (int j = 0; j < 8; j++) s8[j] = __fadd_rn(L[n][e][j], L[n][e][j + 8]);
-#pragma unroll
-      for (int j = 0; j < 4; j++) s4[j] = __fadd_rn(s8[j], s8[j + 4]);
-      const float s = __fadd_rn(__fadd_rn(s4[0], s4[2]), __fadd_rn(s4[1], s4[3]));
-      out[n][e] = __fsub_rn(s, 0.f);
-    }
+    for (int e = 0; e < 4; e++) out[n][e] = __fsub_rn(tree16(L[n][e]), 0.f);  // k_int's y = s - Lm, Lm = 0
 }
 
 constexpr int kMmaWarps = 4;  // warps a block: each 16 weight rows
@@ -326,12 +318,7 @@ __global__ void __launch_bounds__(32 * kPanelWarps) k_iq2xxs_panel(const uint8_t
     }
 #pragma unroll
     for (int e = 0; e < 4; e++) {  // reduce16's tree, then k_int's y = s - Lm with Lm = 0
-      float s8[8], s4[4];
-#pragma unroll
-      for (int jj = 0; jj < 8; jj++) s8[jj] = __fadd_rn(L[e][jj], L[e][jj + 8]);
-#pragma unroll
-      for (int jj = 0; jj < 4; jj++) s4[jj] = __fadd_rn(s8[jj], s8[jj + 4]);
-      const float v = __fsub_rn(__fadd_rn(__fadd_rn(s4[0], s4[2]), __fadd_rn(s4[1], s4[3])), 0.f);
+      const float v = __fsub_rn(tree16(L[e]), 0.f);
       const int64_t r = r0 + g + 8 * (e >> 1);
       const int t = t0 + 2 * c4 + (e & 1);
       if (r < rows && t < T) y[(int64_t)t * ldy + r] = v;

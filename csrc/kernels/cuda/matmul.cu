@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/decode.cuh"
 #include "kernels/cuda/exp_inl.cuh"
+#include "kernels/cuda/lanes16.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matmul_cuda.h"
 #include "kernels/iq_tables.h"
@@ -157,24 +158,7 @@ __global__ void __launch_bounds__(256, 2) k_float_tiles(const uint8_t* __restric
 #pragma unroll
     for (int g = 0; g < kFloatTileCols / 16; g++) {
       if (i0 + 16 * g >= padded) break;  // the block's columns end at the padding, as k_float's
-#pragma unroll
-      for (int j = 16 * g; j < 16 * g + 16; j += 4) {
-        float xv[2][4], wv[2][4];
-#pragma unroll
-        for (int a = 0; a < 2; a++) {
-          const float4 f = *reinterpret_cast<const float4*>(&xs[tp + 16 * a][j]);
-          xv[a][0] = f.x, xv[a][1] = f.y, xv[a][2] = f.z, xv[a][3] = f.w;
-          const float4 h = *reinterpret_cast<const float4*>(&ws[rp + 16 * a][j]);
-          wv[a][0] = h.x, wv[a][1] = h.y, wv[a][2] = h.z, wv[a][3] = h.w;
-        }
-#pragma unroll
-        for (int a = 0; a < 2; a++)
-#pragma unroll
-          for (int b = 0; b < 2; b++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)  // i0 % 16 == 0: column i0 + j + e is lane (j + e) % 16's
-              l[a][b][(j + e) & 15] = fmaf(wv[b][e], xv[a][e], l[a][b][(j + e) & 15]);
-      }
+      pairs16<true>(l, &xs[0][0], &ws[0][0], kFloatTileCols + 4, tp, rp, 16 * g);
     }
   }
 #pragma unroll
@@ -183,13 +167,7 @@ __global__ void __launch_bounds__(256, 2) k_float_tiles(const uint8_t* __restric
 #pragma unroll
     for (int b = 0; b < 2; b++) {
       const int64_t r = r0 + rp + 16 * b;
-      const float* v = l[a][b];
-      float s8[8], s4[4];
-#pragma unroll
-      for (int i = 0; i < 8; i++) s8[i] = __fadd_rn(v[i], v[i + 8]);
-#pragma unroll
-      for (int i = 0; i < 4; i++) s4[i] = __fadd_rn(s8[i], s8[i + 4]);
-      if (t < T && r < rows) y[(int64_t)t * ldy + r] = __fadd_rn(__fadd_rn(s4[0], s4[2]), __fadd_rn(s4[1], s4[3]));
+      if (t < T && r < rows) y[(int64_t)t * ldy + r] = tree16(l[a][b]);
     }
   }
 }
