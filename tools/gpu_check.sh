@@ -117,10 +117,12 @@ t0=$(date +%s)
 # SIGINT at the cap: pytest stops as on ^C and still writes junit.xml and the slowest tests for what ran (rc 124).
 # Not the test that compiles every CUDA source again one by one (CI runs it; the build above compiled them all, and
 # here it took 148 s of the 300, with llama.cpp's build beside it).
+TESTS=(tests/test_cuda_forward.py tests/test_cuda_*.py tests/test_backend.py tests/test_backend_forward.py
+       tests/test_backend_experts.py --deselect tests/test_cuda_build.py::test_every_cuda_source_compiles)
 if [ "$TESTS_CAP_S" -gt 0 ]; then
-  timeout -s INT -k 30 "$TESTS_CAP_S" $PY -m pytest -q -p no:cacheprovider tests/test_cuda_forward.py \
-    tests/test_cuda_*.py tests/test_backend.py tests/test_backend_forward.py tests/test_backend_experts.py \
-    --durations=15 --deselect tests/test_cuda_build.py::test_every_cuda_source_compiles \
+  # the test ids first: a key whose tests all ran and passed before the cap still reads true
+  $PY -m pytest -q -p no:cacheprovider --collect-only "${TESTS[@]}" 2>/dev/null | grep '::' >"$OUT/collected.txt"
+  timeout -s INT -k 30 "$TESTS_CAP_S" $PY -m pytest -q -p no:cacheprovider "${TESTS[@]}" --durations=15 \
     --junitxml="$OUT/junit.xml" >"$OUT/tests.log" 2>&1
   tests_rc=$?
   tail -15 "$OUT/tests.log"
@@ -194,12 +196,18 @@ elif (out / "junit.xml").exists():
 else:  # pytest killed without its report: nothing passed
     n, fail, err, skip, cases = 0, 0, 1, 0, {}
 capped = tests_rc == 124  # stopped at the cap (TESTS_CAP_S): the tests after it did not run
+collected = ({line.split("::", 1)[1].strip() for line in (out / "collected.txt").read_text().splitlines()}
+             if (out / "collected.txt").exists() else set())
 def passed(prefix):
-    """Whether the tests named prefix* passed: False on a failure, None where the cap may have cut them off."""
+    """Whether the tests named prefix* passed: False on a failure; where the cap cut the run, True only if every
+    collected test of that name ran (and passed), else None."""
     sel = [c for name, c in cases.items() if name and name.startswith(prefix)]
     if any(len(c) for c in sel):
         return False
-    return None if capped else bool(sel)
+    if capped:
+        want = {n for n in collected if n.startswith(prefix)}
+        return True if want and want <= set(cases) else None
+    return bool(sel)
 def every(results):
     """passed() over several prefixes: False if one failed, else None if one is unknown, else True."""
     results = list(results)
