@@ -122,6 +122,9 @@ struct QAct {
   const float* d = nullptr;
   const int16_t* bsum = nullptr;
   const int8_t* q8 = nullptr;
+  // (with q8) 32 times each pair's sum, q8p[t * ldq / 2 + v / 2] = 32 * (q[v] + q[v + 1]) for even v: the AVX2
+  // unsigned Q6_K kernel's correction (its codes are w + 32), in vpmaddubsw's lane order
+  const int16_t* q8p = nullptr;
   // The AVX-512 byte kernels' rows (cpu/act8_avx512.h): int8, interleaved per 64 values, [T][cols]; with
   // il_offset stored as q + 128. Made once per prepared pass (prepare_act), not in every parallel chunk.
   const int8_t* il = nullptr;
@@ -132,8 +135,9 @@ struct QActBuf {
   std::vector<int16_t, Align64<int16_t>> q, bsum;
   std::vector<float, Align64<float>> d;
   std::vector<int8_t, Align64<int8_t>> q8, il;
+  std::vector<int16_t, Align64<int16_t>> q8p;
   QAct view(int T, int64_t cols);  // sizes the buffers, returns a view to fill
-  void fill_q8(QAct& a);           // q8 from q (every |q| <= 127), and a.q8 pointing at it
+  void fill_q8(QAct& a);           // q8 and q8p from q (every |q| <= 127), a.q8 and a.q8p pointing at them
 };
 using QuantizeFn = void (*)(const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf, QAct& out);
 // The portable quantizer; the per-ISA ones (quantize_act_avx2/avx512) produce identical bytes.

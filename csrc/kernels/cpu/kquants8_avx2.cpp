@@ -37,6 +37,8 @@ struct Blk8 {
   float d, dmin;
   alignas(16) uint8_t m[8];
   __m128i sc16, m16;
+  __m256i scp;  // (kScp decoders, Q6_K, instead of s16) the scale pairs as dwords: 2p = (s16[4p], s16[4p + 2]),
+                // 2p + 1 = (s16[4p + 1], s16[4p + 3]): the low and high halves' pair of sub-blocks (2p, 2p + 1)
 };
 
 // The block's scale pairs as the products take them: lanes 0-3 the pair of values 0-15 of sub-blocks (2p, 2p + 1),
@@ -44,6 +46,9 @@ struct Blk8 {
 template <class Dec>
 inline __m256i scale_pairs(const Blk8& k, int p) {
   if constexpr (Dec::kHead4) return pair_dword(k.sc16, p);
+  if constexpr (Dec::kScp)
+    return _mm256_permutevar8x32_epi32(k.scp, _mm256_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p + 1, 2 * p + 1,
+                                                                 2 * p + 1, 2 * p + 1));
   const int j = 2 * p;
   const uint32_t lo = (uint16_t)k.s16[2 * j] | (uint32_t)(uint16_t)k.s16[2 * j + 2] << 16;
   const uint32_t hi = (uint16_t)k.s16[2 * j + 1] | (uint32_t)(uint16_t)k.s16[2 * j + 3] << 16;
@@ -61,7 +66,7 @@ struct Dec8Q4K {
   static constexpr uint32_t kType = GGML_Q4_K;
   static constexpr int kBytes = 144;
   static constexpr int kMaxT = 8;
-  static constexpr bool kHasMin = true, kSigned = false, kHead4 = true, kGrid = false;
+  static constexpr bool kHasMin = true, kSigned = false, kHead4 = true, kGrid = false, kScp = false, kOff32 = false;
   static inline void decode(const uint8_t* b, Blk8& o) {
     head4(b, o);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -77,7 +82,7 @@ struct Dec8Q5K {
   static constexpr uint32_t kType = GGML_Q5_K;
   static constexpr int kBytes = 176;
   static constexpr int kMaxT = 8;
-  static constexpr bool kHasMin = true, kSigned = false, kHead4 = true, kGrid = false;
+  static constexpr bool kHasMin = true, kSigned = false, kHead4 = true, kGrid = false, kScp = false, kOff32 = false;
   static inline void decode(const uint8_t* b, Blk8& o) {
     head4(b, o);
     const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
@@ -97,7 +102,7 @@ struct Dec8Q6K {
   static constexpr uint32_t kType = GGML_Q6_K;
   static constexpr int kBytes = 210;
   static constexpr int kMaxT = 8;
-  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false, kGrid = false;
+  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false, kGrid = false, kScp = true, kOff32 = false;
   static inline void decode(const uint8_t* b, Blk8& o) {
     o.d = h2f(b + 208);
     o.dmin = 0.f;
@@ -113,8 +118,34 @@ struct Dec8Q6K {
         o.w[4 * h + k] = _mm256_sub_epi8(_mm256_or_si256(lo, hb), k32);
       }
     }
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-    for (int g = 0; g < 16; g++) o.s16[g] = sc[g];
+    // the 16 int8 scales (one per 16 values) in pair order (4p, 4p + 2, 4p + 1, 4p + 3), widened to int16
+    const __m128i order = _mm_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15);
+    o.scp = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)), order));
+  }
+};
+
+// Q6_K for the decode windows as unsigned 6-bit codes u = w + 32 (0..63): per sub-block p = maddubs(u, x) - 32 *
+// (x's pair sums, QAct::q8p, made once per activation row) is the same exact int16 lane sum as maddubs(|w|, x
+// signed like w) (|p| <= 2 * 63 * 127 + 8128 < 2^15), without a vpabsb and a vpsignb per sub-block and a -32 per
+// value; the high bits come to bits 4-5 by one 16-bit shift and a mask each. The panels keep Dec8Q6K.
+struct Dec8Q6KU : Dec8Q6K {
+  static constexpr bool kSigned = false, kOff32 = true;
+  static inline void decode(const uint8_t* b, Blk8& o) {
+    o.d = h2f(b + 208);
+    o.dmin = 0.f;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; h++) {  // k = 0..3: ql0 / ql1 low nibbles, then their high nibbles; qh bits 2k, 2k + 1
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+      o.w[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+      o.w[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+      o.w[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
+      o.w[4 * h + 3] =
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+    }
+    const __m128i order = _mm_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15);
+    o.scp = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)), order));
   }
 };
 
@@ -122,7 +153,7 @@ struct Dec8IQ2XXS {
   static constexpr uint32_t kType = GGML_IQ2_XXS;
   static constexpr int kBytes = 66;
   static constexpr int kMaxT = 3;
-  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false, kGrid = true;
+  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false, kGrid = true, kScp = false, kOff32 = false;
   // (kGrid) the block scale, sub-block ib's unsigned grid bytes, and its sign / scale word
   static inline float dscale(const uint8_t* b) { return h2f(b) * 0.125f; }
   static inline __m256i grid(const uint8_t* b, int ib) { return iq2xxs_grid4(b + 2 + 8 * ib); }
@@ -143,7 +174,7 @@ struct Dec8IQ3XXS {
   static constexpr uint32_t kType = GGML_IQ3_XXS;
   static constexpr int kBytes = 98;
   static constexpr int kMaxT = 3;
-  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false, kGrid = true;
+  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false, kGrid = true, kScp = false, kOff32 = false;
   static inline float dscale(const uint8_t* b) { return h2f(b) * 0.25f; }
   static inline __m256i grid(const uint8_t* b, int ib) { return iq3xxs_grid8(b + 2 + 8 * ib); }
   static inline uint32_t aux(const uint8_t* b, int ib) { return u32_at(b + 66 + 4 * ib); }
@@ -163,7 +194,7 @@ struct Dec8IQ4XS {
   static constexpr uint32_t kType = GGML_IQ4_XS;
   static constexpr int kBytes = 136;
   static constexpr int kMaxT = 3;
-  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false, kGrid = false;
+  static constexpr bool kHasMin = false, kSigned = true, kHead4 = false, kGrid = false, kScp = false, kOff32 = false;
   static inline void decode(const uint8_t* b, Blk8& o) {
     o.d = h2f(b);
     o.dmin = 0.f;
@@ -224,6 +255,9 @@ void rows_kq8_il_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_
         aw[j + 1] = Dec::kSigned ? _mm256_abs_epi8(wi[j + 1]) : wi[j + 1];
         if constexpr (Dec::kHead4) {
           sc[j] = sc[j + 1] = pair_dword(k.sc16, p);
+        } else if constexpr (Dec::kScp) {
+          sc[j] = _mm256_permutevar8x32_epi32(k.scp, _mm256_set1_epi32(j));
+          sc[j + 1] = _mm256_permutevar8x32_epi32(k.scp, _mm256_set1_epi32(j + 1));
         } else {
           sc[j] = _mm256_set1_epi32((int)((uint16_t)k.s16[2 * j] | (uint32_t)(uint16_t)k.s16[2 * j + 2] << 16));
           sc[j + 1] = _mm256_set1_epi32((int)((uint16_t)k.s16[2 * j + 1] | (uint32_t)(uint16_t)k.s16[2 * j + 3] << 16));
@@ -283,7 +317,12 @@ void rows_kq8_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r
             x0 = _mm256_sign_epi8(x0, k.w[j]);
             x1 = _mm256_sign_epi8(x1, k.w[j + 1]);
           }
-          const __m256i p0 = _mm256_maddubs_epi16(aw[j], x0), p1 = _mm256_maddubs_epi16(aw[j + 1], x1);
+          __m256i p0 = _mm256_maddubs_epi16(aw[j], x0), p1 = _mm256_maddubs_epi16(aw[j + 1], x1);
+          if constexpr (Dec::kOff32) {
+            const int16_t* c = a.q.q8p + t * (a.q.ldq / 2) + b * (QK_K / 2) + 16 * j;
+            p0 = _mm256_sub_epi16(p0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));
+            p1 = _mm256_sub_epi16(p1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 16)));
+          }
           A = _mm256_add_epi32(A, _mm256_madd_epi16(_mm256_unpacklo_epi16(p0, p1), sc[p]));  // lanes 0-3 | 8-11
           B = _mm256_add_epi32(B, _mm256_madd_epi16(_mm256_unpackhi_epi16(p0, p1), sc[p]));  // lanes 4-7 | 12-15
         }
@@ -381,9 +420,12 @@ inline void pack8(const uint8_t* blk, Pan8& o) {
     const __m256i lo = _mm256_unpacklo_epi16(k.w[j], k.w[j + 1]), hi = _mm256_unpackhi_epi16(k.w[j], k.w[j + 1]);
     _mm256_store_si256(&o.wi[j], _mm256_permute2x128_si256(lo, hi, 0x20));
     _mm256_store_si256(&o.wi[j + 1], _mm256_permute2x128_si256(lo, hi, 0x31));
-    o.sc[j] = (int)((uint16_t)k.s16[2 * j] | (uint32_t)(uint16_t)k.s16[2 * j + 2] << 16);
-    o.sc[j + 1] = (int)((uint16_t)k.s16[2 * j + 1] | (uint32_t)(uint16_t)k.s16[2 * j + 3] << 16);
+    if constexpr (!Dec::kScp) {
+      o.sc[j] = (int)((uint16_t)k.s16[2 * j] | (uint32_t)(uint16_t)k.s16[2 * j + 2] << 16);
+      o.sc[j + 1] = (int)((uint16_t)k.s16[2 * j + 1] | (uint32_t)(uint16_t)k.s16[2 * j + 3] << 16);
+    }
   }
+  if constexpr (Dec::kScp) _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.sc), k.scp);  // (the same dwords)
   o.d = k.d;
 }
 
@@ -474,7 +516,7 @@ void rows_kq8(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0,
     if constexpr (kT <= Dec::kMaxT) {
       // (signed weights keep the unpacking form: the interleaved one measured 7-9 % slower for Q6_K at T = 2-4)
       if constexpr (Dec::kGrid) rows_grid_t<Dec, kT>(W, a, y, ldy, r0, r1);
-      else if constexpr (kT == 1 || Dec::kSigned) rows_kq8_t<Dec, kT>(W, a, y, ldy, r0, r1);
+      else if constexpr (kT == 1 || Dec::kSigned || Dec::kOff32) rows_kq8_t<Dec, kT>(W, a, y, ldy, r0, r1);
       else rows_kq8_il_t<Dec, kT>(W, a, y, ldy, r0, r1);
     }
   });
@@ -500,7 +542,7 @@ RowsFn rows_fn_kq8_avx2(uint32_t type) {
   switch (type) {
     case GGML_Q4_K: return rows_kq8<Dec8Q4K, GGML_Q4_K>;
     case GGML_Q5_K: return rows_kq8<Dec8Q5K, GGML_Q5_K>;
-    case GGML_Q6_K: return rows_kq8<Dec8Q6K, GGML_Q6_K>;
+    case GGML_Q6_K: return rows_kq8<Dec8Q6KU, GGML_Q6_K>;
     case GGML_IQ2_XXS: return rows_kq8<Dec8IQ2XXS, GGML_IQ2_XXS>;
     case GGML_IQ3_XXS: return rows_kq8<Dec8IQ3XXS, GGML_IQ3_XXS>;
     case GGML_IQ4_XS: return rows_kq8<Dec8IQ4XS, GGML_IQ4_XS>;
