@@ -85,15 +85,18 @@ struct Dec8Q5K {
   static constexpr bool kHasMin = true, kSigned = false, kHead4 = true, kGrid = false, kScp = false, kOff32 = false;
   static inline void decode(const uint8_t* b, Blk8& o) {
     head4(b, o);
-    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10);
     const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+    // bit j of qh byte l is the fifth bit of value l of sub-block j: moved to bit 4 by one 16-bit shift (the bits
+    // that cross into the other byte of the word land outside bit 4) and the mask
+    const auto fifth = [&](int j) {
+      return _mm256_and_si256(j < 4 ? _mm256_slli_epi16(qh, 4 - j) : j > 4 ? _mm256_srli_epi16(qh, j - 4) : qh, m10);
+    };
     for (int c = 0; c < 4; c++) {
       const __m256i by = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + 32 * c));
-      const int j0 = 2 * c, j1 = 2 * c + 1;  // bit j of qh byte l is the fifth bit of value l of sub-block j
-      const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, j0), one), 4);
-      const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, j1), one), 4);
-      o.w[j0] = _mm256_or_si256(_mm256_and_si256(by, m4), h0);
-      o.w[j1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(by, 4), m4), h1);
+      const int j0 = 2 * c, j1 = 2 * c + 1;
+      o.w[j0] = _mm256_or_si256(_mm256_and_si256(by, m4), fifth(j0));
+      o.w[j1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(by, 4), m4), fifth(j1));
     }
   }
 };
