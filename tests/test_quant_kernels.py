@@ -136,6 +136,23 @@ def test_fast_paths_equal_ref(typ, isa):
             np.testing.assert_array_equal(fast, ref, err_msg=f"{typ} {isa} cols={cols} T={T}")
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("act_type", ["Q4_K", "IQ2_XXS"])
+def test_q6k_rows_prepared_for_another_type_equal_ref(act_type, isa):
+    """An MoE expert's up matrix multiplies the rows prepared for its gate (moe.cpp): Q6_K rows prepared for
+    another type (on AVX2 without the pair sums its unsigned decode windows take) give the scalar kernel's bits."""
+    rng = fresh_rng()
+    rows, cols = int(rng.integers(1, 40)), 512
+    raw = _blocks(rng, "Q6_K", rows, cols)
+    for T in (1, 2, 3, 5, 8, 11):
+        x = rng.standard_normal((T, cols)).astype(np.float32)
+        ref = _core.matmul(raw, "Q6_K", rows, cols, x, isa="scalar")
+        got = _core.matmul(raw, "Q6_K", rows, cols, x, isa=isa, act_type=act_type)
+        np.testing.assert_array_equal(got, ref, err_msg=f"{act_type} {isa} T={T}")
+    own = _core.matmul(raw, "Q6_K", rows, cols, x, isa=isa, act_type="Q6_K")
+    np.testing.assert_array_equal(own, ref)
+
+
 @pytest.mark.parametrize("typ", list(KQ))
 def test_rows_independent_of_T(typ):
     rng = fresh_rng()

@@ -269,11 +269,19 @@ void init_kernels(nb::module_& m) {
       "The chunked gated delta rule over T rows of one head (state/deltanet_chunked.h), for tests.");
   m.def(
       "matmul",
-      [](U8 w, const std::string& type, int64_t rows, int64_t cols, F2 x, const std::string& isa, int threads) {
-        const TypeTraits* t = nullptr;
-        for (uint32_t id = 0; id < 64 && !t; id++)
-          if (type_traits(id) && type == type_traits(id)->name) t = type_traits(id);
-        STRATA_CHECK(t && t->dequant, "matmul: unsupported type '", type, "'");
+      [](U8 w, const std::string& type, int64_t rows, int64_t cols, F2 x, const std::string& isa, int threads,
+         const std::string& act_type) {
+        const auto find = [](const std::string& name) {
+          const TypeTraits* t = nullptr;
+          for (uint32_t id = 0; id < 64 && !t; id++)
+            if (type_traits(id) && name == type_traits(id)->name) t = type_traits(id);
+          STRATA_CHECK(t && t->dequant, "matmul: unsupported type '", name, "'");
+          return t;
+        };
+        const TypeTraits* t = find(type);
+        const TypeTraits* at = act_type.empty() ? nullptr : find(act_type);
+        STRATA_CHECK(!at || act_kind(at->id) == act_kind(t->id), "matmul: act_type '", act_type,
+                     "' reads its rows another way than '", type, "'");
         STRATA_CHECK((int64_t)x.shape(1) == cols, "matmul: x has ", x.shape(1), " columns, expected ", cols);
         MatView W{w.data(), t->id, rows, cols, row_bytes(t->id, cols)};
         STRATA_CHECK((int64_t)w.size() == (int64_t)W.row_bytes * rows, "matmul: weight has ", w.size(), " bytes, expected ",
@@ -283,8 +291,14 @@ void init_kernels(nb::module_& m) {
         const Isa prev = active_isa();
         force_isa(parse_isa(isa));
         try {
-          ThreadPool pool(threads);
-          matmul(pool, W, x.data(), cols, T, out, rows);
+          if (at) {  // rows prepared for another type of the same kind (as moe.cpp shares them), one thread
+            ActRows act;
+            act.prepare(at->id, x.data(), cols, T, cols);
+            matmul_rows(W, act, out, rows, 0, rows);
+          } else {
+            ThreadPool pool(threads);
+            matmul(pool, W, x.data(), cols, T, out, rows);
+          }
         } catch (...) {
           force_isa(prev);
           delete[] out;
@@ -295,7 +309,9 @@ void init_kernels(nb::module_& m) {
         return nb::ndarray<nb::numpy, float, nb::ndim<2>>(out, {(size_t)T, (size_t)rows}, owner);
       },
       nb::arg("w"), nb::arg("type"), nb::arg("rows"), nb::arg("cols"), nb::arg("x"), nb::arg("isa") = "",
-      nb::arg("threads") = 1, "y[T, rows] = x[T, cols] @ W^T on the chosen kernel path.");
+      nb::arg("threads") = 1, nb::arg("act_type") = "",
+      "y[T, rows] = x[T, cols] @ W^T on the chosen kernel path; act_type: the rows prepared for that type (of the "
+      "same activation kind), as an MoE expert's gate and up share them.");
   m.def(
       "bench_matmul",
       [](U8 w, const std::string& type, int64_t rows, int64_t cols, int64_t nmat, F2 x, const std::string& isa,

@@ -130,7 +130,8 @@ Act prepare_act(uint32_t type, const float* x, int64_t ldx, int T, int64_t cols,
                    : g_active == Isa::AVX2 ? quantize_act_avx2
                                            : quantize_act_ref;
     q(x, ldx, T, cols, buf, a.q);
-    if (g_active == Isa::AVX2) buf.fill_q8(a.q);  // the vpmaddubsw kernels (cpu/kquants8_avx2.cpp)
+    // the vpmaddubsw kernels (cpu/kquants8_avx2.cpp); the pair sums for the unsigned Q6_K decode windows
+    if (g_active == Isa::AVX2) buf.fill_q8(a.q, type == GGML_Q6_K);
     const Interleave il = interleave_for(type, many);
     if (il != Interleave::None) interleave_act_avx512(buf, a.q, il == Interleave::Offset);
   } else if (act32_type(type)) {

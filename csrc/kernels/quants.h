@@ -137,7 +137,8 @@ struct QActBuf {
   std::vector<int8_t, Align64<int8_t>> q8, il;
   std::vector<int16_t, Align64<int16_t>> q8p;
   QAct view(int T, int64_t cols);  // sizes the buffers, returns a view to fill
-  void fill_q8(QAct& a);           // q8 and q8p from q (every |q| <= 127), a.q8 and a.q8p pointing at them
+  // q8 from q (every |q| <= 127) and a.q8 pointing at it; with pairs also q8p / a.q8p (else a.q8p = nullptr)
+  void fill_q8(QAct& a, bool pairs);
 };
 using QuantizeFn = void (*)(const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf, QAct& out);
 // The portable quantizer; the per-ISA ones (quantize_act_avx2/avx512) produce identical bytes.

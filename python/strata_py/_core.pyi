@@ -21,18 +21,22 @@ def best_isa() -> str: ...
 
 def has_avx512vbmi() -> bool: ...
 
-def allow_vnni(on: bool) -> None:
-    """Tests: whether the AVX-512 kernels may use VNNI (and so VBMI); results are the same either way."""
-
-def prefer_gathers(on: bool) -> None:
-    """Tests: whether the AVX2 IQ kernels look up grid rows by vector gathers (else scalar loads); the same results."""
-
-def gathers_preferred() -> bool: ...
-
 def allow_vbmi(on: bool) -> None:
     """
     Tests: whether the AVX-512 path may use the VBMI kernels (IQ2_XXS, IQ3_XXS); results are the same either way.
     """
+
+def allow_vnni(on: bool) -> None:
+    """
+    Tests: whether the AVX-512 kernels may use VNNI (and so VBMI); results are the same either way.
+    """
+
+def prefer_gathers(on: bool) -> None:
+    """
+    Tests: whether the AVX2 IQ kernels look up grid rows by vector gathers (else scalar loads); the same results.
+    """
+
+def gathers_preferred() -> bool: ...
 
 def active_isa() -> str: ...
 
@@ -87,8 +91,10 @@ def dn_chunked(S: Annotated[NDArray[numpy.float32], dict(shape=(None, None), ord
     The chunked gated delta rule over T rows of one head (state/deltanet_chunked.h), for tests.
     """
 
-def matmul(w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = '', threads: int = 1) -> Annotated[NDArray[numpy.float32], dict(shape=(None, None))]:
-    """y[T, rows] = x[T, cols] @ W^T on the chosen kernel path."""
+def matmul(w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = '', threads: int = 1, act_type: str = '') -> Annotated[NDArray[numpy.float32], dict(shape=(None, None))]:
+    """
+    y[T, rows] = x[T, cols] @ W^T on the chosen kernel path; act_type: the rows prepared for that type (of the same activation kind), as an MoE expert's gate and up share them.
+    """
 
 def bench_matmul(w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, nmat: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], isa: str = '', threads: int = 1, reps: int = 3) -> float: ...
 
@@ -194,10 +200,11 @@ def expert_cache_stress(slots: int, keys: int, threads: int, iters: int, max_n: 
 
 class Model:
     @staticmethod
-    def load(path: str, threads: int = 0, mtp_path: str = '', cache_mib: int = -1, o_direct: bool = False, io_threads: int = 4, prefetch: bool = True, prefetch_root_only: bool = False, approximate: bool = False, protect: int = -1, bonus: float = 0.8500000238418579, draft_protect: int = -1, draft_bonus: float = -1.0, ple_map_mib: int = 4096, dense_attention: bool = False) -> Model:
+    def load(path: str, threads: int = 0, mtp_path: str = '', cache_mib: int = -1, o_direct: bool = False, io_threads: int = 4, prefetch: bool = True, prefetch_root_only: bool = False, approximate: bool = False, protect: int = -1, bonus: float = 0.8500000238418579, draft_protect: int = -1, draft_bonus: float = -1.0, ple_map_mib: int = 4096, dense_attention: bool = False, device_experts: bool = False) -> Model:
         """
         Open, validate and map a qwen3next / qwen35moe / qwen4exp GGUF (and optionally a separate MTP-only GGUF). cache_mib >= 0
-        streams experts through a cache of that size (-1: all resident); see csrc/experts/expert_stream.h.
+        streams experts through a cache of that size (-1: all resident); see csrc/experts/expert_stream.h. device_experts:
+        cache_mib is the budget of backend sessions' memory instead (csrc/model/backend_experts.h).
         """
 
     @property
@@ -316,7 +323,9 @@ class Session:
 
     @property
     def cold_steps(self) -> int:
-        """Steps that ran cold (unrecorded first sight, or recording) on a backend that records them."""
+        """
+        Steps that ran cold (unrecorded first sight, or recording) on a backend that records them.
+        """
 
     def mtp_logits(self) -> NDArray[numpy.float32]:
         """
@@ -589,11 +598,84 @@ def cuda_info() -> str:
 
 def backend_name(backend: str) -> str: ...
 
+def recorded_step_replays() -> int: ...
+
 def backend_matmul(backend: str, w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)]) -> Annotated[NDArray[numpy.float32], dict(shape=(None, None))]: ...
 
 def backend_rmsnorm(backend: str, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], w: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], eps: float) -> Annotated[NDArray[numpy.float32], dict(shape=(None, None))]: ...
 
 def cuda_bench_matmul(w: Annotated[NDArray[numpy.uint8], dict(order='C', device='cpu', writable=False)], type: str, rows: int, cols: int, nmat: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], Ts: Sequence[int], reps: int = 10) -> list[tuple[float, float]]: ...
+
+def cuda_prefer_mma(on: bool, min_rows: int = 5) -> None:
+    """
+    Tests and benches: whether the IQ2_XXS products of min_rows+ rows and the expert tiles take the int8 tensor cores (default on where the card has them) or the dp4a kernels; the same bits either way.
+    """
+
+def cuda_mma_used() -> bool:
+    """Whether those products take the tensor cores now (False without CUDA)."""
+
+def cuda_prefer_pdl(on: bool, prefetch: bool = True, windows: bool = False) -> None:
+    """
+    Tests and benches: whether kernels launch with programmatic dependent launch (default on where the card has it: sm_90+), with it whether the dense products prefetch their weights toward L2 first, and whether the verify windows of 5..16 rows take it too (default: plain launches there); the same bits every way.
+    """
+
+def cuda_prefer_norm_quant(on: bool) -> None:
+    """
+    Tests and benches: whether the norms quantize their rows for the int8-activation products after them, in the norm's kernel (default on), or the products do; the same bits either way.
+    """
+
+def cuda_prefer_iq2_rows(dense: int, sel: int, pair: int) -> None:
+    """
+    Tests and benches: the weight rows (1, 2 or 4) a warp of the IQ2_XXS one-row kernel takes in the dense products, in the experts' products and in the experts' fused gate / up (defaults 1, 4, 2); the same bits every way.
+    """
+
+def cuda_pdl_used() -> bool:
+    """
+    Whether launches carry programmatic dependent launch now (False without CUDA).
+    """
+
+def cuda_prefer_iq2_panel(on: bool) -> None:
+    """
+    Tests and benches: whether the dense IQ2_XXS products of 32+ rows (prompt pieces) decode a block's 16 weight rows once into shared memory (default on) or per 16 activation rows; the same bits either way.
+    """
+
+def cuda_prefer_dn_pipe(on: bool) -> None:
+    """
+    Tests and benches: whether DeltaNet heads (dk = 128) over 8+ rows take the pipelined kernel (default off: slower); the same bits either way.
+    """
+
+def cuda_prefer_row_groups(on: bool) -> None:
+    """
+    Tests and benches: whether small float matrices (the routers) over 17+ rows take blocks of 16 activation rows or a block per row (the default); the same bits either way.
+    """
+
+def cuda_prefer_attn_tiles(on: bool, min_queries: int = 1024) -> None:
+    """
+    Tests and benches: whether attention over min_queries+ queries (rows x heads of a KV head) takes the tiled kernels (default on from 1024: prompt pieces) or a block per (row, head); the same bits either way.
+    """
+
+def cuda_prefer_tile_prefetch(on: bool) -> None:
+    """
+    Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores prefetch each block's next tile's weights into L2 (default on); a hint, the same bits either way.
+    """
+
+def cuda_prefer_float_tiles(on: bool) -> None:
+    """
+    Tests and benches: whether float products (F32 / F16 / BF16: the routers) of 32+ activation rows take blocks of 32 rows x 32 weight rows staged in shared memory (default on) or k_float; the same bits either way.
+    """
+
+def cuda_prefer_tile_stage(on: bool) -> None:
+    """
+    Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores copy each tile's activation rows into shared memory first (default off: not yet measured); the same bits either way.
+    """
+
+def cuda_prefer_prompt_rows(rows: int) -> None:
+    """
+    Tests and benches: the rows of a prompt piece on the card (1..4096, default 512), for the sessions made after the call; the same bits for any value.
+    """
+
+def cuda_prompt_rows() -> int:
+    """The rows of a prompt piece on the card now."""
 
 def cuda_bench_launch(reps: int = 10) -> tuple[float, float]:
     """(median, min) seconds per launch of an empty kernel, back to back."""

@@ -514,6 +514,9 @@ template <class Dec, uint32_t kType>
 void rows_kq8(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   // (rows prepared without their int8 copy, QAct::q8, also take the widening kernel)
   if (a.T > Dec::kMaxT || !a.q.q8) return wide_fn<Dec>(kType)(W, a, y, ldy, r0, r1);
+  // rows prepared for another type of the same kind (moe.cpp shares them) may lack the pair sums: the signed form
+  if constexpr (Dec::kOff32)
+    if (!a.q.q8p) return rows_kq8<Dec8Q6K, kType>(W, a, y, ldy, r0, r1);
   with_rows(a.T, [&](auto t) {
     constexpr int kT = decltype(t)::value;
     if constexpr (kT <= Dec::kMaxT) {
