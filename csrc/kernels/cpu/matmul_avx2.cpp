@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/blocks32.h"
 #include "kernels/cpu/b32q_impl.h"
@@ -95,16 +96,22 @@ template <int T>
 constexpr int first_group() {
   return T >= 6 ? (T + 1) / 2 : T;
 }
+// run(rows, part, y_part) for the first_group<T>() rows of a, then the rest (rows: a compile-time row count)
+template <int T, class F>
+inline void in_two_groups(const Act& a, float* y, int64_t ldy, F&& run) {
+  constexpr int T0 = first_group<T>();
+  Act b = a;
+  b.x = a.x + T0 * a.ldx;
+  run(std::integral_constant<int, T0>{}, a, y);
+  run(std::integral_constant<int, T - T0>{}, b, y + T0 * ldy);
+}
 
 template <class Dec, int T>
 void rows_plain_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   if constexpr (first_group<T>() < T) {
-    constexpr int T0 = first_group<T>();
-    Act b = a;
-    b.x = a.x + T0 * a.ldx;
-    rows_plain_t<Dec, T0>(W, a, y, ldy, r0, r1);
-    rows_plain_t<Dec, T - T0>(W, b, y + T0 * ldy, ldy, r0, r1);
-    return;
+    return in_two_groups<T>(a, y, ldy, [&](auto n, const Act& part, float* yp) {
+      rows_plain_t<Dec, decltype(n)::value>(W, part, yp, ldy, r0, r1);
+    });
   }
   constexpr int R = rows_per_block<T>();
   const int64_t full = W.cols / 16 * 16;
@@ -163,12 +170,9 @@ inline void block32(const MatView& W, const Act& a, float* y, int64_t ldy, int64
 template <class Blk, int T>
 void rows_b32_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   if constexpr (first_group<T>() < T) {  // (as rows_plain_t)
-    constexpr int T0 = first_group<T>();
-    Act b = a;
-    b.x = a.x + T0 * a.ldx;
-    rows_b32_t<Blk, T0>(W, a, y, ldy, r0, r1);
-    rows_b32_t<Blk, T - T0>(W, b, y + T0 * ldy, ldy, r0, r1);
-    return;
+    return in_two_groups<T>(a, y, ldy, [&](auto n, const Act& part, float* yp) {
+      rows_b32_t<Blk, decltype(n)::value>(W, part, yp, ldy, r0, r1);
+    });
   }
   constexpr int R = rows_per_block<T>();
   int64_t r = r0;
