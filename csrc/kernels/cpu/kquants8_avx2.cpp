@@ -41,6 +41,11 @@ struct Blk8 {
                 // 2p + 1 = (s16[4p + 1], s16[4p + 3]): the low and high halves' pair of sub-blocks (2p, 2p + 1)
 };
 
+// Float lane accumulators kept in the order of the products' int32 sums (a: lanes 0-3 | 8-11, b: 4-7 | 12-15) back in
+// canonical order: lanes 0-7 and 8-15.
+inline __m256 canonical_lo(__m256 a, __m256 b) { return _mm256_permute2f128_ps(a, b, 0x20); }
+inline __m256 canonical_hi(__m256 a, __m256 b) { return _mm256_permute2f128_ps(a, b, 0x31); }
+
 // The block's scale pairs as the products take them: lanes 0-3 the pair of values 0-15 of sub-blocks (2p, 2p + 1),
 // lanes 4-7 of values 16-31 (for kHead4 decoders the same pair: one scale per sub-block).
 template <class Dec>
@@ -298,8 +303,8 @@ void rows_kq8_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r
   const int64_t nb = W.cols / QK_K;
   for (int64_t r = r0; r < r1; r++) {
     const uint8_t* row = W.data + r * W.row_bytes;
-    __m256 Llo[T], Lhi[T];
-    for (int t = 0; t < T; t++) Llo[t] = Lhi[t] = _mm256_setzero_ps();
+    __m256 La[T], Lb[T];  // lanes 0-3 | 8-11 and 4-7 | 12-15 (A / B's order)
+    for (int t = 0; t < T; t++) La[t] = Lb[t] = _mm256_setzero_ps();
     __m256 Lm = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
       Blk8 k;
@@ -329,15 +334,17 @@ void rows_kq8_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r
           A = _mm256_add_epi32(A, _mm256_madd_epi16(_mm256_unpacklo_epi16(p0, p1), sc[p]));  // lanes 0-3 | 8-11
           B = _mm256_add_epi32(B, _mm256_madd_epi16(_mm256_unpackhi_epi16(p0, p1), sc[p]));  // lanes 4-7 | 12-15
         }
+        // (in A / B's lane order: the fma is lane by lane with one broadcast factor, so the canonical order can wait
+        // for the row's end, one lane permute a row instead of two a block)
         const __m256 dd = _mm256_set1_ps(k.d * dx[t]);
-        Llo[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(A, B, 0x20)), Llo[t]);
-        Lhi[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(A, B, 0x31)), Lhi[t]);
+        La[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(A), La[t]);
+        Lb[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(B), Lb[t]);
       }
       if constexpr (Dec::kHasMin) Lm = mins_words(k.m16, a.q.bsum + b * 64, k.dmin, dx, Lm);  // (kHasMin: kHead4)
     }
     alignas(32) float lm[8];
     _mm256_store_ps(lm, Lm);
-    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16(Llo[t], Lhi[t]) - lm[t];
+    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16(canonical_lo(La[t], Lb[t]), canonical_hi(La[t], Lb[t])) - lm[t];
   }
 }
 
@@ -357,8 +364,8 @@ void rows_grid_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t 
   const int64_t nb = W.cols / QK_K;
   for (int64_t r = r0; r < r1; r++) {
     const uint8_t* row = W.data + r * W.row_bytes;
-    __m256 Llo[T], Lhi[T];
-    for (int t = 0; t < T; t++) Llo[t] = Lhi[t] = _mm256_setzero_ps();
+    __m256 La[T], Lb[T];  // lanes 0-3 | 8-11 and 4-7 | 12-15 (A / B's order)
+    for (int t = 0; t < T; t++) La[t] = Lb[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
       const uint8_t* blk = row + b * Dec::kBytes;
       prefetch_ahead<Dec::kBytes>(blk);
@@ -382,13 +389,13 @@ void rows_grid_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t 
       }
       const float d = Dec::dscale(blk);
       const float* dx = a.q.d + b * 8;
-      for (int t = 0; t < T; t++) {
+      for (int t = 0; t < T; t++) {  // (A / B's lane order, as rows_kq8_t)
         const __m256 dd = _mm256_set1_ps(d * dx[t]);
-        Llo[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(A[t], B[t], 0x20)), Llo[t]);
-        Lhi[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(_mm256_permute2x128_si256(A[t], B[t], 0x31)), Lhi[t]);
+        La[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(A[t]), La[t]);
+        Lb[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(B[t]), Lb[t]);
       }
     }
-    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16(Llo[t], Lhi[t]);
+    for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16(canonical_lo(La[t], Lb[t]), canonical_hi(La[t], Lb[t]));
   }
 }
 
