@@ -131,55 +131,45 @@ struct Dec8Q5K {
   }
 };
 
+// Q6_K's unsigned 6-bit codes u = w + 32 (0..63) of a block, the high bits brought to bits 4-5 by one 16-bit shift
+// and a mask each, and the 16 int8 scales (one per 16 values) in pair order (4p, 4p + 2, 4p + 1, 4p + 3) widened
+// to int16 (Blk8::scp).
+inline void q6k_codes(const uint8_t* b, Blk8& o) {
+  o.d = h2f(b + 208);
+  o.dmin = 0.f;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+  for (int h = 0; h < 2; h++) {  // k = 0..3: ql0 / ql1 low nibbles, then their high nibbles; qh bits 2k, 2k + 1
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+    const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+    const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+    o.w[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+    o.w[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+    o.w[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
+    o.w[4 * h + 3] =
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+  }
+  const __m128i order = _mm_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15);
+  o.scp = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)), order));
+}
+
+// Q6_K signed (w = u - 32): the prompt panels' form, and the decode windows' for rows without the pair sums.
 struct Dec8Q6K {
   static constexpr uint32_t kType = GGML_Q6_K;
   static constexpr int kBytes = 210;
   static constexpr int kMaxT = 8;
   static constexpr bool kHasMin = false, kSigned = true, kHead4 = false, kGrid = false, kScp = true, kOff32 = false;
   static inline void decode(const uint8_t* b, Blk8& o) {
-    o.d = h2f(b + 208);
-    o.dmin = 0.f;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03), k32 = _mm256_set1_epi8(32);
-    for (int h = 0; h < 2; h++) {
-      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
-      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
-      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
-      for (int k = 0; k < 4; k++) {
-        const __m256i ql = (k & 1) ? ql1 : ql0;
-        const __m256i lo = (k >> 1) ? _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4) : _mm256_and_si256(ql, m4);
-        const __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2), 4);
-        o.w[4 * h + k] = _mm256_sub_epi8(_mm256_or_si256(lo, hb), k32);
-      }
-    }
-    // the 16 int8 scales (one per 16 values) in pair order (4p, 4p + 2, 4p + 1, 4p + 3), widened to int16
-    const __m128i order = _mm_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15);
-    o.scp = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)), order));
+    q6k_codes(b, o);
+    for (int j = 0; j < 8; j++) o.w[j] = _mm256_sub_epi8(o.w[j], _mm256_set1_epi8(32));
   }
 };
 
-// Q6_K for the decode windows as unsigned 6-bit codes u = w + 32 (0..63): per sub-block p = maddubs(u, x) - 32 *
-// (x's pair sums, QAct::q8p, made once per activation row) is the same exact int16 lane sum as maddubs(|w|, x
-// signed like w) (|p| <= 2 * 63 * 127 + 8128 < 2^15), without a vpabsb and a vpsignb per sub-block and a -32 per
-// value; the high bits come to bits 4-5 by one 16-bit shift and a mask each. The panels keep Dec8Q6K.
+// Q6_K for the decode windows on the unsigned codes: per sub-block p = maddubs(u, x) - 32 * (x's pair sums,
+// QAct::q8p, made once per activation row) is the same exact int16 lane sum as maddubs(|w|, x signed like w)
+// (|p| <= 2 * 63 * 127 + 8128 < 2^15), without a vpabsb and a vpsignb per sub-block and a -32 per value.
 struct Dec8Q6KU : Dec8Q6K {
   static constexpr bool kSigned = false, kOff32 = true;
-  static inline void decode(const uint8_t* b, Blk8& o) {
-    o.d = h2f(b + 208);
-    o.dmin = 0.f;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    for (int h = 0; h < 2; h++) {  // k = 0..3: ql0 / ql1 low nibbles, then their high nibbles; qh bits 2k, 2k + 1
-      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
-      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
-      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
-      o.w[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
-      o.w[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
-      o.w[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
-      o.w[4 * h + 3] =
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
-    }
-    const __m128i order = _mm_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15);
-    o.scp = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)), order));
-  }
+  static inline void decode(const uint8_t* b, Blk8& o) { q6k_codes(b, o); }
 };
 
 struct Dec8IQ2XXS {
@@ -265,6 +255,7 @@ inline void interleave_q8(const QAct& q, int T, int8_t* out) {
 // sums, so the same bits.
 template <class Dec, int T>
 void rows_kq8_il_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  static_assert(!Dec::kScp && !Dec::kOff32, "the interleaved kernel is for Q4_K / Q5_K (rows_kq8's dispatch)");
   const int64_t nb = W.cols / QK_K, cols = a.q.cols;
   thread_local std::vector<int8_t, Align64<int8_t>> xi;  // per calling thread, from the shared read-only rows
   xi.resize((size_t)T * cols);
@@ -289,9 +280,6 @@ void rows_kq8_il_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_
         aw[j + 1] = Dec::kSigned ? _mm256_abs_epi8(wi[j + 1]) : wi[j + 1];
         if constexpr (Dec::kHead4) {
           sc[j] = sc[j + 1] = _mm256_set1_epi32(hw.sc[p]);
-        } else if constexpr (Dec::kScp) {
-          sc[j] = _mm256_permutevar8x32_epi32(k.scp, _mm256_set1_epi32(j));
-          sc[j + 1] = _mm256_permutevar8x32_epi32(k.scp, _mm256_set1_epi32(j + 1));
         } else {
           sc[j] = _mm256_set1_epi32((int)((uint16_t)k.s16[2 * j] | (uint32_t)(uint16_t)k.s16[2 * j + 2] << 16));
           sc[j + 1] = _mm256_set1_epi32((int)((uint16_t)k.s16[2 * j + 1] | (uint32_t)(uint16_t)k.s16[2 * j + 3] << 16));
