@@ -13,13 +13,17 @@ the small float matrices (routers) of prompt pieces in blocks of 16 activation r
 the tiled kernels (cuda_prefer_attn_tiles(False)); "notileahead" = "on" without the IQ2_XXS expert tiles' L2
 prefetch of each block's next tile (cuda_prefer_tile_prefetch(False)); "nofloattiles" = "on" with the float
 products (routers) of prompt pieces on k_float, not k_float_tiles (cuda_prefer_float_tiles(False)); "tilestage" =
-"on" with the IQ2_XXS expert tiles' activation rows staged in shared memory a tile (cuda_prefer_tile_stage(True)).
+"on" with the IQ2_XXS expert tiles' activation rows staged in shared memory a tile (cuda_prefer_tile_stage(True));
+"iq2-wu4" = "on" with the dense IQ2_XXS windows of 2..4 rows taking 4 blocks of a weight row a step, not 2
+(cuda_prefer_iq2_window_u4(True)); "iq2-pair1" / "iq2-pair4" = "on" with the experts' fused gate / up alone taking 1 or 4
+weight rows a warp.
 Shared by bench_gpu_forward.py, bench_spec.py and profile_gpu_forward.py. A recorded step keeps the mode
 it was recorded in, so a mode applies to the sessions made after it is set."""
 from __future__ import annotations
 
 LAUNCH_MODES = ("on", "all", "no-prefetch", "off", "unfused", "iq2-rows1", "iq2-rows2", "iq2-rows4", "pieces64",
-                "nopanel", "dnpipe", "rowgroups", "noattntiles", "notileahead", "nofloattiles", "tilestage")
+                "nopanel", "dnpipe", "rowgroups", "noattntiles", "notileahead", "nofloattiles", "tilestage", "iq2-wu4",
+                "iq2-pair1", "iq2-pair4")
 
 
 def set_launches(mode: str) -> None:
@@ -29,7 +33,8 @@ def set_launches(mode: str) -> None:
     _core.cuda_prefer_pdl(mode != "off", mode not in ("no-prefetch", "off"), mode == "all")
     _core.cuda_prefer_norm_quant(mode != "unfused")
     r = int(mode[-1]) if mode.startswith("iq2-rows") else 0
-    _core.cuda_prefer_iq2_rows(r or 1, r or 4, r or 2)
+    pair = int(mode[-1]) if mode.startswith("iq2-pair") else 0
+    _core.cuda_prefer_iq2_rows(r or 1, r or 4, r or pair or 2)
     _core.cuda_prefer_prompt_rows(64 if mode == "pieces64" else 512)
     _core.cuda_prefer_iq2_panel(mode != "nopanel")
     _core.cuda_prefer_dn_pipe(mode == "dnpipe")
@@ -38,3 +43,4 @@ def set_launches(mode: str) -> None:
     _core.cuda_prefer_tile_prefetch(mode != "notileahead")
     _core.cuda_prefer_float_tiles(mode != "nofloattiles")
     _core.cuda_prefer_tile_stage(mode == "tilestage")
+    _core.cuda_prefer_iq2_window_u4(mode == "iq2-wu4")

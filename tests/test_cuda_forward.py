@@ -372,6 +372,24 @@ def test_iq2_rows_a_warp_give_the_same_bits(rows_a_warp):
                  n=[qt, rows, cols, T * k, k, cols, eb])
 
 
+@pytest.mark.parametrize("u4", [False, True])
+def test_iq2_dense_windows_give_the_same_bits(u4):
+    """Dense IQ2_XXS windows of 2..4 rows over matrices large enough for the window kernel (k_iq2xxs_warp: 4224+
+    weight rows; fewer take the one-row kernel a row at a time), 2 or 4 blocks of a weight row a step
+    (cuda_prefer_iq2_window_u4): the CPU backend's bits, for rows of 1, 2 (4 weight rows a warp), 3, 4, 8 and 9
+    blocks, and weight row counts that leave the last block's warps partly empty."""
+    rng = fresh_rng()
+    with switched(_core.cuda_prefer_iq2_window_u4, u4, False):
+        for cols in (256, 512, 768, 1024, 2048, 2304):
+            rows = 4224 + int(rng.integers(1, 40))
+            w = weights(rng, "IQ2_XXS", rows, cols)
+            for T in (2, 3, 4):
+                x = rng.standard_normal((T, cols)).astype(np.float32)
+                want = _core.backend_matmul("cpu", w, "IQ2_XXS", rows, cols, x)
+                got = _core.backend_matmul("cuda", w, "IQ2_XXS", rows, cols, x)
+                assert np.array_equal(bits(want), bits(got)), f"dense {rows} x {cols}, T = {T}, u4 = {u4}"
+
+
 @pytest.mark.parametrize("typ", ["IQ2_XXS", "IQ2_XXS-dp4a", "IQ2_XXS-stage", "Q4_K"])
 @pytest.mark.parametrize("shape", ["few", "tiles-long-runs", "tiles-many-experts", "tiles-prompt-piece",
                                    "tiles-pieces"])

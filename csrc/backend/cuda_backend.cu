@@ -611,6 +611,7 @@ bool cuda_pdl_used() { return cuda::pdl_on(); }
 void cuda_prefer_norm_quant(bool on) { cuda::prefer_norm_quant(on); }
 void cuda_prefer_iq2_rows(int dense, int sel, int pair) { cuda::prefer_iq2_rows(dense, sel, pair); }
 void cuda_prefer_iq2_panel(bool on) { cuda::prefer_iq2_panel(on); }
+void cuda_prefer_iq2_window_u4(bool on) { cuda::prefer_iq2_window_u4(on); }
 void cuda_prefer_dn_pipe(bool on) { cuda::prefer_dn_pipe(on); }
 void cuda_prefer_row_groups(bool on) { cuda::prefer_row_groups(on); }
 void cuda_prefer_attn_tiles(bool on, int64_t min_queries) { cuda::prefer_attn_tiles(on, min_queries); }

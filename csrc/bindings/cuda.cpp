@@ -349,6 +349,9 @@ void init_cuda(nb::module_& m) {
         "Tests and benches: the weight rows (1, 2 or 4) a warp of the IQ2_XXS one-row kernel takes in the dense products, "
         "in the experts' products and in the experts' fused gate / up (defaults 1, 4, 2); the same bits every way.");
   m.def("cuda_pdl_used", &cuda_pdl_used, "Whether launches carry programmatic dependent launch now (False without CUDA).");
+  m.def("cuda_prefer_iq2_window_u4", &cuda_prefer_iq2_window_u4, nb::arg("on"),
+        "Tests and benches: whether the dense IQ2_XXS windows of 2..4 rows take 4 blocks of a weight row a step "
+        "(default off: 2); the same bits either way.");
   m.def("cuda_prefer_iq2_panel", &cuda_prefer_iq2_panel, nb::arg("on"),
         "Tests and benches: whether the dense IQ2_XXS products of 32+ rows (prompt pieces) decode a block's 16 weight "
         "rows once into shared memory (default on) or per 16 activation rows; the same bits either way.");

@@ -826,6 +826,7 @@ __global__ void __launch_bounds__(256) k_iq2xxs_warp1(const uint8_t* __restrict_
 }
 
 int g_iq2_rows_dense = 1, g_iq2_rows_sel = 4, g_iq2_rows_pair = 2;  // prefer_iq2_rows
+bool g_iq2_window_u4 = false;  // prefer_iq2_window_u4: k_iq2xxs_warp (dense windows of 2..4 rows) 4 blocks a step
 
 // k_iq2xxs_warp1 over n grid rows (slots with sel, else activation rows), R weight rows a warp: R = the dense
 // products', the experts' or the experts' gate / up pairs' (prefer_iq2_rows); kU = 2 blocks a step where a row has at most 2 (the experts' and the shared expert's
@@ -1352,8 +1353,9 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
     auto warp = [&](auto kern) {
       launch(kern, gx, 256, 0, st, W.data, W.row_bytes, W.rows, nb, q, dx, y, ldy, T, rpw);
     };
-    if (T == 2) return warp(k_iq2xxs_warp<2, 2>);
-    if (T <= 4) return warp(k_iq2xxs_warp<2, 4>);
+    const bool u4 = g_iq2_window_u4 && nb > 2;  // rows of at most 2 blocks: 2 a step (4 rows a warp)
+    if (T == 2) return u4 ? warp(k_iq2xxs_warp<4, 2>) : warp(k_iq2xxs_warp<2, 2>);
+    if (T <= 4) return u4 ? warp(k_iq2xxs_warp<4, 4>) : warp(k_iq2xxs_warp<2, 4>);
   }
   if (T == 2) go(k_int<D, 2>);
   else if (T <= 4) go(k_int<D, 4>);
@@ -1438,6 +1440,8 @@ void prefer_iq2_rows(int dense, int sel, int pair) {
   g_iq2_rows_sel = sel;
   g_iq2_rows_pair = pair;
 }
+
+void prefer_iq2_window_u4(bool on) { g_iq2_window_u4 = on; }
 
 void prefer_pdl(bool on, bool prefetch, bool windows) {
   g_pdl_on = on;

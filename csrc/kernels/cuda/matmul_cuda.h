@@ -78,6 +78,9 @@ void prefer_norm_quant(bool on);
 // Tests and benches: the weight rows a warp of the IQ2_XXS T = 1 kernel takes (1, 2 or 4) in the dense products, in
 // the experts' products and in the experts' fused gate / up (defaults 1, 4, 2). The same bits every way (tested).
 void prefer_iq2_rows(int dense, int sel, int pair);
+// Tests and benches: whether the dense IQ2_XXS windows of 2..4 rows (k_iq2xxs_warp) take 4 blocks of a weight row a
+// step (default off: 2). The same bits either way (tested).
+void prefer_iq2_window_u4(bool on);
 // Tests and benches: whether the dense IQ2_XXS products of 32+ rows (prompt pieces) decode a block's weight rows once
 // into shared memory (k_iq2xxs_panel, default on) or take k_iq2xxs_mma; the same bits either way.
 void prefer_iq2_panel(bool on);
