@@ -2,7 +2,7 @@
 # extension build (../CMakeLists.txt) and by the fuzzers (../fuzz/CMakeLists.txt). Portable code is built
 # for baseline x86-64; ISA-specific kernels live in csrc/kernels/cpu/*_avx2.cpp / *_avx512.cpp /
 # *_avx512vbmi.cpp and get their flags below, chosen at run time by cpu feature dispatch, so one build
-# runs on any x86-64. STRATA_CORE_OPT: the optimisation flags (sanitizer builds pass -O1).
+# runs on any x86-64. STRATA_CORE_OPT: the optimisation flags (the sanitizer and coverage builds pass -O0).
 get_filename_component(STRATA_ROOT ${CMAKE_CURRENT_LIST_DIR}/.. ABSOLUTE)
 file(GLOB_RECURSE CORE_SOURCES CONFIGURE_DEPENDS ${STRATA_ROOT}/csrc/*.cpp)
 list(FILTER CORE_SOURCES EXCLUDE REGEX ".*/bindings/.*")
