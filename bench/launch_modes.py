@@ -4,7 +4,7 @@ default), "all" = PDL for those windows too, "no-prefetch" = "on" without the pr
 "unfused" = "on" with the norms leaving the activations' quantization to the products
 (cuda_prefer_norm_quant(False): one more kernel per product after a norm); "iq2-rows1" / "iq2-rows2" / "iq2-rows4" =
 "on" with the IQ2_XXS one-row kernel taking that many weight rows a warp in the dense and the experts' products
-(cuda_prefer_iq2_rows; "on": 1 dense, 4 experts, 2 for the experts' fused gate / up); "pieces64" = "on" with prompt
+(cuda_prefer_iq2_rows; "on": 1 dense, 4 experts, 1 for the experts' fused gate / up); "pieces64" = "on" with prompt
 windows in pieces of 64 rows (cuda_prefer_prompt_rows; "on": 512); "nopanel" = "on" with the prompt pieces' dense
 IQ2_XXS products decoded per 16 activation rows (cuda_prefer_iq2_panel(False)); "dnpipe" = "on" with the DeltaNet
 heads of 8+ rows on the pipelined kernel, not k_dn_heads_split (cuda_prefer_dn_pipe(True)); "rowgroups" = "on" with
@@ -15,15 +15,16 @@ prefetch of each block's next tile (cuda_prefer_tile_prefetch(False)); "nofloatt
 products (routers) of prompt pieces on k_float, not k_float_tiles (cuda_prefer_float_tiles(False)); "tilestage" =
 "on" with the IQ2_XXS expert tiles' activation rows staged in shared memory a tile (cuda_prefer_tile_stage(True));
 "iq2-wu4" = "on" with the dense IQ2_XXS windows of 2..4 rows taking 4 blocks of a weight row a step, not 2
-(cuda_prefer_iq2_window_u4(True)); "iq2-pair1" / "iq2-pair4" = "on" with the experts' fused gate / up alone taking 1 or 4
-weight rows a warp.
+(cuda_prefer_iq2_window_u4(True)); "iq2-pair2" / "iq2-pair4" = "on" with the experts' fused gate / up alone taking 2 or 4
+weight rows a warp; "nodnconv" = "on" with DeltaNet's conv, gates and conv-state copies of windows of up to 16 rows as the
+sequence of copies and kernels, not one kernel (cuda_prefer_dn_conv_fused(False)).
 Shared by bench_gpu_forward.py, bench_spec.py and profile_gpu_forward.py. A recorded step keeps the mode
 it was recorded in, so a mode applies to the sessions made after it is set."""
 from __future__ import annotations
 
 LAUNCH_MODES = ("on", "all", "no-prefetch", "off", "unfused", "iq2-rows1", "iq2-rows2", "iq2-rows4", "pieces64",
                 "nopanel", "dnpipe", "rowgroups", "noattntiles", "notileahead", "nofloattiles", "tilestage", "iq2-wu4",
-                "iq2-pair1", "iq2-pair4")
+                "iq2-pair2", "iq2-pair4", "nodnconv")
 
 
 def set_launches(mode: str) -> None:
@@ -34,7 +35,7 @@ def set_launches(mode: str) -> None:
     _core.cuda_prefer_norm_quant(mode != "unfused")
     r = int(mode[-1]) if mode.startswith("iq2-rows") else 0
     pair = int(mode[-1]) if mode.startswith("iq2-pair") else 0
-    _core.cuda_prefer_iq2_rows(r or 1, r or 4, r or pair or 2)
+    _core.cuda_prefer_iq2_rows(r or 1, r or 4, r or pair or 1)
     _core.cuda_prefer_prompt_rows(64 if mode == "pieces64" else 512)
     _core.cuda_prefer_iq2_panel(mode != "nopanel")
     _core.cuda_prefer_dn_pipe(mode == "dnpipe")
@@ -44,3 +45,4 @@ def set_launches(mode: str) -> None:
     _core.cuda_prefer_float_tiles(mode != "nofloattiles")
     _core.cuda_prefer_tile_stage(mode == "tilestage")
     _core.cuda_prefer_iq2_window_u4(mode == "iq2-wu4")
+    _core.cuda_prefer_dn_conv_fused(mode != "nodnconv")

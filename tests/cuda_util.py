@@ -54,12 +54,12 @@ def tensor_cores(on: bool, min_rows: int = 5):
 @contextmanager
 def iq2_rows(dense: int, sel: int, pair: int):
     """The weight rows a warp of the IQ2_XXS one-row kernel takes for the block (cuda_prefer_iq2_rows), in the dense
-    products, the experts' products and the experts' fused gate / up; the defaults (1, 4, 2) restored after."""
+    products, the experts' products and the experts' fused gate / up; the defaults (1, 4, 1) restored after."""
     _core.cuda_prefer_iq2_rows(dense, sel, pair)
     try:
         yield
     finally:
-        _core.cuda_prefer_iq2_rows(1, 4, 2)
+        _core.cuda_prefer_iq2_rows(1, 4, 1)
 
 
 @contextmanager

@@ -102,6 +102,48 @@ def test_dn_gates_equal_cpu_and_rows(dk):
             assert np.array_equal(bits(one[j]), bits(out[j].reshape(T, -1)[t])), f"row {t}, array {j}"
 
 
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("dk,K", [(128, 4), (64, 2), (48, 1)])
+def test_dn_conv_gates_equal_cpu(fused, dk, K):
+    """backend.h dn_conv_gates (the conv over the committed state and the window's raw rows, the gates, then the new
+    state in place or the fold's replay rows): the CPU backend's bits on the card, as one kernel (windows of up to 16
+    rows; 17+ take the default sequence there) and as the default sequence of copies and kernels
+    (cuda_prefer_dn_conv_fused); the state as it stands after the call included, so that a thread overwriting state
+    rows another row still reads would show."""
+    rng = fresh_rng()
+    nk, r = 4, 2
+    nv = nk * r
+    with switched(_core.cuda_prefer_dn_conv_fused, fused, True):
+        for T in (1, 2, int(rng.integers(3, 16)), 16, 17):
+            for in_place in (1, 0):
+                cd = 2 * nk * dk + nv * int(rng.integers(16, 80))
+                raw = rng.standard_normal((T, cd)).astype(np.float32)
+                state = rng.standard_normal((max(K - 1, 1), cd)).astype(np.float32)
+                w = rng.standard_normal((K, cd)).astype(np.float32)
+                ba = (rng.standard_normal((T, 2 * nv)) * rng.choice([0.5, 5, 30], (T, 2 * nv))).astype(np.float32)
+                ssm_a = -np.exp(rng.uniform(-2, 2, nv)).astype(np.float32)
+                dt = rng.uniform(-1, 1, nv).astype(np.float32)
+                f = [raw, state, nan(K - 1 + T, cd), w, ba, ssm_a, dt, nan(T, cd), nan(T, nv), nan(T, nv),
+                     nan(T, cd), nan(T, nv), nan(T, nv), nan(T, cd)]
+                n = [T, cd, K, nk, nv, dk, in_place]
+                out, got = _op("cpu", "dn_conv_gates", f, n=n)[0], _op("cuda", "dn_conv_gates", f, n=n)[0]
+                for j in range(len(f)):  # (hist, array 2, is scratch: the kernel needs none)
+                    assert j == 2 or np.array_equal(bits(out[j]), bits(got[j])), f"array {j}, T = {T}, {in_place=}"
+                # against the operations it stands for, on the CPU backend
+                hist = np.concatenate([state[:K - 1], raw])
+                conv = _op("cpu", "conv_silu", [hist, w, nan(T, cd)], n=[T, cd, cd, K])[0][2]
+                g = _op("cpu", "dn_gates", [conv, ba, ssm_a, dt, nan(T, nv), nan(T, nv)], n=[cd, T, nk, nv, dk])[0]
+                label = f"T = {T}, in_place = {in_place}"
+                assert np.array_equal(bits(out[7]), bits(g[0])), label
+                assert np.array_equal(bits(out[8]), bits(g[4])) and np.array_equal(bits(out[9]), bits(g[5])), label
+                if in_place:
+                    assert np.array_equal(bits(out[1][:(K - 1) * cd]), bits(hist[T:].ravel())), label
+                else:
+                    assert np.array_equal(bits(out[1]), bits(state.ravel())), label
+                    for j, want in ((10, g[0]), (11, g[4]), (12, g[5]), (13, raw)):
+                        assert np.array_equal(bits(out[j]), bits(want.ravel())), f"{label}, replay array {j}"
+
+
 def _dn_case(rng, T, nk, r, dk, dv):
     nv = nk * r
     k = rng.standard_normal((T, nk, dk)).astype(np.float32)
@@ -142,6 +184,25 @@ def test_dn_heads_equal_cpu_and_rows(dk, dv, mode, rows):
             assert np.array_equal(bits(one[7]), bits(out[7].reshape(T, -1)[t])), f"row {t}"
             S1 = one[0]
         assert np.array_equal(bits(S1), bits(out[0]))
+
+
+@pytest.mark.parametrize("typ", ["IQ2_XXS", "Q4_K", "Q4_0", "Q8_0"])
+def test_gated_norm_quantizes_for_the_product_after_it(typ):
+    """gated_norm_rows told the product that reads its rows next (DeltaNet's ssm_out): on the card the norm's kernel
+    quantizes them for it (int8-activation types, rows of whole blocks), and the product takes that quantization;
+    the norm's rows and the product's equal the CPU backend's bit for bit, over heads of 128 and 64 floats."""
+    rng = fresh_rng()
+    for n, heads in ((128, 4), (64, 8), (128, 6)):
+        T, rows, cols = int(rng.integers(1, 17)), int(rng.integers(32, 300)), n * heads
+        x = rng.standard_normal((T, cols)).astype(np.float32)
+        w = rng.standard_normal(n).astype(np.float32)
+        z = (rng.standard_normal((T, cols)) * 3).astype(np.float32)
+        wb = weights(rng, typ, rows, cols)
+        words = np.concatenate([wb, np.zeros((-wb.size) % 4, np.uint8)]).view(np.int32)
+        qt = {t.name: int(t) for t in __import__("gguf").GGMLQuantizationType}[typ]
+        for sig in (0, 1):
+            both("gated_norm_matmul", [x, w, z, nan(T, cols), nan(T, rows)], i=[words],
+                 n=[n, heads, T, sig, qt, rows], d=[1e-6])
 
 
 def test_gated_norm_and_norm_rope_equal_cpu_and_rows():

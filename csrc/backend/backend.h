@@ -54,6 +54,30 @@ struct DnHeads {
   int64_t nk, nv, dk, dv;
 };
 
+// DeltaNet's causal conv and gates over a window's T rows (dn_conv_gates; deltanet.cpp): raw [T][cd] (the
+// projection's q | k | v channels), state [K-1][cd] (the committed conv history), w_t [K][cd]. hist = state ++ raw
+// ([K-1+T][cd], scratch), out = conv_silu(hist) ([T][cd]), then dn_gates(out, ba, ...) into out, eg and beta ([T][nv]);
+// then in place: state = hist's last K-1 rows; otherwise (a window to verify) the fold's replay rows: conv_rows = out,
+// eg_rows = eg, beta_rows = beta, raw_rows = raw.
+struct DnConv {
+  const float* raw;
+  float* state;
+  float* hist;
+  const float* w_t;
+  int T;
+  int64_t cd;
+  int K;
+  const float* ba;
+  const float* ssm_a;
+  const float* dt_bias;
+  int64_t nk, nv, dk;
+  float* out;
+  float* eg;
+  float* beta;
+  bool in_place;
+  float *conv_rows, *eg_rows, *beta_rows, *raw_rows;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -148,6 +172,23 @@ class Backend {
   // beta[t][h] = sigmoid(b), eg[t][h] = exp(ssm_a[h] * softplus(a + dt_bias[h])) (libm exp / log1p, ops.h).
   virtual void dn_gates(float* conv, int64_t ld, const float* ba, const float* ssm_a, const float* dt_bias, int T,
                         int64_t nk, int64_t nv, int64_t dk, float* eg, float* beta) = 0;
+  // DnConv's sequence: the copies into hist, conv_silu, dn_gates, then the state's or the replay rows' copies (the
+  // default issues exactly those operations; CUDA: one kernel for windows of up to 16 rows, the same values).
+  virtual void dn_conv_gates(const DnConv& a) {
+    const size_t row = (size_t)a.cd * sizeof(float), K1 = (size_t)(a.K - 1);
+    if (K1) copy(a.hist, a.state, K1 * row);
+    copy(a.hist + K1 * a.cd, a.raw, (size_t)a.T * row);
+    conv_silu(a.hist, a.w_t, a.T, a.cd, a.cd, a.K, a.out);
+    dn_gates(a.out, a.cd, a.ba, a.ssm_a, a.dt_bias, a.T, a.nk, a.nv, a.dk, a.eg, a.beta);
+    if (a.in_place) {
+      if (K1) copy(a.state, a.hist + (size_t)a.T * a.cd, K1 * row);
+      return;
+    }
+    copy(a.conv_rows, a.out, (size_t)a.T * row);
+    copy(a.eg_rows, a.eg, (size_t)a.T * a.nv * sizeof(float));
+    copy(a.beta_rows, a.beta, (size_t)a.T * a.nv * sizeof(float));
+    copy(a.raw_rows, a.raw, (size_t)a.T * row);
+  }
   // dn_rows for every value head of a layer in one call (a.nv heads, T rows, n_src as in dn_rows).
   virtual void dn_heads(float* S, float* S_work, const DnHeads& a, int T, int n_src) = 0;
   // Qwen3.5's tiled value heads (deltanet.cpp, DnLayout::Split) to the grouped order, per row t: raw = rawf with
@@ -163,6 +204,12 @@ class Backend {
   // [rows][n] contiguous.
   virtual void gated_norm(const float* x, const float* w, const float* z, int64_t n, int rows, float eps, bool sigmoid,
                           float* y) = 0;
+  // gated_norm over T rows of `heads` heads (rows = T * heads; y [T][heads * n]), feeds as rmsnorm's: the products
+  // that read y next (CUDA: y quantized for them in the norm's kernel). The default: gated_norm.
+  virtual void gated_norm_rows(const float* x, const float* w, const float* z, int64_t n, int heads, int T, float eps,
+                               bool sigmoid, float* y, ActKind feeds) {
+    gated_norm(x, w, z, n, T * heads, eps, sigmoid, y);
+  }
   // rows of n: o[r * ldo + i] *= sigmoid(g[r * ldg + i]) (rowops mul_sigmoid).
   virtual void mul_sigmoid_rows(float* o, int64_t ldo, const float* g, int64_t ldg, int64_t n, int rows) = 0;
   virtual void silu_mul(float* g, const float* u, int64_t n) = 0;  // g = silu(g) * u (rowops silu_mul)

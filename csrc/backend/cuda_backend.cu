@@ -26,6 +26,7 @@ void check(cudaError_t e, const char* what) {
 // Backend::prompt_rows on the card (cuda_prefer_prompt_rows): 512 rows a prompt piece, against 64 before
 // (docs/BENCHMARKS.md, issue 19's fourteenth milestone).
 int g_prompt_rows = 512;
+bool g_dn_conv_fused = true;  // cuda_prefer_dn_conv_fused: dn_conv_gates in one kernel (windows of up to 16 rows)
 
 class CudaBackend final : public Backend {
  public:
@@ -340,6 +341,12 @@ class CudaBackend final : public Backend {
     const float qscale = 1.f / std::sqrt((float)dk);  // deltanet.cpp's, on the host
     cuda::dn_gates(conv, ld, ba, ssm_a, dt_bias, T, nk, nv, dk, qscale, eg, beta, stream_);
   }
+  void dn_conv_gates(const DnConv& a) override {
+    use();
+    const float qscale = 1.f / std::sqrt((float)a.dk);  // deltanet.cpp's, on the host
+    if (g_dn_conv_fused && cuda::dn_conv_gates(a, qscale, stream_)) return;
+    Backend::dn_conv_gates(a);
+  }
   void dn_heads(float* S, float* S_work, const DnHeads& a, int T, int n_src) override {
     use();
     cuda::dn_heads(S, S_work, a, T, n_src, stream_);
@@ -352,6 +359,17 @@ class CudaBackend final : public Backend {
   void dn_retile(const float* y, float* out, const int32_t* fh, int T, int64_t nv, int64_t dv) override {
     use();
     cuda::dn_retile(y, out, fh, T, nv, dv, stream_);
+  }
+  void gated_norm_rows(const float* x, const float* w, const float* z, int64_t n, int heads, int T, float eps, bool sig,
+                       float* y, ActKind feeds) override {
+    use();
+    const int64_t N = (int64_t)heads * n;
+    void* qd = cuda::norm_quantizes(feeds, N) ? scratch(cuda::act_bytes(feeds, T, N)) : nullptr;
+    if (qd && cuda::gated_norm_q(x, w, z, n, heads, T, eps, sig, y, stream_, feeds, qd)) {
+      cache_q(feeds, y, N, T, N, qd);
+      return;
+    }
+    cuda::gated_norm(x, w, z, n, T * heads, eps, sig, y, stream_);
   }
   void gated_norm(const float* x, const float* w, const float* z, int64_t n, int rows, float eps, bool sig,
                   float* y) override {
@@ -613,6 +631,7 @@ void cuda_prefer_iq2_rows(int dense, int sel, int pair) { cuda::prefer_iq2_rows(
 void cuda_prefer_iq2_panel(bool on) { cuda::prefer_iq2_panel(on); }
 void cuda_prefer_iq2_window_u4(bool on) { cuda::prefer_iq2_window_u4(on); }
 void cuda_prefer_dn_pipe(bool on) { cuda::prefer_dn_pipe(on); }
+void cuda_prefer_dn_conv_fused(bool on) { g_dn_conv_fused = on; }
 void cuda_prefer_row_groups(bool on) { cuda::prefer_row_groups(on); }
 void cuda_prefer_attn_tiles(bool on, int64_t min_queries) { cuda::prefer_attn_tiles(on, min_queries); }
 void cuda_prefer_tile_prefetch(bool on) { cuda::prefer_tile_prefetch(on); }

@@ -184,6 +184,13 @@ std::tuple<std::vector<std::vector<float>>, std::vector<std::vector<int32_t>>> l
     be.join();
   }
   else if (op == "conv_silu") be.conv_silu(F(0), F(1), (int)N(0), N(1), N(2), (int)N(3), F(2));
+  else if (op == "dn_conv_gates") {
+    // f: raw, state, hist, w_t, ba, ssm_a, dt_bias, out, eg, beta, conv_rows, eg_rows, beta_rows, raw_rows;
+    // n: T, cd, K, nk, nv, dk, in_place
+    const DnConv a{F(0), F(1), F(2), F(3), (int)N(0), N(1), (int)N(2), F(4), F(5), F(6), N(3), N(4), N(5), F(7), F(8),
+                   F(9), N(6) != 0, F(10), F(11), F(12), F(13)};
+    be.dn_conv_gates(a);
+  }
   else if (op == "dn_gates") be.dn_gates(F(0), N(0), F(1), F(2), F(3), (int)N(1), N(2), N(3), N(4), F(4), F(5));
   else if (op == "dn_heads") {
     // f: S, S_work, k, v, q, eg, beta, o; n: ldk, ldv, ldq, ldo, nk, nv, dk, dv, T, n_src, has_o, has_swork
@@ -192,6 +199,14 @@ std::tuple<std::vector<std::vector<float>>, std::vector<std::vector<int32_t>>> l
                     N(4), N(5), N(6), N(7)};
     be.dn_heads(F(0), N(11) ? F(1) : nullptr, a, (int)N(8), (int)N(9));
   } else if (op == "gated_norm") be.gated_norm(F(0), F(1), F(2), N(0), (int)N(1), D(0), N(2) != 0, F(3));
+  else if (op == "gated_norm_matmul") {
+    // f: x, w, z, y, out; iv: the weight bytes as int32 words; n: n, heads, T, sigmoid, type, rows. gated_norm_rows
+    // told that the product of the weight (rows x heads * n) reads y next, then that product of y into out
+    const int64_t n_ = N(0), heads = N(1), T = N(2), cols = n_ * heads, rows = N(5);
+    const MatView W{reinterpret_cast<const uint8_t*>(I(0)), (uint32_t)N(4), rows, cols, row_bytes((uint32_t)N(4), cols)};
+    be.gated_norm_rows(F(0), F(1), F(2), n_, (int)heads, (int)T, D(0), N(3) != 0, F(3), act_kind((uint32_t)N(4)));
+    be.matmul(W, F(3), cols, (int)T, F(4), rows);
+  }
   else if (op == "mul_sigmoid_rows") be.mul_sigmoid_rows(F(0), N(0), F(1), N(1), N(2), (int)N(3));
   else if (op == "silu_mul") be.silu_mul(F(0), F(1), N(0));
   else if (op == "norm_rope")
@@ -347,7 +362,7 @@ void init_cuda(nb::module_& m) {
         "norm's kernel (default on), or the products do; the same bits either way.");
   m.def("cuda_prefer_iq2_rows", &cuda_prefer_iq2_rows, nb::arg("dense"), nb::arg("sel"), nb::arg("pair"),
         "Tests and benches: the weight rows (1, 2 or 4) a warp of the IQ2_XXS one-row kernel takes in the dense products, "
-        "in the experts' products and in the experts' fused gate / up (defaults 1, 4, 2); the same bits every way.");
+        "in the experts' products and in the experts' fused gate / up (defaults 1, 4, 1); the same bits every way.");
   m.def("cuda_pdl_used", &cuda_pdl_used, "Whether launches carry programmatic dependent launch now (False without CUDA).");
   m.def("cuda_prefer_iq2_window_u4", &cuda_prefer_iq2_window_u4, nb::arg("on"),
         "Tests and benches: whether the dense IQ2_XXS windows of 2..4 rows take 4 blocks of a weight row a step "
@@ -355,6 +370,9 @@ void init_cuda(nb::module_& m) {
   m.def("cuda_prefer_iq2_panel", &cuda_prefer_iq2_panel, nb::arg("on"),
         "Tests and benches: whether the dense IQ2_XXS products of 32+ rows (prompt pieces) decode a block's 16 weight "
         "rows once into shared memory (default on) or per 16 activation rows; the same bits either way.");
+  m.def("cuda_prefer_dn_conv_fused", &cuda_prefer_dn_conv_fused, nb::arg("on"),
+        "Tests and benches: whether DeltaNet's causal conv, gates and conv-state (or replay-row) copies of windows of up "
+        "to 16 rows run as one kernel (default on) or as the sequence of copies and kernels; the same bits either way.");
   m.def("cuda_prefer_dn_pipe", &cuda_prefer_dn_pipe, nb::arg("on"),
         "Tests and benches: whether DeltaNet heads (dk = 128) over 8+ rows take the pipelined kernel (default off: slower); the "
         "same bits either way.");

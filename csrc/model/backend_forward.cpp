@@ -498,23 +498,17 @@ struct BackendSession::Impl {
       be->matmul(w.ssm_ba, xin, H, T, ba.f(), 2 * nv);
       be->join();
     }
-    // causal conv over [committed history ++ this window's raw rows]
-    if (K > 1) be->copy(hist.f(), st.conv.f(), (size_t)(K - 1) * cd * 4);
-    be->copy(hist.f() + (K - 1) * cd, raw.f(), (size_t)T * cd * 4);
-    be->conv_silu(hist.f(), w.conv, T, cd, cd, (int)K, convo.f());
-    be->dn_gates(convo.f(), cd, ba.f(), w.ssm_a, w.dt_bias, T, nk, nv, dk, eg.f(), beta.f());
+    // causal conv over [committed history ++ this window's raw rows], the gates, and the conv state (in place) or
+    // the fold's replay inputs
+    be->dn_conv_gates({raw.f(), st.conv.f(), hist.f(), w.conv, T, cd, (int)K, ba.f(), w.ssm_a, w.dt_bias, nk, nv, dk,
+                       convo.f(), eg.f(), beta.f(), in_place, st.conv_rows.f(), st.eg_rows.f(), st.beta_rows.f(),
+                       st.raw_rows.f()});
     const DnHeads a{convo.f() + key_dim, cd, convo.f() + 2 * key_dim, cd, convo.f(), cd, eg.f(), beta.f(), o.f(),
                     d_inner, nk, nv, dk, dv};
     be->dn_heads(st.S.f(), st.S_work.f(), a, T, in_place ? T : 0);
-    if (in_place) {
-      if (K > 1) be->copy(st.conv.f(), hist.f() + (size_t)T * cd, (size_t)(K - 1) * cd * 4);
-    } else {  // replay inputs for the fold
-      be->copy(st.conv_rows.f(), convo.f(), (size_t)T * cd * 4);
-      be->copy(st.eg_rows.f(), eg.f(), (size_t)T * nv * 4);
-      be->copy(st.beta_rows.f(), beta.f(), (size_t)T * nv * 4);
-      be->copy(st.raw_rows.f(), raw.f(), (size_t)T * cd * 4);
-    }
-    be->gated_norm(o.f(), w.norm, z.f(), dv, T * (int)nv, hp.rms_eps, w.gate_sigmoid, y.f());
+    // (quantized in the norm's kernel for ssm_out where y is its input as it stands)
+    be->gated_norm_rows(o.f(), w.norm, z.f(), dv, (int)nv, T, hp.rms_eps, w.gate_sigmoid, y.f(),
+                        w.file_head ? ActKind::Float : act_kind(w.ssm_out.type));
     if (w.file_head) {  // back to the file's value-head order for ssm_out's columns
       be->dn_retile(y.f(), fz.f(), w.file_head, T, nv, dv);
       be->matmul(w.ssm_out, fz.f(), d_inner, T, out, H);

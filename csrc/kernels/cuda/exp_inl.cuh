@@ -26,5 +26,6 @@ __device__ __forceinline__ float exp_inl_dev(float x) {
 
 // rowops silu: z / (1 + exp_inl(-z))
 __device__ __forceinline__ float silu_of(float z) { return __fdiv_rn(z, __fadd_rn(1.f, exp_inl_dev(-z))); }
+__device__ __forceinline__ float sigmoid_of(float g) { return __fdiv_rn(1.f, __fadd_rn(1.f, exp_inl_dev(-g))); }
 
 }  // namespace strata::cuda

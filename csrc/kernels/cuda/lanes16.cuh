@@ -1,8 +1,10 @@
 // matmul.h's 16 lanes held in one thread's registers (l[j]: the lane sum of the columns c = j (mod 16)), for the
 // kernels that keep every lane of a product in one thread: the tiled attention scores and float products
 // (attend.cu, matmul.cu) and the IQ2_XXS tensor-core kernels (iq2_mma.cuh). One copy of the tree and of the tiles'
-// inner step, so that each keeps dot16's / reduce16's order by construction.
+// inner step, so that each keeps dot16's / reduce16's order by construction. And dot16 over a warp (dot16_warp: the
+// per-row norms of layers.cu and matmul.cu).
 #pragma once
+#include <cstdint>
 
 namespace strata::cuda {
 
@@ -15,6 +17,20 @@ __device__ __forceinline__ float tree16(const float (&l)[16]) {
 #pragma unroll
   for (int j = 0; j < 4; j++) s4[j] = __fadd_rn(s8[j], s8[j + 4]);
   return __fadd_rn(__fadd_rn(s4[0], s4[2]), __fadd_rn(s4[1], s4[3]));
+}
+
+// ops.h dot16(a, b, n) over one warp: lane j < 16 sums i = j (mod 16) in increasing i, then the fixed tree; every
+// lane gets the value.
+__device__ __forceinline__ float dot16_warp(const float* a, const float* b, int64_t n) {
+  const int lane = threadIdx.x & 31;
+  float l = 0.f;
+  if (lane < 16)
+    for (int64_t i = lane; i < n; i += 16) l = __fadd_rn(l, __fmul_rn(a[i], b[i]));
+  const float s8 = __fadd_rn(l, __shfl_down_sync(0xffffffffu, l, 8));
+  const float s4 = __fadd_rn(s8, __shfl_down_sync(0xffffffffu, s8, 4));
+  const float s4_0 = __shfl_sync(0xffffffffu, s4, 0), s4_1 = __shfl_sync(0xffffffffu, s4, 1),
+              s4_2 = __shfl_sync(0xffffffffu, s4, 2), s4_3 = __shfl_sync(0xffffffffu, s4, 3);
+  return __fadd_rn(__fadd_rn(s4_0, s4_2), __fadd_rn(s4_1, s4_3));
 }
 
 // One 16-column group of a tile held in shared memory (rows of ld floats): for the thread's rows ra, ra + 16 of A

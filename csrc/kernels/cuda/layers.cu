@@ -7,7 +7,9 @@
 
 #include <stdexcept>
 
+#include "backend/backend.h"
 #include "kernels/cuda/exp_inl.cuh"
+#include "kernels/cuda/lanes16.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/libm_inl.cuh"
 #include "kernels/cuda/ops_cuda.h"
@@ -23,20 +25,6 @@ void launched(const char* what) {
 }
 unsigned blocks(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
 
-// ops.h dot16(a, b, n) over one warp: lane j < 16 sums i = j (mod 16) in increasing i, then the fixed tree; every
-// lane gets the value.
-__device__ __forceinline__ float dot16_warp(const float* a, const float* b, int64_t n) {
-  const int lane = threadIdx.x & 31;
-  float l = 0.f;
-  if (lane < 16)
-    for (int64_t i = lane; i < n; i += 16) l = __fadd_rn(l, __fmul_rn(a[i], b[i]));
-  const float s8 = __fadd_rn(l, __shfl_down_sync(0xffffffffu, l, 8));
-  const float s4 = __fadd_rn(s8, __shfl_down_sync(0xffffffffu, s8, 4));
-  const float s4_0 = __shfl_sync(0xffffffffu, s4, 0), s4_1 = __shfl_sync(0xffffffffu, s4, 1),
-              s4_2 = __shfl_sync(0xffffffffu, s4, 2), s4_3 = __shfl_sync(0xffffffffu, s4, 3);
-  return __fadd_rn(__fadd_rn(s4_0, s4_2), __fadd_rn(s4_1, s4_3));
-}
-__device__ __forceinline__ float sigmoid_of(float g) { return __fdiv_rn(1.f, __fadd_rn(1.f, exp_inl_dev(-g))); }
 
 __global__ void k_add(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
   pdl_wait();
@@ -79,6 +67,85 @@ __global__ void k_dn_gates(float* __restrict__ conv, int64_t ld, const float* __
     const float a = ba[(int64_t)t * 2 * nv + g * 2 * r + r + j];
     beta[t * nv + h] = sigmoid_libm(b);
     eg[t * nv + h] = expf_glibc(__fmul_rn(ssm_a[h], softplus_libm(__fadd_rn(a, dt_bias[h]))));
+  }
+}
+
+// backend.h dn_conv_gates in one kernel (windows of T <= kDnConvMaxT rows): k_conv_silu's and k_dn_gates' operations
+// in their order, hist's rows read where they lie (state row j < K - 1, else raw row j - (K - 1)), so no copies.
+// Block b < nk: key head b, its 2 dk channels (q at b dk, k at key_dim + b dk) a thread each (strided), all T rows
+// into shared memory [T][2 dk]; then a warp per (row, q or k) forms the norm's 1 / sqrt(dot16 + 1e-6) (dot16_warp
+// over the staged values: the same sum), the block scales and writes the rows, and lanes j < r of warp 0 the gates of
+// value heads b r + j. Blocks from nk: the v channels, a thread each. Every channel has one thread, so in place the
+// thread reads its state rows before it writes them (state row j = hist row T + j: read before row j is written).
+constexpr int kDnConvMaxT = 16;
+constexpr int kDnConvThreads = 256;
+__device__ __forceinline__ float dn_hist(const DnConv& a, int64_t c, int j) {
+  return j < a.K - 1 ? a.state[(int64_t)j * a.cd + c] : a.raw[(int64_t)(j - (a.K - 1)) * a.cd + c];
+}
+// channel c's conv + SiLU of rows 0..T-1 into o; in place, then the state's new rows; otherwise raw's replay copy
+__device__ __forceinline__ void dn_conv_channel(const DnConv& a, int64_t c, float* o) {
+  for (int t = 0; t < a.T; t++) {
+    float v = 0.f;
+    for (int j = 0; j < a.K; j++) v = __fadd_rn(v, __fmul_rn(a.w_t[(int64_t)j * a.cd + c], dn_hist(a, c, t + j)));
+    o[t] = silu_of(v);
+  }
+  if (a.in_place) {
+    for (int j = 0; j < a.K - 1; j++) a.state[(int64_t)j * a.cd + c] = dn_hist(a, c, a.T + j);
+  } else {
+    for (int t = 0; t < a.T; t++) a.raw_rows[(int64_t)t * a.cd + c] = a.raw[(int64_t)t * a.cd + c];
+  }
+}
+__global__ void __launch_bounds__(kDnConvThreads) k_dn_conv_gates(const __grid_constant__ DnConv a, float qscale) {
+  pdl_wait();
+  extern __shared__ float xs[];  // key head blocks: [T][2 dk]
+  __shared__ float rr[2 * kDnConvMaxT];
+  const int64_t key_dim = a.nk * a.dk, T = a.T;
+  float o[kDnConvMaxT];
+  if (blockIdx.x >= a.nk) {  // v channels
+    const int64_t c = 2 * key_dim + (int64_t)(blockIdx.x - a.nk) * blockDim.x + threadIdx.x;
+    if (c >= a.cd) return;
+    dn_conv_channel(a, c, o);
+    for (int t = 0; t < T; t++) {
+      a.out[t * a.cd + c] = o[t];
+      if (!a.in_place) a.conv_rows[t * a.cd + c] = o[t];
+    }
+    return;
+  }
+  const int64_t g = blockIdx.x, w = 2 * a.dk;
+  for (int64_t i = threadIdx.x; i < w; i += blockDim.x) {
+    dn_conv_channel(a, i < a.dk ? g * a.dk + i : key_dim + g * a.dk + (i - a.dk), o);
+    for (int t = 0; t < T; t++) xs[t * w + i] = o[t];
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int p = warp; p < 2 * T; p += nw) {  // p = 2 t + (0: q, 1: k)
+    const float* v = xs + (p >> 1) * w + (p & 1) * a.dk;
+    const float s = dot16_warp(v, v, a.dk);
+    if ((threadIdx.x & 31) == 0) rr[p] = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(s, 1e-6f)));
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < w; i += blockDim.x) {
+    const int64_t c = i < a.dk ? g * a.dk + i : key_dim + g * a.dk + (i - a.dk);
+    for (int t = 0; t < T; t++) {
+      const float x = xs[t * w + i];
+      const float y = i < a.dk ? __fmul_rn(__fmul_rn(x, rr[2 * t]), qscale) : __fmul_rn(x, rr[2 * t + 1]);
+      a.out[t * a.cd + c] = y;
+      if (!a.in_place) a.conv_rows[t * a.cd + c] = y;
+    }
+  }
+  const int64_t r = a.nv / a.nk;
+  for (int64_t q = threadIdx.x; q < r * T; q += blockDim.x) {  // (row t, value head g r + j)
+    const int64_t t = q / r, j = q % r, h = g * r + j;
+    const float b = a.ba[t * 2 * a.nv + g * 2 * r + j];
+    const float av = a.ba[t * 2 * a.nv + g * 2 * r + r + j];
+    const float be = sigmoid_libm(b);
+    const float e = expf_glibc(__fmul_rn(a.ssm_a[h], softplus_libm(__fadd_rn(av, a.dt_bias[h]))));
+    a.beta[t * a.nv + h] = be;
+    a.eg[t * a.nv + h] = e;
+    if (!a.in_place) {
+      a.beta_rows[t * a.nv + h] = be;
+      a.eg_rows[t * a.nv + h] = e;
+    }
   }
 }
 
@@ -228,6 +295,16 @@ void dn_gates(float* conv, int64_t ld, const float* ba, const float* ssm_a, cons
   launch(k_dn_gates, dim3((unsigned)nk, (unsigned)T), 32, 0, static_cast<cudaStream_t>(stream), conv, ld, ba, ssm_a,
          dt_bias, nk, nv, dk, qscale, eg, beta);
   launched("dn_gates");
+}
+
+bool dn_conv_gates(const DnConv& a, float qscale, void* stream) {
+  if (a.T < 1 || a.T > kDnConvMaxT || a.K < 1 || a.nk < 1 || a.nv % a.nk != 0 || a.cd < 2 * a.nk * a.dk) return false;
+  const size_t smem = (size_t)a.T * 2 * a.dk * sizeof(float);
+  if (smem > 48 * 1024) return false;
+  const unsigned nvb = blocks(a.cd - 2 * a.nk * a.dk, kDnConvThreads);
+  launch(k_dn_conv_gates, (unsigned)a.nk + nvb, kDnConvThreads, smem, static_cast<cudaStream_t>(stream), a, qscale);
+  launched("dn_conv_gates");
+  return true;
 }
 
 void dn_untile(const float* rawf, float* raw, int64_t cd, int64_t key_dim, const float* fz, float* z, const float* fb,

@@ -825,7 +825,7 @@ __global__ void __launch_bounds__(256) k_iq2xxs_warp1(const uint8_t* __restrict_
   }
 }
 
-int g_iq2_rows_dense = 1, g_iq2_rows_sel = 4, g_iq2_rows_pair = 2;  // prefer_iq2_rows
+int g_iq2_rows_dense = 1, g_iq2_rows_sel = 4, g_iq2_rows_pair = 1;  // prefer_iq2_rows (pair: 1 measured +3 % against 2, twice)
 bool g_iq2_window_u4 = false;  // prefer_iq2_window_u4: k_iq2xxs_warp (dense windows of 2..4 rows) 4 blocks a step
 
 // k_iq2xxs_warp1 over n grid rows (slots with sel, else activation rows), R weight rows a warp: R = the dense
@@ -1253,6 +1253,42 @@ __global__ void __launch_bounds__(256) k_add_rmsnorm(float* __restrict__ x, cons
   __syncthreads();
   const int64_t nb = n / (kind == (int)ActKind::Q8_256 ? QK_K : 32);
   quantize_staged(xs, n, kind, q + t * n, dx + t * nb);
+}
+
+// layers.cu k_gated_norm's rows (rmsnorm of each head of n by dot16_warp, times w, times silu(z) or sigmoid(z)) for a
+// window row t = blockIdx.x of `heads` heads (a warp a head), the row's heads * n outputs also staged and quantized
+// as k_rmsnorm's (quantize_staged) for the product after it (DeltaNet's ssm_out). The row's x and z are staged in
+// shared memory first (coalesced loads by the whole block; 2 heads n <= kNormStage), each head's sum and outputs then
+// read them there: the same values. 1024 threads: a warp a head at once for up to 32 heads.
+constexpr int kGatedNormThreads = 1024;
+__global__ void __launch_bounds__(kGatedNormThreads) k_gated_norm_q(const float* __restrict__ x, const float* __restrict__ w,
+                                                      const float* __restrict__ z, int64_t n, int heads, float eps,
+                                                      bool sig, float* __restrict__ y, int kind,
+                                                      int8_t* __restrict__ q, float* __restrict__ dx) {
+  pdl_wait();
+  __shared__ float xs[kNormStage];
+  const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t N = (int64_t)heads * n;
+  float* zs = xs + N;
+  for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
+    xs[i] = x[t * N + i];
+    zs[i] = z[t * N + i];
+  }
+  __syncthreads();
+  for (int hh = warp; hh < heads; hh += blockDim.x >> 5) {
+    const int64_t at = t * N + hh * n;
+    float* xr = xs + hh * n;  // the head's inputs, then (each lane its own values, after the sum) its outputs
+    const float r = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(dot16_warp(xr, xr, n), (float)n), eps)));
+    for (int64_t i = lane; i < n; i += 32) {
+      const float v = __fmul_rn(__fmul_rn(xr[i], r), w[i]);
+      const float zz = zs[hh * n + i];
+      const float o = __fmul_rn(v, sig ? sigmoid_of(zz) : silu_of(zz));
+      y[at + i] = o;
+      xr[i] = o;
+    }
+  }
+  __syncthreads();
+  quantize_staged(xs, N, kind, q + t * N, dx + t * (N / (kind == (int)ActKind::Q8_256 ? QK_K : 32)));
 }
 
 template <class D, int R>
@@ -1708,6 +1744,17 @@ bool add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, flo
   launch(k_add_rmsnorm, T, 256, 0, static_cast<cudaStream_t>(stream), x, y, w, n, eps, out, quant ? (int)kind : 0,
          const_cast<int8_t*>(qr.q), const_cast<float*>(qr.dx));
   check(cudaGetLastError(), "launch of the add + rmsnorm kernel");
+  return true;
+}
+
+bool gated_norm_q(const float* x, const float* w, const float* z, int64_t n, int heads, int T, float eps, bool sig,
+                  float* y, void* stream, ActKind kind, void* qdst) {
+  if (!qdst || T < 1 || heads < 1 || 2 * (int64_t)heads * n > kNormStage || !norm_quantizes(kind, (int64_t)heads * n))
+    return false;
+  const QRows qr = qrows_at(qdst, T, (int64_t)heads * n);
+  launch(k_gated_norm_q, T, kGatedNormThreads, 0, static_cast<cudaStream_t>(stream), x, w, z, n, heads, eps, sig, y, (int)kind,
+         const_cast<int8_t*>(qr.q), const_cast<float*>(qr.dx));
+  check(cudaGetLastError(), "launch of the gated norm kernel");
   return true;
 }
 

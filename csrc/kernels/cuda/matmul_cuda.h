@@ -71,12 +71,17 @@ bool rmsnorm(const float* x, int64_t ldx, const float* w, int64_t n, int T, floa
 // (nothing issued) if n is over its shared-memory row.
 bool add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int T, float eps, float* out, void* stream,
                  ActKind kind = ActKind::Float, void* qdst = nullptr);
+// ops_cuda.h gated_norm of T rows of `heads` heads of n (x, z, y: [T][heads][n]), each row's heads * n outputs also
+// quantized as rmsnorm's, in one kernel; false (nothing issued) where norm_quantizes(kind, heads * n) is not or the
+// row's x and z do not fit the kernel's shared memory (2 heads n over 8192 floats).
+bool gated_norm_q(const float* x, const float* w, const float* z, int64_t n, int heads, int T, float eps, bool sig,
+                  float* y, void* stream, ActKind kind, void* qdst);
 // Whether the norms above quantize rows of n for `kind`; tests and benches: prefer_norm_quant(false) leaves it to the
 // products (default on). The same bits either way (tested).
 bool norm_quantizes(ActKind kind, int64_t n);
 void prefer_norm_quant(bool on);
 // Tests and benches: the weight rows a warp of the IQ2_XXS T = 1 kernel takes (1, 2 or 4) in the dense products, in
-// the experts' products and in the experts' fused gate / up (defaults 1, 4, 2). The same bits every way (tested).
+// the experts' products and in the experts' fused gate / up (defaults 1, 4, 1). The same bits every way (tested).
 void prefer_iq2_rows(int dense, int sel, int pair);
 // Tests and benches: whether the dense IQ2_XXS windows of 2..4 rows (k_iq2xxs_warp) take 4 blocks of a weight row a
 // step (default off: 2). The same bits either way (tested).

@@ -14,6 +14,7 @@
 
 namespace strata {
 struct DnHeads;
+struct DnConv;
 }
 
 namespace strata::cuda {
@@ -55,6 +56,9 @@ void add(float* x, const float* y, int64_t n, void* stream);
 void conv_silu(const float* hist, const float* w_t, int T, int64_t n, int64_t ld, int K, float* out, void* stream);
 void dn_gates(float* conv, int64_t ld, const float* ba, const float* ssm_a, const float* dt_bias, int T, int64_t nk,
               int64_t nv, int64_t dk, float qscale, float* eg, float* beta, void* stream);
+// backend.h dn_conv_gates in one kernel (qscale as dn_gates'); false (nothing issued) where it does not take the
+// call (more than 16 rows): the caller issues the default sequence.
+bool dn_conv_gates(const DnConv& a, float qscale, void* stream);
 void dn_untile(const float* rawf, float* raw, int64_t cd, int64_t key_dim, const float* fz, float* z, const float* fb,
                const float* fa, float* ba, const int32_t* fh, int T, int64_t nk, int64_t nv, int64_t dv, void* stream);
 void dn_retile(const float* y, float* out, const int32_t* fh, int T, int64_t nv, int64_t dv, void* stream);
