@@ -10,6 +10,19 @@ def pytest_addoption(parser):
                           "tests then see that ISA as the best, as on an AVX2-only or a pre-AVX2 machine")
     parser.addoption("--rng-seed", type=int, default=None,
                      help="seed of every fresh random input (tests/seeds.py); a failed test prints the seeds it drew")
+    parser.addoption("--run-first", default="",
+                     help="a comma list of test names (function names, without parameters) run before every other "
+                          "test, in that order: tools/gpu_check.sh's key tests ahead of its time cap")
+
+
+def pytest_collection_modifyitems(config, items):
+    """--run-first: the named tests moved to the front, in the order named; the others keep theirs."""
+    first = [n for n in config.getoption("--run-first").split(",") if n]
+    if not first:
+        return
+    rank = {n: i for i, n in enumerate(first)}
+    key = lambda it: rank.get(getattr(it, "originalname", None) or it.name, len(first))  # noqa: E731
+    items[:] = sorted(items, key=key)  # stable: the rest keep their order
 
 
 def pytest_configure(config):

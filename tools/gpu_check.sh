@@ -33,7 +33,7 @@
 # after strata's benches as above. The 80B file is written only where it is not there yet (synth writes it under
 # a temporary name and renames it when complete, so an existing file is a whole one).
 # TESTS_CAP_S: the GPU tests' time cap (default 300; 0 runs none). tests/test_cuda_forward.py runs first (the
-# windows_bit_identical key), so a short cap still answers it.
+# windows_bit_identical key; its session tests run first: --run-first), so a short cap still answers it.
 # The compiler is /usr/bin/g++ unless CXX says otherwise: the g++ first on the lent machine's PATH links libstdc++
 # statically and the extension then crashes at its first std::ostringstream (../shared/DEVICE.md).
 set -uo pipefail
@@ -122,8 +122,14 @@ TESTS=(tests/test_cuda_forward.py tests/test_cuda_*.py tests/test_backend.py tes
 if [ "$TESTS_CAP_S" -gt 0 ]; then
   # the test ids first: a key whose tests all ran and passed before the cap still reads true
   $PY -m pytest -q -p no:cacheprovider --collect-only "${TESTS[@]}" 2>/dev/null | grep '::' >"$OUT/collected.txt"
+  # the tests of the JSON's session keys first (windows_bit_identical, gpu_decode_equals_cpu), then the layer ops'
+  # (layer_ops_equal_cpu), then the rest in file order: a capped run still answers those keys
+  FIRST=test_gpu_session_windows,test_gpu_session_long_prompt,test_gpu_speculative_equals_plain,test_gpu_decode
+  FIRST+=,test_add_silu_mul_mul_sigmoid_equal_cpu,test_conv_silu_equals_cpu_and_rows,test_dn_gates_equal_cpu_and_rows
+  FIRST+=,test_dn_heads_equal_cpu_and_rows,test_gated_norm_and_norm_rope_equal_cpu_and_rows
+  FIRST+=,test_moe_combine_equals_cpu_and_rows,test_dn_untile_retile_equal_cpu,test_matmul_sel_equals_cpu_and_one_row_products
   timeout -s INT -k 30 "$TESTS_CAP_S" $PY -m pytest -q -p no:cacheprovider "${TESTS[@]}" --durations=15 \
-    --junitxml="$OUT/junit.xml" >"$OUT/tests.log" 2>&1
+    --run-first "$FIRST" --junitxml="$OUT/junit.xml" >"$OUT/tests.log" 2>&1
   tests_rc=$?
   tail -15 "$OUT/tests.log"
 else
