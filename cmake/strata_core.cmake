@@ -23,7 +23,7 @@ foreach(src ${CORE_SOURCES})
     set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS
       "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512vbmi;-mavx2;-mfma;-mf16c;-mbmi2")
   elseif(src MATCHES "_avx2\\.cpp$")
-    set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma;-mf16c;-mbmi;-mbmi2")
+    set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma;-mf16c;-mbmi2")
   endif()
 endforeach()
 # The row ops' loops (rowops_impl.h: exp, silu, sigmoid; dn_chunked_impl.h) clamp their inputs. Under the default

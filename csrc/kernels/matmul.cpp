@@ -18,11 +18,10 @@ Isa detect() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
       __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2"))
+      __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2"))
     return Isa::AVX512;
-  // (the AVX2 files are compiled with BMI1 and BMI2 too: every CPU with BMI2 has BMI1)
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
-      __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2"))
+      __builtin_cpu_supports("bmi2"))
     return Isa::AVX2;
   return Isa::Scalar;
 }

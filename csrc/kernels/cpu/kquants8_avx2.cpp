@@ -372,15 +372,9 @@ void rows_kq8_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r
 // (rows_kq8_t's Blk8: 8 registers and their absolute values, spilled). Per sub-block: the grid and sign lookups,
 // then per row one vpsignb and one vpmaddubsw; the same lane sums P (exact integers) and float operations as
 // rows_kq8_t, so the same bits (tests/test_quant_kernels.py, both ways of looking up the grid).
-// kBextr: the group indices by BMI1's bextr (one instruction each, where a shift and a mask are two or three: the
-// loop is bound by its instruction count). Measured in one process, alternated (1024 x 2048, one thread, AMD Zen 3):
-// IQ2_XXS T = 1 1.11-1.15x faster, but T = 2, 3 and IQ3_XXS 4-12 % slower (the compiler spills there), so only
-// IQ2_XXS decode steps take it. The same indices, so the same bits.
-template <bool kBextr>
+// (BMI1's bextr for these indices measured 1.11-1.15x on IQ2_XXS T = 1 with the pair loop below rolled, and no
+// different, 1.00-1.04x, once it is unrolled; slower on IQ3_XXS: not used. docs/BENCHMARKS.md session 25)
 inline __m256i sign_pm(uint32_t signs) {
-  if constexpr (kBextr)
-    return _mm256_set_epi64x((long long)kSignPm[_bextr_u32(signs, 21, 7)], (long long)kSignPm[_bextr_u32(signs, 14, 7)],
-                             (long long)kSignPm[_bextr_u32(signs, 7, 7)], (long long)kSignPm[signs & 127]);
   return _mm256_set_epi64x((long long)kSignPm[(signs >> 21) & 127], (long long)kSignPm[(signs >> 14) & 127],
                            (long long)kSignPm[(signs >> 7) & 127], (long long)kSignPm[signs & 127]);
 }
@@ -404,8 +398,7 @@ void rows_grid_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t 
         const int j = 2 * p;
         const uint32_t u0 = Dec::aux(blk, j), u1 = Dec::aux(blk, j + 1);
         const __m256i g0 = Dec::grid(blk, j), g1 = Dec::grid(blk, j + 1);
-        constexpr bool kBextr = Dec::kType == GGML_IQ2_XXS && T == 1;
-        const __m256i s0 = sign_pm<kBextr>(u0), s1 = sign_pm<kBextr>(u1);
+        const __m256i s0 = sign_pm(u0), s1 = sign_pm(u1);
         // the scale pair (s_j, s_j+1): one scale per sub-block, so the same for values 0-15 and 16-31
         const __m256i sc = _mm256_set1_epi32((int)((2 * (u0 >> 28) + 1) | (2 * (u1 >> 28) + 1) << 16));
         for (int t = 0; t < T; t++) {
