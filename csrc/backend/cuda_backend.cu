@@ -369,7 +369,7 @@ class CudaBackend final : public Backend {
       cache_q(feeds, y, N, T, N, qd);
       return;
     }
-    cuda::gated_norm(x, w, z, n, T * heads, eps, sig, y, stream_);
+    Backend::gated_norm_rows(x, w, z, n, heads, T, eps, sig, y, feeds);
   }
   void gated_norm(const float* x, const float* w, const float* z, int64_t n, int rows, float eps, bool sig,
                   float* y) override {

@@ -27,5 +27,9 @@ __device__ __forceinline__ float exp_inl_dev(float x) {
 // rowops silu: z / (1 + exp_inl(-z))
 __device__ __forceinline__ float silu_of(float z) { return __fdiv_rn(z, __fadd_rn(1.f, exp_inl_dev(-z))); }
 __device__ __forceinline__ float sigmoid_of(float g) { return __fdiv_rn(1.f, __fadd_rn(1.f, exp_inl_dev(-g))); }
+// the gated norm's value (rowops rmsnorm, then mul_silu / mul_sigmoid): (x * r) * w, times silu(z) or sigmoid(z)
+__device__ __forceinline__ float gated_value(float x, float r, float w, float z, bool sig) {
+  return __fmul_rn(__fmul_rn(__fmul_rn(x, r), w), sig ? sigmoid_of(z) : silu_of(z));
+}
 
 }  // namespace strata::cuda

@@ -32,6 +32,11 @@ __device__ __forceinline__ float dot16_warp(const float* a, const float* b, int6
               s4_2 = __shfl_sync(0xffffffffu, s4, 2), s4_3 = __shfl_sync(0xffffffffu, s4, 3);
   return __fadd_rn(__fadd_rn(s4_0, s4_2), __fadd_rn(s4_1, s4_3));
 }
+// ops.h rmsnorm's scale of a row of n over one warp: 1 / sqrt(dot16(x, x) / n + eps) (the per-head norms: gated
+// norm, q / k norm).
+__device__ __forceinline__ float rms_scale_warp(const float* x, int64_t n, float eps) {
+  return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(dot16_warp(x, x, n), (float)n), eps)));
+}
 
 // One 16-column group of a tile held in shared memory (rows of ld floats): for the thread's rows ra, ra + 16 of A
 // and rb, rb + 16 of B, columns j0 .. j0 + 15 (j0 % 16 == 0 counted from a 16-aligned column) go into lane

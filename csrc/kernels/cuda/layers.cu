@@ -32,16 +32,32 @@ __global__ void k_add(float* __restrict__ x, const float* __restrict__ y, int64_
   if (i < n) x[i] = __fadd_rn(x[i], y[i]);
 }
 
-// rowops causal_conv_silu: o = 0, o = o + w[j] * h[t + j] for j = 0..K-1, then silu.
+// rowops causal_conv_silu of channel c for row t: o = 0, o = o + w[j] * h(t + j) for j = 0..K-1, then silu (h(i):
+// hist row i's channel c). k_conv_silu's and k_dn_conv_gates'.
+template <class H>
+__device__ __forceinline__ float conv_silu_at(const float* __restrict__ w_t, int64_t ld, int64_t c, int K, int t, H h) {
+  float o = 0.f;
+  for (int j = 0; j < K; j++) o = __fadd_rn(o, __fmul_rn(w_t[(int64_t)j * ld + c], h(t + j)));
+  return silu_of(o);
+}
+// deltanet.cpp's l2norm scale of a q or k head of dk values (one warp): 1 / sqrt(dot16 + 1e-6).
+__device__ __forceinline__ float l2_scale_warp(const float* v, int64_t dk) {
+  return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(dot16_warp(v, v, dk), 1e-6f)));
+}
+// deltanet.cpp's gates of value head h from its b and a: beta = sigmoid(b), eg = exp(ssm_a * softplus(a + dt_bias)).
+__device__ __forceinline__ void dn_gate(float b, float a, float ssm_a, float dt_bias, float& beta, float& eg) {
+  beta = sigmoid_libm(b);
+  eg = expf_glibc(__fmul_rn(ssm_a, softplus_libm(__fadd_rn(a, dt_bias))));
+}
+
+// rowops causal_conv_silu over T rows (conv_silu_at).
 __global__ void k_conv_silu(const float* __restrict__ hist, const float* __restrict__ w_t, int T, int64_t n, int64_t ld,
                             int K, float* __restrict__ out) {
   pdl_wait();
   const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int t = blockIdx.y;
   if (c >= n) return;
-  float o = 0.f;
-  for (int j = 0; j < K; j++) o = __fadd_rn(o, __fmul_rn(w_t[(int64_t)j * ld + c], hist[(int64_t)(t + j) * ld + c]));
-  out[(int64_t)t * ld + c] = silu_of(o);
+  out[(int64_t)t * ld + c] = conv_silu_at(w_t, ld, c, K, t, [&](int i) { return hist[(int64_t)i * ld + c]; });
 }
 
 // deltanet.cpp's per-row gates of key head g = blockIdx.x, row t = blockIdx.y (one warp).
@@ -54,8 +70,7 @@ __global__ void k_dn_gates(float* __restrict__ conv, int64_t ld, const float* __
   float* row = conv + (int64_t)t * ld;
   float* q = row + g * dk;
   float* k = row + key_dim + g * dk;
-  const float rq = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(dot16_warp(q, q, dk), 1e-6f)));
-  const float rk = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(dot16_warp(k, k, dk), 1e-6f)));
+  const float rq = l2_scale_warp(q, dk), rk = l2_scale_warp(k, dk);
   __syncwarp();
   for (int64_t i = lane; i < dk; i += 32) {
     q[i] = __fmul_rn(__fmul_rn(q[i], rq), qscale);
@@ -63,10 +78,8 @@ __global__ void k_dn_gates(float* __restrict__ conv, int64_t ld, const float* __
   }
   for (int64_t j = lane; j < r; j += 32) {
     const int64_t h = g * r + j;
-    const float b = ba[(int64_t)t * 2 * nv + g * 2 * r + j];
-    const float a = ba[(int64_t)t * 2 * nv + g * 2 * r + r + j];
-    beta[t * nv + h] = sigmoid_libm(b);
-    eg[t * nv + h] = expf_glibc(__fmul_rn(ssm_a[h], softplus_libm(__fadd_rn(a, dt_bias[h]))));
+    dn_gate(ba[(int64_t)t * 2 * nv + g * 2 * r + j], ba[(int64_t)t * 2 * nv + g * 2 * r + r + j], ssm_a[h], dt_bias[h],
+            beta[t * nv + h], eg[t * nv + h]);
   }
 }
 
@@ -84,11 +97,7 @@ __device__ __forceinline__ float dn_hist(const DnConv& a, int64_t c, int j) {
 }
 // channel c's conv + SiLU of rows 0..T-1 into o; in place, then the state's new rows; otherwise raw's replay copy
 __device__ __forceinline__ void dn_conv_channel(const DnConv& a, int64_t c, float* o) {
-  for (int t = 0; t < a.T; t++) {
-    float v = 0.f;
-    for (int j = 0; j < a.K; j++) v = __fadd_rn(v, __fmul_rn(a.w_t[(int64_t)j * a.cd + c], dn_hist(a, c, t + j)));
-    o[t] = silu_of(v);
-  }
+  for (int t = 0; t < a.T; t++) o[t] = conv_silu_at(a.w_t, a.cd, c, a.K, t, [&](int i) { return dn_hist(a, c, i); });
   if (a.in_place) {
     for (int j = 0; j < a.K - 1; j++) a.state[(int64_t)j * a.cd + c] = dn_hist(a, c, a.T + j);
   } else {
@@ -120,8 +129,8 @@ __global__ void __launch_bounds__(kDnConvThreads) k_dn_conv_gates(const __grid_c
   const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   for (int p = warp; p < 2 * T; p += nw) {  // p = 2 t + (0: q, 1: k)
     const float* v = xs + (p >> 1) * w + (p & 1) * a.dk;
-    const float s = dot16_warp(v, v, a.dk);
-    if ((threadIdx.x & 31) == 0) rr[p] = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(s, 1e-6f)));
+    const float s = l2_scale_warp(v, a.dk);
+    if ((threadIdx.x & 31) == 0) rr[p] = s;
   }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < w; i += blockDim.x) {
@@ -136,10 +145,8 @@ __global__ void __launch_bounds__(kDnConvThreads) k_dn_conv_gates(const __grid_c
   const int64_t r = a.nv / a.nk;
   for (int64_t q = threadIdx.x; q < r * T; q += blockDim.x) {  // (row t, value head g r + j)
     const int64_t t = q / r, j = q % r, h = g * r + j;
-    const float b = a.ba[t * 2 * a.nv + g * 2 * r + j];
-    const float av = a.ba[t * 2 * a.nv + g * 2 * r + r + j];
-    const float be = sigmoid_libm(b);
-    const float e = expf_glibc(__fmul_rn(a.ssm_a[h], softplus_libm(__fadd_rn(av, a.dt_bias[h]))));
+    float be, e;
+    dn_gate(a.ba[t * 2 * a.nv + g * 2 * r + j], a.ba[t * 2 * a.nv + g * 2 * r + r + j], a.ssm_a[h], a.dt_bias[h], be, e);
     a.beta[t * a.nv + h] = be;
     a.eg[t * a.nv + h] = e;
     if (!a.in_place) {
@@ -185,12 +192,8 @@ __global__ void k_gated_norm(const float* __restrict__ x, const float* __restric
   pdl_wait();
   const int64_t row = blockIdx.x;
   const float* xr = x + row * n;
-  const float r = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(dot16_warp(xr, xr, n), (float)n), eps)));
-  for (int64_t i = threadIdx.x; i < n; i += 32) {
-    const float v = __fmul_rn(__fmul_rn(xr[i], r), w[i]);
-    const float zz = z[row * n + i];
-    y[row * n + i] = __fmul_rn(v, sig ? sigmoid_of(zz) : silu_of(zz));
-  }
+  const float r = rms_scale_warp(xr, n, eps);
+  for (int64_t i = threadIdx.x; i < n; i += 32) y[row * n + i] = gated_value(xr[i], r, w[i], z[row * n + i], sig);
 }
 
 __global__ void k_mul_sigmoid_rows(float* __restrict__ o, int64_t ldo, const float* __restrict__ g, int64_t ldg,
@@ -214,7 +217,7 @@ __global__ void k_norm_rope(float* x, int64_t ldt, int64_t ldh, int nh, const fl
   if (pos) pos0 = *pos;  // a recorded step: the position from device memory
   const int t = blockIdx.x / nh, h = blockIdx.x % nh;
   float* v = x + t * ldt + h * ldh;
-  const float r = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(dot16_warp(v, v, hd), (float)hd), eps)));
+  const float r = rms_scale_warp(v, hd, eps);
   __syncwarp();
   for (int64_t i = threadIdx.x; i < hd; i += 32) v[i] = __fmul_rn(__fmul_rn(v[i], r), w[i]);
   __syncwarp();

@@ -1255,7 +1255,7 @@ __global__ void __launch_bounds__(256) k_add_rmsnorm(float* __restrict__ x, cons
   quantize_staged(xs, n, kind, q + t * n, dx + t * nb);
 }
 
-// layers.cu k_gated_norm's rows (rmsnorm of each head of n by dot16_warp, times w, times silu(z) or sigmoid(z)) for a
+// layers.cu k_gated_norm's rows (rms_scale_warp and gated_value of each head of n) for a
 // window row t = blockIdx.x of `heads` heads (a warp a head), the row's heads * n outputs also staged and quantized
 // as k_rmsnorm's (quantize_staged) for the product after it (DeltaNet's ssm_out). The row's x and z are staged in
 // shared memory first (coalesced loads by the whole block; 2 heads n <= kNormStage), each head's sum and outputs then
@@ -1278,11 +1278,9 @@ __global__ void __launch_bounds__(kGatedNormThreads) k_gated_norm_q(const float*
   for (int hh = warp; hh < heads; hh += blockDim.x >> 5) {
     const int64_t at = t * N + hh * n;
     float* xr = xs + hh * n;  // the head's inputs, then (each lane its own values, after the sum) its outputs
-    const float r = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(dot16_warp(xr, xr, n), (float)n), eps)));
+    const float r = rms_scale_warp(xr, n, eps);
     for (int64_t i = lane; i < n; i += 32) {
-      const float v = __fmul_rn(__fmul_rn(xr[i], r), w[i]);
-      const float zz = zs[hh * n + i];
-      const float o = __fmul_rn(v, sig ? sigmoid_of(zz) : silu_of(zz));
+      const float o = gated_value(xr[i], r, w[i], zs[hh * n + i], sig);
       y[at + i] = o;
       xr[i] = o;
     }
