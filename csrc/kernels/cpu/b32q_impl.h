@@ -29,6 +29,14 @@ inline float b32q_f16(const uint8_t* p) {
   std::memcpy(&h, p, 2);
   return _cvtsh_ss(h);
 }
+// The f16 values at p and (two: at q; else 0) as [x x x x y y y y] by one conversion (each the value _cvtsh_ss gives)
+inline __m256 b32q_f16_pair(const uint8_t* p, const uint8_t* q, bool two) {
+  uint16_t a, b = 0;
+  std::memcpy(&a, p, 2);
+  if (two) std::memcpy(&b, q, 2);
+  const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)(a | (uint32_t)b << 16)));
+  return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(f), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+}
 
 enum class B32Mode { Offset16, Unsigned, Sign };
 
@@ -62,6 +70,15 @@ struct B32Int4 {
   }
   static float scale(const uint8_t* b) { return kScaleAt < 0 ? e8m0_half(b[0]) : b32q_f16(b + kScaleAt); }
   static float min(const uint8_t* b) { return kMinAt < 0 ? 0.f : b32q_f16(b + kMinAt); }
+  // the pair's s (m) in the first block's 4 lanes and the second's (0 without it); MXFP4's e8m0 scale stays scalar
+  static __m256 scales(const uint8_t* b, bool two) {
+    if constexpr (kScaleAt >= 0) return b32q_f16_pair(b + kScaleAt, b + kSize + kScaleAt, two);
+    else return _mm256_set_m128(_mm_set1_ps(two ? scale(b + kSize) : 0.f), _mm_set1_ps(scale(b)));
+  }
+  static __m256 mins(const uint8_t* b, bool two) {
+    if constexpr (kMinAt >= 0) return b32q_f16_pair(b + kMinAt, b + kSize + kMinAt, two);
+    else return _mm256_set_m128(_mm_set1_ps(two ? min(b + kSize) : 0.f), _mm_set1_ps(min(b)));
+  }
 };
 using B32Q4_0 = B32Int4<kQ4_0Values, 0, -1, 2, 18, B32Mode::Offset16>;
 using B32Q4_1 = B32Int4<kQ4_1Values, 0, 2, 4, 20, B32Mode::Unsigned>;
@@ -102,6 +119,11 @@ struct B32Q5 {
   }
   static float scale(const uint8_t* b) { return b32q_f16(b); }
   static float min(const uint8_t* b) { return kMin ? b32q_f16(b + 2) : 0.f; }
+  static __m256 scales(const uint8_t* b, bool two) { return b32q_f16_pair(b, b + kBytes, two); }
+  static __m256 mins(const uint8_t* b, bool two) {
+    if constexpr (kMin) return b32q_f16_pair(b + 2, b + kBytes + 2, two);
+    else return _mm256_setzero_ps();
+  }
 };
 using B32Q5_0 = B32Q5<false>;
 using B32Q5_1 = B32Q5<true>;
@@ -113,12 +135,12 @@ inline void b32q_pair(const uint8_t* blk, const QAct32& A, int64_t m, bool two, 
   Blk::pair(blk, two, va, vb);
   const __m256i ones = _mm256_set1_epi16(1);
   // the blocks' s in their 4 lanes each; times QAct32::dp: s*dx, one product per lane
-  const __m256 s = _mm256_set_m128(_mm_set1_ps(two ? Blk::scale(blk + Blk::kBytes) : 0.f), _mm_set1_ps(Blk::scale(blk)));
+  const __m256 s = Blk::scales(blk, two);
   const int64_t at = m;  // (t*np + m): row t's pairs np apart
   if constexpr (Blk::kMode != B32Mode::Sign) {
     __m256 mn = _mm256_setzero_ps();
     if constexpr (Blk::kMode == B32Mode::Unsigned)
-      mn = _mm256_set_m128(_mm_set1_ps(two ? Blk::min(blk + Blk::kBytes) : 0.f), _mm_set1_ps(Blk::min(blk)));
+      mn = Blk::mins(blk, two);
     for (int t = 0; t < T; t++) {
       const int64_t k = at + t * A.np;
       const int8_t* q = A.qp + k * 64;
