@@ -13,6 +13,10 @@
 //     int32 lane gets s_j p_j[k] + s_(j+1) p_(j+1)[k] (low 128-bit half: values 0-15 of each sub-block and
 //     their 16-value scales, high half: values 16-31); the four pairs summed in int32;
 //   per block: lanes back in canonical order (k 0-7 | 8-15) and L = fma(d dx, P, L) exactly as before.
+// The prompt panels of the types whose weights stay within |w| <= 64 (kX128: Q6_K, IQ2_XXS, IQ3_XXS) give the
+// activations the unsigned side instead: p_j = maddubs(x + 128, w) (|pair| <= 2 * 255 * 64 < 2^15) is the same
+// exact sum plus 128 (w_2k + w_2k+1), whose scaled lane sums the panel subtracts once per block for all rows, so
+// no vpsignb per row and sub-block (1.09-1.18x at 16 and 128 rows, docs/BENCHMARKS.md session 27).
 // The mins (Q4_K, Q5_K) use the activation sub-block sums as the widening kernel does. Tested bit-identical
 // with the scalar twin on fresh random blocks (tests/test_quant_kernels.py).
 #include <immintrin.h>
@@ -158,6 +162,7 @@ struct Dec8Q6K {
   static constexpr int kBytes = 210;
   static constexpr int kMaxT = 8;
   static constexpr bool kHasMin = false, kSigned = true, kHead4 = false, kGrid = false, kScp = true, kOff32 = false;
+  static constexpr bool kX128 = true;
   static inline void decode(const uint8_t* b, Blk8& o) {
     q6k_codes(b, o);
     for (int j = 0; j < 8; j++) o.w[j] = _mm256_sub_epi8(o.w[j], _mm256_set1_epi8(32));
@@ -177,6 +182,7 @@ struct Dec8IQ2XXS {
   static constexpr int kBytes = 66;
   static constexpr int kMaxT = 3;
   static constexpr bool kHasMin = false, kSigned = true, kHead4 = false, kGrid = true, kScp = false, kOff32 = false;
+  static constexpr bool kX128 = true;
   // (kGrid) the block scale, sub-block ib's unsigned grid bytes, and its sign / scale word
   static inline float dscale(const uint8_t* b) { return h2f(b) * 0.125f; }
   static inline __m256i grid(const uint8_t* b, int ib) { return iq2xxs_grid4(b + 2 + 8 * ib); }
@@ -198,6 +204,7 @@ struct Dec8IQ3XXS {
   static constexpr int kBytes = 98;
   static constexpr int kMaxT = 3;
   static constexpr bool kHasMin = false, kSigned = true, kHead4 = false, kGrid = true, kScp = false, kOff32 = false;
+  static constexpr bool kX128 = true;
   static inline float dscale(const uint8_t* b) { return h2f(b) * 0.25f; }
   static inline __m256i grid(const uint8_t* b, int ib) { return iq3xxs_grid8(b + 2 + 8 * ib); }
   static inline uint32_t aux(const uint8_t* b, int ib) { return u32_at(b + 66 + 4 * ib); }
@@ -218,6 +225,7 @@ struct Dec8IQ4XS {
   static constexpr int kBytes = 136;
   static constexpr int kMaxT = 3;
   static constexpr bool kHasMin = false, kSigned = true, kHead4 = false, kGrid = false, kScp = false, kOff32 = false;
+  static constexpr bool kX128 = false;
   static inline void decode(const uint8_t* b, Blk8& o) {
     o.d = h2f(b);
     o.dmin = 0.f;
@@ -437,8 +445,9 @@ RowsFn wide_fn(uint32_t type) {
 // bit-identical to the per-pass kernels and the scalar twin (tested). Only for the signed types, which have no
 // mins term (the per-pass kernel's y = reduce16 - 0 is reduce16's value exactly).
 struct alignas(32) Pan8 {
-  __m256i wi[8];  // interleaved weights (wi[2p]: lanes 0-7 of the pair p of sub-blocks, wi[2p + 1]: lanes 8-15)
-  int32_t sc[8];  // the scale pairs of wi[j] (as rows_kq8_il_t's sc[j])
+  __m256i wi[8];     // interleaved weights (wi[2p]: lanes 0-7 of the pair p of sub-blocks, wi[2p + 1]: lanes 8-15)
+  __m256i start[2];  // (kX128) the lane sums' starting values, lanes 0-7 and 8-15
+  int32_t sc[8];     // the scale pairs of wi[j] (as rows_kq8_il_t's sc[j])
   float d;
 };
 constexpr int64_t kPanel8Rows = 8;
@@ -460,6 +469,16 @@ inline void pack8(const uint8_t* blk, Pan8& o) {
   }
   if constexpr (Dec::kScp) _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.sc), k.scp);  // (the same dwords)
   o.d = k.d;
+  if constexpr (Dec::kX128) {  // -(the lane sums of 128 w)
+    const __m256i h = _mm256_set1_epi8((char)0x80);
+    __m256i n0 = _mm256_setzero_si256(), n1 = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j += 2) {
+      n0 = _mm256_sub_epi32(n0, _mm256_madd_epi16(_mm256_maddubs_epi16(h, o.wi[j]), _mm256_set1_epi32(o.sc[j])));
+      n1 = _mm256_sub_epi32(n1, _mm256_madd_epi16(_mm256_maddubs_epi16(h, o.wi[j + 1]), _mm256_set1_epi32(o.sc[j + 1])));
+    }
+    o.start[0] = n0;
+    o.start[1] = n1;
+  }
 }
 
 // nt (1..4) activation rows x (interleaved, cols apart) against one panel row: the float lane accumulators of
@@ -471,22 +490,24 @@ inline void tile8(const Pan8* pb, int64_t nb, const int8_t* x, int64_t cols, con
   for (int64_t b = 0; b < nb; b++) {
     const Pan8& B = pb[b];
     __m256i A[NT], C[NT];
-    for (int t = 0; t < NT; t++) A[t] = C[t] = _mm256_setzero_si256();
+    for (int t = 0; t < NT; t++) {
+      A[t] = Dec::kX128 ? B.start[0] : _mm256_setzero_si256();
+      C[t] = Dec::kX128 ? B.start[1] : _mm256_setzero_si256();
+    }
     for (int p = 0; p < 4; p++) {
       const int j = 2 * p;
       const __m256i w0 = _mm256_load_si256(&B.wi[j]), w1 = _mm256_load_si256(&B.wi[j + 1]);
-      const __m256i a0 = Dec::kSigned ? _mm256_abs_epi8(w0) : w0, a1 = Dec::kSigned ? _mm256_abs_epi8(w1) : w1;
+      const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);  // (unused where kX128)
       const __m256i s0 = _mm256_set1_epi32(B.sc[j]), s1 = _mm256_set1_epi32(B.sc[j + 1]);
       for (int t = 0; t < NT; t++) {
         const int8_t* xt = x + t * cols + b * QK_K + 64 * p;
-        __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(xt));
-        __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(xt + 32));
-        if (Dec::kSigned) {
-          x0 = _mm256_sign_epi8(x0, w0);
-          x1 = _mm256_sign_epi8(x1, w1);
-        }
-        A[t] = _mm256_add_epi32(A[t], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, x0), s0));
-        C[t] = _mm256_add_epi32(C[t], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, x1), s1));
+        const __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(xt));
+        const __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(xt + 32));
+        // kX128: x + 128 against the signed weights; else |w| against x signed like w
+        const __m256i p0 = Dec::kX128 ? _mm256_maddubs_epi16(x0, w0) : _mm256_maddubs_epi16(a0, _mm256_sign_epi8(x0, w0));
+        const __m256i p1 = Dec::kX128 ? _mm256_maddubs_epi16(x1, w1) : _mm256_maddubs_epi16(a1, _mm256_sign_epi8(x1, w1));
+        A[t] = _mm256_add_epi32(A[t], _mm256_madd_epi16(p0, s0));
+        C[t] = _mm256_add_epi32(C[t], _mm256_madd_epi16(p1, s1));
       }
     }
     for (int t = 0; t < NT; t++) {
@@ -509,6 +530,14 @@ void rows_kq8_many(const MatView& W, const Act* pass, int np, float* y, int64_t 
   thread_local std::vector<Pan8, Align64<Pan8>> panel;   // [kPanel8Rows][nb]
   xi.resize((size_t)np * kMaxRowsPerPass * cols);
   for (int p = 0; p < np; p++) interleave_q8(pass[p].q, pass[p].T, xi.data() + (size_t)p * kMaxRowsPerPass * cols);
+  if constexpr (Dec::kX128)  // the activations as x + 128 (x ^ 0x80), the unsigned side of vpmaddubsw
+    for (int p = 0; p < np; p++) {
+      int8_t* xp = xi.data() + (size_t)p * kMaxRowsPerPass * cols;
+      for (int64_t i = 0; i < pass[p].T * cols; i += 32) {
+        __m256i* v = reinterpret_cast<__m256i*>(xp + i);
+        _mm256_store_si256(v, _mm256_xor_si256(_mm256_load_si256(v), _mm256_set1_epi8((char)0x80)));
+      }
+    }
   if ((int64_t)panel.size() < kPanel8Rows * nb) panel.resize(kPanel8Rows * nb);
   for (int64_t rb = r0; rb < r1; rb += kPanel8Rows) {
     const int64_t re = rb + kPanel8Rows < r1 ? rb + kPanel8Rows : r1;
