@@ -43,15 +43,22 @@ def test_product_equals_cpu_ref(typ):
 
 
 @pytest.mark.parametrize("typ", ["F16", "Q8_0", "Q4_K", "Q6_K", "IQ2_XXS", "IQ3_XXS"])
-def test_t_rows_equal_one_row(typ):
+@pytest.mark.parametrize("split", [True, False])
+def test_t_rows_equal_one_row(typ, split):
+    """split: float matrices this small (1.2 MB) take windows of 2..16 rows as the 1-row kernel per activation row
+    (the default); without it, the T-row kernels k_float<D, 2 / 4 / 8 / 16> that larger matrices take."""
     rng = np.random.default_rng()
     rows, cols = 300, 2048
     w = weights(rng, typ, rows, cols)
     x = rng.standard_normal((40, cols)).astype(np.float32)
     one = np.stack([_core.backend_matmul("cuda", w, typ, rows, cols, x[t:t + 1])[0] for t in range(40)])
-    for T in (2, 3, 4, 5, 8, 9, 16, 17, 18, 33, 40):  # past 16: blocks of 16 rows in y; IQ2_XXS from 32: the panel
-        got = _core.backend_matmul("cuda", w, typ, rows, cols, x[:T])
-        np.testing.assert_array_equal(bits(got), bits(one[:T]), err_msg=f"{typ} T={T}")
+    _core.cuda_prefer_float_split(8 << 20 if split else 0)
+    try:
+        for T in (2, 3, 4, 5, 8, 9, 16, 17, 18, 33, 40):  # past 16: blocks of 16 rows in y; IQ2_XXS from 32: the panel
+            got = _core.backend_matmul("cuda", w, typ, rows, cols, x[:T])
+            np.testing.assert_array_equal(bits(got), bits(one[:T]), err_msg=f"{typ} T={T}")
+    finally:
+        _core.cuda_prefer_float_split(8 << 20)
 
 
 @pytest.mark.parametrize("typ", ["F32", "BF16", "Q8_0", "Q4_K", "IQ2_XXS", "IQ3_XXS"])

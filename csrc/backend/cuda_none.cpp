@@ -32,6 +32,7 @@ void cuda_prefer_iq2_window_u4(bool) { no_cuda(); }
 void cuda_prefer_dn_pipe(bool) { no_cuda(); }
 void cuda_prefer_dn_conv_fused(bool) { no_cuda(); }
 void cuda_prefer_row_groups(bool) { no_cuda(); }
+void cuda_prefer_float_split(int64_t) { no_cuda(); }
 void cuda_prefer_attn_tiles(bool, int64_t) { no_cuda(); }
 void cuda_prefer_tile_prefetch(bool) { no_cuda(); }
 void cuda_prefer_float_tiles(bool) { no_cuda(); }

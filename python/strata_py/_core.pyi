@@ -644,6 +644,11 @@ def cuda_prefer_dn_pipe(on: bool) -> None:
     Tests and benches: whether DeltaNet heads (dk = 128) over 8+ rows take the pipelined kernel (default off: slower); the same bits either way.
     """
 
+def cuda_prefer_float_split(bytes: int) -> None:
+    """
+    Tests and benches: float matrices of at most `bytes` (default 8 MiB; 0: none) take windows of 2..16 rows as the 1-row kernel per activation row, not the T-row kernels; the same bits either way.
+    """
+
 def cuda_prefer_row_groups(on: bool) -> None:
     """
     Tests and benches: whether small float matrices (the routers) over 17+ rows take blocks of 16 activation rows or a block per row (the default); the same bits either way.
