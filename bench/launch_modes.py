@@ -18,7 +18,7 @@ products (routers) of prompt pieces on k_float, not k_float_tiles (cuda_prefer_f
 (cuda_prefer_iq2_window_u4(True)); "iq2-pair2" / "iq2-pair4" = "on" with the experts' fused gate / up alone taking 2 or 4
 weight rows a warp; "nodnconv" = "on" with DeltaNet's conv, gates and conv-state copies of windows of up to 16 rows as the
 sequence of copies and kernels, not one kernel (cuda_prefer_dn_conv_fused(False)); "nofloatsplit" = "on" with float
-matrices of up to 8 MiB (the default model's head) on the T-row kernels for windows of 2..16 rows, not the 1-row kernel per
+matrices of up to 8 MiB (the default model's head) on the T-row kernels for windows of 2..8 rows, not the 1-row kernel per
 activation row (cuda_prefer_float_split(0)).
 Shared by bench_gpu_forward.py, bench_spec.py and profile_gpu_forward.py. A recorded step keeps the mode
 it was recorded in, so a mode applies to the sessions made after it is set."""

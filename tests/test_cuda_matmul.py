@@ -45,7 +45,7 @@ def test_product_equals_cpu_ref(typ):
 @pytest.mark.parametrize("typ", ["F16", "Q8_0", "Q4_K", "Q6_K", "IQ2_XXS", "IQ3_XXS"])
 @pytest.mark.parametrize("split", [True, False])
 def test_t_rows_equal_one_row(typ, split):
-    """split: float matrices this small (1.2 MB) take windows of 2..16 rows as the 1-row kernel per activation row
+    """split: float matrices this small (1.2 MB) take windows of 2..8 rows as the 1-row kernel per activation row
     (the default); without it, the T-row kernels k_float<D, 2 / 4 / 8 / 16> that larger matrices take."""
     rng = np.random.default_rng()
     rows, cols = 300, 2048

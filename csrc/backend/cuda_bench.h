@@ -47,7 +47,7 @@ void cuda_prefer_dn_pipe(bool on);
 // on) or as the default sequence of copies and kernels (backend.h dn_conv_gates); the same bits either way.
 void cuda_prefer_dn_conv_fused(bool on);
 void cuda_prefer_row_groups(bool on);
-// Tests and benches: cuda::prefer_float_split (float matrices of at most `bytes` take windows of 2..16 rows a block
+// Tests and benches: cuda::prefer_float_split (float matrices of at most `bytes` take windows of 2..8 rows a block
 // per activation row; default 8 MiB, 0: off).
 void cuda_prefer_float_split(int64_t bytes);
 void cuda_prefer_attn_tiles(bool on, int64_t min_queries);

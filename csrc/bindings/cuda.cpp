@@ -380,7 +380,7 @@ void init_cuda(nb::module_& m) {
         "Tests and benches: whether small float matrices (the routers) over 17+ rows take blocks of 16 activation rows "
         "or a block per row (the default); the same bits either way.");
   m.def("cuda_prefer_float_split", &cuda_prefer_float_split, nb::arg("bytes"),
-        "Tests and benches: float matrices of at most `bytes` (default 8 MiB; 0: none) take windows of 2..16 rows as the "
+        "Tests and benches: float matrices of at most `bytes` (default 8 MiB; 0: none) take windows of 2..8 rows as the "
         "1-row kernel per activation row, not the T-row kernels; the same bits either way.");
   m.def("cuda_prefer_attn_tiles", &cuda_prefer_attn_tiles, nb::arg("on"), nb::arg("min_queries") = 1024,
         "Tests and benches: whether attention over min_queries+ queries (rows x heads of a KV head) takes the tiled "

@@ -646,7 +646,7 @@ def cuda_prefer_dn_pipe(on: bool) -> None:
 
 def cuda_prefer_float_split(bytes: int) -> None:
     """
-    Tests and benches: float matrices of at most `bytes` (default 8 MiB; 0: none) take windows of 2..16 rows as the 1-row kernel per activation row, not the T-row kernels; the same bits either way.
+    Tests and benches: float matrices of at most `bytes` (default 8 MiB; 0: none) take windows of 2..8 rows as the 1-row kernel per activation row, not the T-row kernels; the same bits either way.
     """
 
 def cuda_prefer_row_groups(on: bool) -> None:

@@ -523,10 +523,13 @@ bool g_mma_on = true;
 bool g_iq2_panel = true;  // prompt pieces' dense IQ2_XXS products by k_iq2xxs_panel (prefer_iq2_panel: the A/B)
 // small float matrices past 16 rows in blocks of 16 rows (prefer_row_groups): off, a block per row measured faster
 bool g_row_groups = false;
-// float matrices of at most this many bytes take windows of 2..16 rows as a block per (rows, activation row), each the
-// 1-row kernel, not k_float<D, TT> (prefer_float_split; 0: off): the default model's 2.2 MB Q8_0 head at T = 16 took
-// 53.8 us on k_float<Q8_0, 16, 1> against 3.5 us at T = 1 (H100 profile, docs/BENCHMARKS.md session 26)
+// float matrices of at most this many bytes take windows of 2..kFloatSplitMaxT rows as a block per (rows, activation
+// row), each the 1-row kernel, not k_float<D, TT> (prefer_float_split; 0: off): the default model's 2.2 MB Q8_0 head
+// at T = 16 took 53.8 us on k_float<Q8_0, 16, 1> against 3.5 us at T = 1 (H100 profile, docs/BENCHMARKS.md session
+// 26). Measured on the default model (H100, session 27): C(2) / C(1) 1.50 -> 1.32, C(4) and C(8) the same, C(16)
+// 2.93 -> 3.0: so only up to 8 rows.
 int64_t g_float_split_bytes = 8 << 20;
+constexpr int kFloatSplitMaxT = 8;
 // the IQ2_XXS expert tiles on the tensor cores prefetch the block's rows of its next tile into L2 (prefer_tile_prefetch)
 bool g_tile_prefetch = true;
 // the IQ2_XXS expert tiles on the tensor cores stage each tile's activation rows in shared memory (prefer_tile_stage):
@@ -1308,7 +1311,7 @@ void launch_float_r(const MatView& W, const float* x, int64_t ldx, int T, float*
            W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy, nullptr, 0, 1);
     return;
   }
-  const bool small = (int64_t)W.rows * (int64_t)W.row_bytes <= g_float_split_bytes;
+  const bool small = (int64_t)W.rows * (int64_t)W.row_bytes <= g_float_split_bytes && T <= kFloatSplitMaxT;
   if (T > 1 && (threads == 64 || small)) {  // small matrices (the router): a block per (rows, activation row), each T = 1
     launch(k_float<D, 1, R>, dim3(grid.x, (unsigned)T), threads, 0, st, W.data, W.row_bytes, W.rows, W.cols, x, ldx, T,
            y, ldy, nullptr, 0, 1);

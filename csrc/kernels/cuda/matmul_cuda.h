@@ -92,7 +92,7 @@ void prefer_iq2_panel(bool on);
 // Tests and benches: whether small float matrices (the routers) over 17+ rows take blocks of 16 activation rows
 // or a block per activation row (the default: faster); the same bits either way.
 void prefer_row_groups(bool on);
-// Tests and benches: float matrices of at most `bytes` (default 8 MiB; 0: none) take windows of 2..16 rows as the
+// Tests and benches: float matrices of at most `bytes` (default 8 MiB; 0: none) take windows of 2..8 rows as the
 // 1-row kernel per activation row rather than the T-row kernels; the same bits either way.
 void prefer_float_split(int64_t bytes);
 // Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores prefetch each block's next tile's weights
