@@ -21,6 +21,8 @@
 // with the scalar twin on fresh random blocks (tests/test_quant_kernels.py).
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "kernels/cpu/kq_common.h"
 #include "kernels/cpu/reduce16.h"
 #include "kernels/matmul.h"
@@ -444,6 +446,16 @@ RowsFn wide_fn(uint32_t type) {
 // exact lane sums and then the same float operations in the same order (fma(d * dx, P, L) per block, reduce16):
 // bit-identical to the per-pass kernels and the scalar twin (tested). Only for the signed types, which have no
 // mins term (the per-pass kernel's y = reduce16 - 0 is reduce16's value exactly).
+// kX128's bound: the largest weight byte of a grid table (the IQ grids are unsigned; the signs come apart)
+template <class T, size_t N>
+constexpr int max_grid_byte(const T (&t)[N]) {
+  int m = 0;
+  for (size_t i = 0; i < N; i++)
+    for (size_t k = 0; k < sizeof(T); k++) m = std::max(m, (int)((t[i] >> (8 * k)) & 0xFF));
+  return m;
+}
+static_assert(max_grid_byte(kIq2xxsGrid) <= 64 && max_grid_byte(kIq3xxsGrid) <= 64, "kX128 needs |w| <= 64");
+
 struct alignas(32) Pan8 {
   __m256i wi[8];     // interleaved weights (wi[2p]: lanes 0-7 of the pair p of sub-blocks, wi[2p + 1]: lanes 8-15)
   __m256i start[2];  // (kX128) the lane sums' starting values, lanes 0-7 and 8-15
