@@ -10,7 +10,8 @@ after it (and stops by itself after --load-seconds). Rows: every --threads count
 ("default": strata's default_threads() = physical cores; llama.cpp's own default, the physical cores as
 llama-cli / llama-bench count them). Engines and thread counts alternate within each round (load from other
 programs hits all alike); the table gives medians over rounds. decode tok/s = tokens / total time of --decode
-single-token steps (stalls count); prefill tok/s = prompt tokens / time, in 512-row prompt windows.
+single-token steps (stalls count); prefill tok/s = prompt tokens / the median time of --prefill-reps prefills
+(after one that pages the weights in), in 512-row prompt windows.
 --llama-path DIR puts a llama-cpp-python built into DIR (pip install --target DIR ...) first on sys.path.
 --no-load measures the same rows without the competing program. strata rows record pool_stats() (the adaptive
 pool's regions run each way) at the end of each measurement. Targets: strata's default >= 0.9x its best
@@ -39,6 +40,18 @@ def burn(cpu: int, seconds: float) -> None:
         pass
 
 
+def prefill_seconds(once, reps: int) -> list[float]:
+    """The seconds of `reps` prefills after one that pages the weights in (the table takes their median: a
+    128-token prompt takes ~50 ms, and the best of two measured the luck of the busy core more than the engine)."""
+    once()
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        once()
+        out.append(time.perf_counter() - t)
+    return out
+
+
 def worker_strata(a) -> dict:
     import numpy as np
 
@@ -51,12 +64,12 @@ def worker_strata(a) -> dict:
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, min(m.n_vocab, 4096), a.prompt).tolist()
     toks = rng.integers(0, min(m.n_vocab, 4096), a.decode).tolist()
-    best = 1e9
-    for _ in range(2):  # the first pages the weights in
+    def once():
+        nonlocal s
         s = m.session(n_ctx=a.prompt + a.decode + 8)
-        t = time.perf_counter()
         prefill(s, prompt)
-        best = min(best, time.perf_counter() - t)
+    s = None
+    pre = prefill_seconds(once, a.prefill_reps)
     steps = []
     t0 = time.perf_counter()
     for tok in toks:
@@ -65,7 +78,8 @@ def worker_strata(a) -> dict:
         s.commit(1)
         steps.append(time.perf_counter() - t)
     total = time.perf_counter() - t0
-    return {"threads": m.threads, "prefill_tok_s": a.prompt / best, "decode_tok_s": a.decode / total,
+    return {"threads": m.threads, "prefill_tok_s": a.prompt / statistics.median(pre), "prefill_s": pre,
+            "decode_tok_s": a.decode / total,
             "decode_ms_median": statistics.median(steps) * 1e3, "isa": _core.active_isa(), "pool": m.pool_stats()}
 
 
@@ -92,12 +106,10 @@ def worker_llama(a) -> dict:
     V = llm.n_vocab()
     prompt = rng.integers(0, min(V, 4096), a.prompt).tolist()
     toks = rng.integers(0, min(V, 4096), a.decode).tolist()
-    best = 1e9
-    for _ in range(2):
+    def once():
         llm.reset()
-        t = time.perf_counter()
         llm.eval(prompt)
-        best = min(best, time.perf_counter() - t)
+    pre = prefill_seconds(once, a.prefill_reps)
     steps = []
     t0 = time.perf_counter()
     for tok in toks:
@@ -105,14 +117,15 @@ def worker_llama(a) -> dict:
         llm.eval([tok])
         steps.append(time.perf_counter() - t)
     total = time.perf_counter() - t0
-    return {"threads": n, "prefill_tok_s": a.prompt / best, "decode_tok_s": a.decode / total,
+    return {"threads": n, "prefill_tok_s": a.prompt / statistics.median(pre), "prefill_s": pre,
+            "decode_tok_s": a.decode / total,
             "decode_ms_median": statistics.median(steps) * 1e3,
             "system_info": llama_print_system_info().decode(errors="replace").strip()}
 
 
 def measure(a, engine: str, threads: int, load: bool) -> dict:
     cmd = [sys.executable, HERE, "--worker", engine, "--threads", str(threads), "--decode", str(a.decode),
-           "--prompt", str(a.prompt)]
+           "--prompt", str(a.prompt), "--prefill-reps", str(a.prefill_reps)]
     if a.model:
         cmd[2:2] = [a.model]
     if a.llama_path:
@@ -144,6 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--decode", type=int, default=200)
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prefill-reps", type=int, default=7, help="timed prefills per measurement (their median)")
     ap.add_argument("--load-cpu", type=int, default=None, help="the CPU the competing load takes (default: last)")
     ap.add_argument("--load-seconds", type=float, default=600, help="hard limit of one measurement and its load")
     ap.add_argument("--no-load", action="store_true", help="measure without the competing program")
