@@ -46,7 +46,8 @@ def test_product_equals_cpu_ref(typ):
 @pytest.mark.parametrize("split", [True, False])
 def test_t_rows_equal_one_row(typ, split):
     """split: float matrices this small (1.2 MB) take windows of 2..8 rows as the 1-row kernel per activation row
-    (the default); without it, the T-row kernels k_float<D, 2 / 4 / 8 / 16> that larger matrices take."""
+    (the default; longer windows the T-row kernels); without it, every window the T-row kernels k_float<D, 2 / 4 /
+    8 / 16> that larger matrices take."""
     rng = np.random.default_rng()
     rows, cols = 300, 2048
     w = weights(rng, typ, rows, cols)
