@@ -53,13 +53,10 @@ def test_t_rows_equal_one_row(typ, split):
     w = weights(rng, typ, rows, cols)
     x = rng.standard_normal((40, cols)).astype(np.float32)
     one = np.stack([_core.backend_matmul("cuda", w, typ, rows, cols, x[t:t + 1])[0] for t in range(40)])
-    _core.cuda_prefer_float_split(8 << 20 if split else 0)
-    try:
+    with switched(_core.cuda_prefer_float_split, 8 << 20 if split else 0, 8 << 20):
         for T in (2, 3, 4, 5, 8, 9, 16, 17, 18, 33, 40):  # past 16: blocks of 16 rows in y; IQ2_XXS from 32: the panel
             got = _core.backend_matmul("cuda", w, typ, rows, cols, x[:T])
             np.testing.assert_array_equal(bits(got), bits(one[:T]), err_msg=f"{typ} T={T}")
-    finally:
-        _core.cuda_prefer_float_split(8 << 20)
 
 
 @pytest.mark.parametrize("typ", ["F32", "BF16", "Q8_0", "Q4_K", "IQ2_XXS", "IQ3_XXS"])
