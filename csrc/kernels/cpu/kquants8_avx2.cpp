@@ -243,14 +243,21 @@ struct Dec8IQ4XS {
 };
 
 // Rows [0, T) of the int8 activations (QAct::q8) interleaved per 64 values into out [T][cols]: dword k (k = 0..15)
-// of group c = values 2k, 2k+1 of sub-block 2c, then the same of 2c + 1 (act8_avx512.h's order).
+// of group c = values 2k, 2k+1 of sub-block 2c, then the same of 2c + 1 (act8_avx512.h's order). kPlus128: the
+// values as x + 128 (x ^ 0x80, unsigned: the kX128 panels' side of vpmaddubsw).
+template <bool kPlus128 = false>
 inline void interleave_q8(const QAct& q, int T, int8_t* out) {
+  const __m256i flip = _mm256_set1_epi8(kPlus128 ? (char)0x80 : 0);
   for (int t = 0; t < T; t++) {
     const int8_t* src = q.q8 + (int64_t)t * q.ldq;
     int8_t* dst = out + (int64_t)t * q.cols;
     for (int64_t c = 0; c < q.cols; c += 64) {
-      const __m256i A = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + c));
-      const __m256i B = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + c + 32));
+      __m256i A = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + c));
+      __m256i B = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + c + 32));
+      if constexpr (kPlus128) {
+        A = _mm256_xor_si256(A, flip);
+        B = _mm256_xor_si256(B, flip);
+      }
       const __m256i lo = _mm256_unpacklo_epi16(A, B), hi = _mm256_unpackhi_epi16(A, B);  // k 0-3 | 8-11, 4-7 | 12-15
       _mm256_store_si256(reinterpret_cast<__m256i*>(dst + c), _mm256_permute2x128_si256(lo, hi, 0x20));
       _mm256_store_si256(reinterpret_cast<__m256i*>(dst + c + 32), _mm256_permute2x128_si256(lo, hi, 0x31));
@@ -541,15 +548,8 @@ void rows_kq8_many(const MatView& W, const Act* pass, int np, float* y, int64_t 
   thread_local std::vector<int8_t, Align64<int8_t>> xi;  // every pass's rows interleaved, [pass][8][cols]
   thread_local std::vector<Pan8, Align64<Pan8>> panel;   // [kPanel8Rows][nb]
   xi.resize((size_t)np * kMaxRowsPerPass * cols);
-  for (int p = 0; p < np; p++) interleave_q8(pass[p].q, pass[p].T, xi.data() + (size_t)p * kMaxRowsPerPass * cols);
-  if constexpr (Dec::kX128)  // the activations as x + 128 (x ^ 0x80), the unsigned side of vpmaddubsw
-    for (int p = 0; p < np; p++) {
-      int8_t* xp = xi.data() + (size_t)p * kMaxRowsPerPass * cols;
-      for (int64_t i = 0; i < pass[p].T * cols; i += 32) {
-        __m256i* v = reinterpret_cast<__m256i*>(xp + i);
-        _mm256_store_si256(v, _mm256_xor_si256(_mm256_load_si256(v), _mm256_set1_epi8((char)0x80)));
-      }
-    }
+  for (int p = 0; p < np; p++)
+    interleave_q8<Dec::kX128>(pass[p].q, pass[p].T, xi.data() + (size_t)p * kMaxRowsPerPass * cols);
   if ((int64_t)panel.size() < kPanel8Rows * nb) panel.resize(kPanel8Rows * nb);
   for (int64_t rb = r0; rb < r1; rb += kPanel8Rows) {
     const int64_t re = rb + kPanel8Rows < r1 ? rb + kPanel8Rows : r1;
