@@ -35,6 +35,7 @@ doubles that gap (up to 32x) while drafting keeps not paying, so a losing drafte
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 # Lower edges of the match-length buckets (tokens); the last bucket is open.
@@ -43,11 +44,7 @@ BUCKET_EDGES = (1, 4, 6, 8, 12, 16, 32, 64)
 
 def bucket_of(match_len: int) -> int:
     """Index of the match-length bucket holding match_len (>= 1)."""
-    b = 0
-    for i, lo in enumerate(BUCKET_EDGES):
-        if match_len >= lo:
-            b = i
-    return b
+    return max(0, bisect_right(BUCKET_EDGES, match_len) - 1)
 
 
 def bucket_label(b: int) -> str:
@@ -96,28 +93,44 @@ class WindowCosts:
 
     def table(self, n: int) -> list[float]:
         """[C(1), ..., C(n)], from one fit (kept until the next record())."""
-        if self._fit is None:
-            self._fit = self._line()
-        direct, c0, slope, mx = self._fit
-        return [self._cost[T] if direct and T in self._cost else max(1e-9, c0 + slope * (T - mx))
-                for T in range(1, n + 1)]
+        fit = self._fit
+        if fit is None:
+            fit = self._fit = self._line()
+        direct, c0, slope, mx = fit
+        if direct:
+            cost = self._cost
+            return [cost[T] if T in cost else max(1e-9, c0 + slope * (T - mx)) for T in range(1, n + 1)]
+        return [max(1e-9, c0 + slope * (T - mx)) for T in range(1, n + 1)]
 
     def _line(self) -> tuple:
-        pts = [(t, c, min(self._n[t], 8)) for t, c in sorted(self._cost.items()) if self._n[t] >= 2]
+        # Plain loops, not sum() over generators: the controller runs between every two GPU steps (~0.4 ms), where
+        # each microsecond of Python shows. The same additions in the same order (sum() adds left to right from 0).
+        items = sorted(self._cost.items())
+        pts = []
+        for t, c in items:
+            n = self._n[t]
+            if n >= 2:
+                pts.append((t, c, n if n < 8 else 8))
         direct = len(pts) < 2  # measured Ts are read directly until two are measured twice
         if direct:
-            pts = [(t, c, 1) for t, c in sorted(self._cost.items())]
+            pts = [(t, c, 1) for t, c in items]
         if not pts:
             return direct, 1.0, self.slope_prior, 1.0
         if len(pts) == 1:
             t0, c, _ = pts[0]
             c0 = c / (1.0 + self.slope_prior * (t0 - 1))
             return direct, c0, c0 * self.slope_prior, 1.0
-        w = sum(wt for _, _, wt in pts)
-        mx = sum(t * wt for t, _, wt in pts) / w
-        c0 = sum(c * wt for _, c, wt in pts) / w
-        sxx = sum(wt * (t - mx) ** 2 for t, _, wt in pts)
-        return direct, c0, max(0.0, sum(wt * (t - mx) * (c - c0) for t, c, wt in pts) / sxx), mx
+        w = swt = swc = 0
+        for t, c, wt in pts:
+            w += wt
+            swt += t * wt
+            swc += c * wt
+        mx, c0 = swt / w, swc / w
+        sxx = sxy = 0
+        for t, c, wt in pts:
+            sxx += wt * (t - mx) ** 2
+            sxy += wt * (t - mx) * (c - c0)
+        return direct, c0, max(0.0, sxy / sxx), mx
 
     def stats(self) -> dict:
         return {str(t): round(c * 1e3, 3) for t, c in sorted(self._cost.items())}
@@ -143,10 +156,12 @@ class DraftedCosts:
         return self.own.samples
 
     def table(self, n: int) -> list[float]:
-        base = self.verify.table(n)
-        if self.own.samples == 0:
+        if not self.own._n:  # no drafted window measured yet
+            base = self.verify.table(n)
             return [base[0]] + [c + self.drafting(T) for T, c in enumerate(base[1:], 2)]
-        return [base[0]] + self.own.table(n)[1:]
+        out = self.own.table(n)
+        out[0] = self.verify.table(1)[0]
+        return out
 
     def __call__(self, T: int) -> float:
         return self.table(T)[T - 1]
@@ -185,6 +200,7 @@ class LengthController:
     _rej: list = field(default_factory=list, repr=False)   # [bucket][pos] rejected counts
     _chosen: dict = field(default_factory=dict, repr=False)
     _scale: float | None = field(default=None, repr=False)  # length_scale() until the next observe()
+    _scale_last: float = field(default=4.0, repr=False)  # the last length_scale(): the next fit starts there
     _acc_memo: dict = field(default_factory=dict, repr=False)  # acceptance() until the next observe()
     _idle: int = 0
     _probe_gap: int = 0            # T = 1 windows before the next probe (0: probe_every; doubles while idle)
@@ -227,16 +243,35 @@ class LengthController:
 
     def length_scale(self) -> float:
         """s of the draft-1 prior L / (L + s): the maximum-likelihood fit to the first-draft outcomes (each
-        bucket at its lower edge) plus one accepted and one rejected pseudo-outcome at L = 4."""
+        bucket at its lower edge) plus one accepted and one rejected pseudo-outcome at L = 4. The likelihood's
+        derivative is zero where phi(s) = rej - sum(n s / (L + s)) is (n: a bucket's outcomes, rej: its
+        rejections, summed): phi falls from rej > 0 at s = 0 to below zero (the pseudo-outcomes make the
+        accepted ones at least one), convex, so the root is unique and Newton's steps from its left approach it
+        monotonically (one from the right lands left of it, or past zero: then half the step). Each fit starts
+        from the last one's s (one window moves it little): two or three steps between windows."""
         if self._scale is not None:
             return self._scale
-        obs = [(4.0, 1.0, 1.0)] + [(float(BUCKET_EDGES[b]), self._acc[b][0], self._rej[b][0])
-                                   for b in range(len(BUCKET_EDGES)) if self._acc[b][0] + self._rej[b][0] > 0]
-        rej = sum(r for _, _, r in obs)
-        s = 4.0
-        for _ in range(20):  # fixed point of d(log-likelihood)/ds = 0: s = sum(rej) / sum(n / (L + s))
-            s = rej / sum((a + r) / (L + s) for L, a, r in obs)
-        self._scale = s
+        obs = [(4.0, 2.0)]  # (L, outcomes)
+        rej = 1.0
+        for b, lo in enumerate(BUCKET_EDGES):
+            a, r = self._acc[b][0], self._rej[b][0]
+            if a + r > 0:
+                obs.append((float(lo), a + r))
+                rej += r
+        s = self._scale_last
+        for _ in range(64):
+            phi, slope = rej, 0.0
+            for L, n in obs:
+                d = L + s
+                phi -= n * s / d
+                slope -= n * L / (d * d)
+            nxt = s - phi / slope
+            nxt = nxt if nxt > 0 else 0.5 * s
+            done = abs(nxt - s) <= 1e-12 * s
+            s = nxt
+            if done:
+                break
+        self._scale = self._scale_last = s
         return s
 
     def cost(self, T: int) -> float:
