@@ -339,3 +339,21 @@ def test_window_costs_are_shared_per_model(tiny_model):
     b = drafting.create("auto", model=tiny_model, cfg=GenerationConfig())
     assert a.controller.costs is b.controller.costs is window_costs(tiny_model)
     assert drafting.create("auto", model=None, cfg=GenerationConfig()).controller.costs is not a.controller.costs
+
+
+def test_length_scale_is_the_likelihood_maximum():
+    """length_scale() is the root of the log-likelihood's derivative (to float precision), from any history of
+    first-draft outcomes, whatever the fit before it; bucket_of puts each length in the bucket of its lower edge."""
+    from strata_py.controller import BUCKET_EDGES, bucket_of
+    for L in range(1, 100):
+        assert BUCKET_EDGES[bucket_of(L)] <= L and (bucket_of(L) + 1 == len(BUCKET_EDGES) or L < BUCKET_EDGES[bucket_of(L) + 1])
+    rng = np.random.default_rng()
+    c = LengthController(max_window=4)
+    for _ in range(300):
+        L = int(rng.integers(1, 90))
+        c.observe(L, 3, int(rng.integers(0, 4)) if rng.random() < 0.9 else 0)
+        s = c.length_scale()
+        obs = [(4.0, 1.0, 1.0)] + [(float(lo), c._acc[b][0], c._rej[b][0]) for b, lo in enumerate(BUCKET_EDGES)]
+        rej = sum(r for _, _, r in obs)
+        # d log-likelihood / ds = rej / s - sum(n / (L + s)): zero at the maximum
+        assert s > 0 and abs(rej / s - sum((a + r) / (Lb + s) for Lb, a, r in obs)) <= 1e-9 * rej / s

@@ -243,12 +243,12 @@ class LengthController:
 
     def length_scale(self) -> float:
         """s of the draft-1 prior L / (L + s): the maximum-likelihood fit to the first-draft outcomes (each
-        bucket at its lower edge) plus one accepted and one rejected pseudo-outcome at L = 4. The likelihood's
-        derivative is zero where phi(s) = rej - sum(n s / (L + s)) is (n: a bucket's outcomes, rej: its
-        rejections, summed): phi falls from rej > 0 at s = 0 to below zero (the pseudo-outcomes make the
-        accepted ones at least one), convex, so the root is unique and Newton's steps from its left approach it
-        monotonically (one from the right lands left of it, or past zero: then half the step). Each fit starts
-        from the last one's s (one window moves it little): two or three steps between windows."""
+        bucket at its lower edge) plus one accepted and one rejected pseudo-outcome at L = 4. The log-likelihood's
+        derivative vanishes at the root of phi(s) = rej - sum(n s / (L + s)) (n: a bucket's outcomes; rej: all
+        rejections). phi falls, convex, from rej > 0 at s = 0 to below zero (the pseudo-outcomes make at least one
+        acceptance), so the root is unique and Newton's steps from its left approach it monotonically (a step from
+        its right lands left of it, or past zero: then s halves). Each fit starts from the last one's s, which one
+        window moves little: a few steps between windows."""
         if self._scale is not None:
             return self._scale
         obs = [(4.0, 2.0)]  # (L, outcomes)
