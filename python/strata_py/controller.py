@@ -156,7 +156,7 @@ class DraftedCosts:
         return self.own.samples
 
     def table(self, n: int) -> list[float]:
-        if not self.own._n:  # no drafted window measured yet
+        if self.own.samples == 0:  # no drafted window measured yet
             base = self.verify.table(n)
             return [base[0]] + [c + self.drafting(T) for T, c in enumerate(base[1:], 2)]
         out = self.own.table(n)
