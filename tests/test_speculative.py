@@ -346,7 +346,8 @@ def test_length_scale_is_the_likelihood_maximum():
     first-draft outcomes, whatever the fit before it; bucket_of puts each length in the bucket of its lower edge."""
     from strata_py.controller import BUCKET_EDGES, bucket_of
     for L in range(1, 100):
-        assert BUCKET_EDGES[bucket_of(L)] <= L and (bucket_of(L) + 1 == len(BUCKET_EDGES) or L < BUCKET_EDGES[bucket_of(L) + 1])
+        b = bucket_of(L)
+        assert BUCKET_EDGES[b] <= L and (b + 1 == len(BUCKET_EDGES) or L < BUCKET_EDGES[b + 1])
     rng = np.random.default_rng()
     c = LengthController(max_window=4)
     for _ in range(300):
