@@ -14,7 +14,9 @@ Workloads:
   free      free-form prose completion (little to copy).
   replay    the edit prompt again with the global index holding an earlier answer (agent-loop re-issue).
 For each workload and drafter (none, suffix, auto): emitted tok/s (decode only, prefill excluded),
-acceptance, realised E[keep], T histogram, and whether the output is identical to plain decoding.
+acceptance, realised E[keep], T histogram, the windows during which the GPU ran or recorded a step cold (each new
+session records its steps again: their count and time, included in tok/s), and whether the output is identical to
+plain decoding.
 tok/s is the median of --repeat rounds (drafters interleaved within each round).
 Greedy by default; --temperature/--seed for sampled verification (output must be identical too).
 """
@@ -138,7 +140,7 @@ def main(argv=None) -> int:
                  "tok_s_runs": [d2["decode_tok_s"] for _, d2 in runs[draft]],
                  "acceptance": d["acceptance"], "e_keep": d["e_keep"], "t_hist": d["t_hist"],
                  "window_ms_mean": d["window_ms_mean"], "window_ms_p50": d["window_ms_p50"],
-                 "window_ms_p99": d["window_ms_p99"],
+                 "window_ms_p99": d["window_ms_p99"], "cold_windows": d["cold_windows"], "cold_ms": d["cold_ms"],
                  "identical": all(o == plain[0] for o, _ in runs[draft])}
             for k in ("draft", "controller"):
                 if k in d:
@@ -150,12 +152,13 @@ def main(argv=None) -> int:
     t = Table(title=f"bench_spec: {model.path.name}, backend {a.backend}, {model.threads} threads, {a.max_tokens} tokens, "
                     f"{'greedy' if a.temperature == 0 else f'sampled t={a.temperature} seed={a.seed}'}, "
                     f"median of {a.repeat}")
-    for c in ("workload", "draft", "tok/s", "speedup", "accept", "E[keep]", "T hist", "ms p50/p99", "same"):
+    for c in ("workload", "draft", "tok/s", "speedup", "accept", "E[keep]", "T hist", "ms p50/p99", "cold", "same"):
         t.add_column(c, justify="right" if c not in ("workload", "draft", "T hist") else "left")
     for r in results:
         t.add_row(r["workload"], r["draft"], f"{r['decode_tok_s']:.1f}", f"{r['speedup']:.2f}x",
                   f"{r['acceptance']:.2f}", f"{r['e_keep']:.2f}", " ".join(f"{k}:{v}" for k, v in r["t_hist"].items()),
-                  f"{r['window_ms_p50']:.1f}/{r['window_ms_p99']:.1f}", "yes" if r["identical"] else "NO")
+                  f"{r['window_ms_p50']:.1f}/{r['window_ms_p99']:.1f}", f"{r['cold_windows']} ({r['cold_ms']:.1f} ms)",
+                  "yes" if r["identical"] else "NO")
     Console(width=150).print(t)
     if a.json:
         with open(a.json, "w") as f:

@@ -46,6 +46,8 @@ class LoopStats:
     window_ms: list = field(default_factory=list)
     window_tokens: list = field(default_factory=list)  # tokens emitted by each window
     step_ms: list = field(default_factory=list)        # each window including its drafting
+    cold_windows: int = 0  # windows (with their drafting) during which the GPU ran or recorded a step cold
+    cold_ms: float = 0.0   # their step_ms
     stop: str = ""
 
     WARMUP_WINDOWS = 4  # first-touch of buffers, page-ins and cold caches land here (engine spec 8)
@@ -74,6 +76,8 @@ class LoopStats:
             "window_ms_p99": pct(0.99),
             "warmup_ms": sum(self.step_ms[:w]),
             "steady_tok_s": steady_tok / steady_ms * 1e3 if steady_ms > 0 else 0.0,
+            "cold_windows": self.cold_windows,
+            "cold_ms": self.cold_ms,
             "stop": self.stop,
         }
 
@@ -208,8 +212,12 @@ def decode(session, root: int, cfg: GenerationConfig, eog: set[int], stats: Loop
         stats.accepted += keep - 1
         if proposer is not None and drafts:
             proposer.observe(drafts, keep - 1)
-        if record is not None and core.cold_steps == cold:
-            record(len(inputs), dt)
+        if core.cold_steps == cold:
+            if record is not None:
+                record(len(inputs), dt)
+        else:
+            stats.cold_windows += 1
+            stats.cold_ms += (t1 - t_start) * 1e3
         for i in range(keep):
             tok = out[i]
             stats.generated += 1
