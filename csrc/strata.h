@@ -171,8 +171,11 @@ class Session {
   // Finish: processors + choice for every row of the last run (needs all-row logits).
   std::vector<int32_t> sample(const SamplingParams& p) const;
   // Steering (sampling/processor.h): with masks ([logits_rows()][mask_words] or null), each output row also
-  // gets the row's token mask; the session's steering processors apply to every row.
-  std::vector<int32_t> sample(const SamplingParams& p, const uint32_t* masks, int64_t mask_words) const;
+  // gets the row's token mask; the session's steering processors apply to every row. verified_prefix: only the
+  // rows up to the first whose token is not the next input (sampler.h sample_rows): a speculative window's kept
+  // rows, the same tokens as when every row is finished.
+  std::vector<int32_t> sample(const SamplingParams& p, const uint32_t* masks, int64_t mask_words,
+                              bool verified_prefix = false) const;
   // One row of the last run finished again with this token mask (lazy grammar masks: a row that needs its full mask).
   int32_t sample_row(const SamplingParams& p, int row, const uint32_t* mask, int64_t mask_words) const;
   // Lazy grammar masks (python/strata_py/steering/grammar.py): sample(p) without masks, also recording per row

@@ -45,6 +45,7 @@ def test_helper_fails_with_a_wrong_acceptance_rule(tiny_model, monkeypatch, rule
     drafters = [exactness.Adversarial(0), exactness.Adversarial(2)]  # first draft wrong; two right, then wrong
     exactness.assert_equals_plain(tiny_model, prompt, cfg, drafters)  # the real rule passes
     monkeypatch.setattr(speculative, "accept", WRONG[rule])  # each keeps 1 of a 1-row window: plain is unchanged
+    monkeypatch.setattr(speculative, "VERIFIED_PREFIX", False)  # the wrong rules read rows past the first rejection
     with pytest.raises(AssertionError, match=r"draft=adversarial\(right=[02]\).*first difference at token"):
         exactness.assert_equals_plain(tiny_model, prompt, cfg, drafters, label=rule)
 

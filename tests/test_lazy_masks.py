@@ -321,9 +321,9 @@ class _SpyCore:
         self.lingers.append(linger_us)
         return self._c.run_sample_traced(tokens, params, cap, linger_us)
 
-    def run_sample(self, tokens, params, masks=None, linger_us=0.0):
+    def run_sample(self, tokens, params, masks=None, linger_us=0.0, verified_prefix=False):
         self.lingers.append(linger_us)
-        return self._c.run_sample(tokens, params, masks, linger_us)
+        return self._c.run_sample(tokens, params, masks, linger_us, verified_prefix)
 
     def __getattr__(self, name):
         return getattr(self._c, name)

@@ -358,3 +358,47 @@ def test_length_scale_is_the_likelihood_maximum():
         rej = sum(r for _, _, r in obs)
         # d log-likelihood / ds = rej / s - sum(n / (L + s)): zero at the maximum
         assert s > 0 and abs(rej / s - sum((a + r) / (Lb + s) for Lb, a, r in obs)) <= 1e-9 * rej / s
+
+
+
+@pytest.mark.parametrize("steered", [False, True], ids=["plain", "dry+phrases"])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_verified_prefix_is_the_kept_rows_of_the_full_finish(tiny_q8_model, steered, temperature):
+    """sample(verified_prefix=True) finishes rows only up to the first whose token is not the next input: those
+    rows equal the full finish's (and serial decoding's), and there are exactly as many as the window keeps."""
+    from strata_py.model import sampling_params
+    from strata_py.steering import Steering
+    model = tiny_q8_model
+    V = model.n_vocab
+    cfg = GenerationConfig(temperature=temperature, seed=5, dry_multiplier=0.8 if steered else 0.0,
+                           ban_phrases=[("a b", 4.0)] if steered else [])
+    params = sampling_params(cfg)
+    s = model.session(n_ctx=512, max_window=16)
+    rng = np.random.default_rng(3)
+    s.run(rng.integers(0, V, 40).tolist())
+    s.commit(40)
+    if steered:
+        Steering(model, cfg).attach(s, s.position)
+    root, kept = int(rng.integers(0, V)), []
+    for trial in range(12):
+        T = int(rng.integers(2, 17))
+        cp = s.checkpoint()
+        serial, cur = [], root  # serial decoding's next T - 1 tokens
+        for _ in range(T - 1):
+            s.run([cur])
+            cur = int(s._core.sample(params)[0])
+            s.commit(1)
+            serial.append(cur)
+        s.restore(cp)
+        agree = int(rng.integers(0, T))  # drafts right for a stretch, then random
+        inputs = [root] + serial[:agree] + rng.integers(0, V, T - 1 - agree).tolist()
+        s.run(inputs)
+        full = s._core.sample(params).tolist()
+        pre = s._core.sample(params, None, True).tolist()
+        keep = next((i + 1 for i in range(T - 1) if full[i] != inputs[i + 1]), T)
+        assert full[:agree] == serial[:agree], trial
+        assert pre == full[:keep], (trial, T, agree)
+        kept.append(keep)
+        s.commit(keep)
+        root = pre[-1]
+    assert len(set(kept)) >= 4, kept

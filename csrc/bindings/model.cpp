@@ -637,20 +637,21 @@ void init_model(nb::module_& m) {
       .def_prop_ro("mtp", [](const Session& s) { return s.options().mtp; })
       .def(
           "sample",
-          [](const Session& s, const SamplingParams& p, nb::object masks) {
+          [](const Session& s, const SamplingParams& p, nb::object masks, bool verified_prefix) {
             MaskRows mr = mask_rows(masks, s.logits_rows(), s.logits_cols());
             std::vector<int32_t> out;
             {
               nb::gil_scoped_release rel;
-              out = s.sample(p, mr.ptr, mr.words);
+              out = s.sample(p, mr.ptr, mr.words, verified_prefix);
             }
             return to_numpy<int32_t>(out.data(), {out.size()});
           },
-          nb::arg("params"), nb::arg("masks").none() = nb::none(),
-          "Finish the last run: int32 [rows]. masks: uint32 [rows, ceil(n_vocab / 32)] token masks (1 = allowed) or None.")
+          nb::arg("params"), nb::arg("masks").none() = nb::none(), nb::arg("verified_prefix") = false,
+          "Finish the last run: int32 [rows]. masks: uint32 [rows, ceil(n_vocab / 32)] token masks (1 = allowed) or None.\n"
+          "verified_prefix: only the rows up to the first whose token is not the next input (run_sample's).")
       .def(
           "run_sample",
-          [](Session& s, I32 tokens, const SamplingParams& p, nb::object masks, double linger_us) {
+          [](Session& s, I32 tokens, const SamplingParams& p, nb::object masks, double linger_us, bool verified_prefix) {
             // one crossing per window: run + finish, logits stay in C++. masks may be a callable returning the
             // window's token masks: it runs on a helper thread (holding the GIL) while the forward runs here.
             const int T = (int)tokens.shape(0);
@@ -682,21 +683,24 @@ void init_model(nb::module_& m) {
                 throw std::runtime_error("token mask computation failed: " + err);
               MaskRows mr = mask_rows(got, T, s.logits_cols());
               nb::gil_scoped_release rel;
-              out = s.sample(p, mr.ptr, mr.words);
+              out = s.sample(p, mr.ptr, mr.words, verified_prefix);
             } else {
               MaskRows mr = mask_rows(masks, T, s.logits_cols());
               nb::gil_scoped_release rel;
               s.run(tokens.data(), T, false);
               if (linger_us > 0) s.model().pool().linger(linger_us);
-              out = s.sample(p, mr.ptr, mr.words);
+              out = s.sample(p, mr.ptr, mr.words, verified_prefix);
             }
             return to_numpy<int32_t>(out.data(), {out.size()});
           },
           nb::arg("tokens"), nb::arg("params"), nb::arg("masks").none() = nb::none(), nb::arg("linger_us") = 0.0,
+          nb::arg("verified_prefix") = false,
           "run(tokens) then sample(params, masks); returns the chosen token per row. masks: None, uint32\n"
           "[T, ceil(n_vocab / 32)], or a callable returning them (computed while the forward runs).\n"
           "linger_us: the caller's next window comes within about this many microseconds of the forward's end\n"
-          "(ThreadPool::linger: the workers keep polling until then rather than sleep); only timing changes.")
+          "(ThreadPool::linger: the workers keep polling until then rather than sleep); only timing changes.\n"
+          "verified_prefix: only the rows up to the first whose token is not the next input (the rows a\n"
+          "speculative window keeps; the same tokens as when every row is finished).")
       .def(
           "run_sample_traced",
           [](Session& s, I32 tokens, const SamplingParams& p, int cap, double linger_us) {

@@ -329,10 +329,10 @@ void row_history(const int32_t* committed, int64_t n_committed, const int32_t* i
   hist.insert(hist.end(), inputs + (n_in - (W - from_committed)), inputs + n_in);
 }
 
-void sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p, const int32_t* committed,
-                 int64_t n_committed, const int32_t* inputs, int64_t pos0, int32_t* out) {
+int sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p, const int32_t* committed,
+                int64_t n_committed, const int32_t* inputs, int64_t pos0, int32_t* out, bool verified_prefix) {
   STRATA_CHECK(T >= 0, "sample_rows: T must be >= 0, got ", T);
-  if (T == 0) return;
+  if (T == 0) return 0;
   check_row(logits, n_vocab, "sample_rows");
   STRATA_CHECK(inputs != nullptr && out != nullptr, "sample_rows: inputs/out is null");
   STRATA_CHECK(n_committed >= 0 && (n_committed == 0 || committed != nullptr),
@@ -345,15 +345,17 @@ void sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingPara
   for (int i = 0; i < T; ++i) {
     if (!pen && p.temperature == 0.f) {  // plain greedy reads the row in place
       out[i] = argmax_or_throw(logits + (int64_t)i * n_vocab, n_vocab, pos0 + i + 1);
-      continue;
+    } else {
+      std::copy(logits + (int64_t)i * n_vocab, logits + (int64_t)(i + 1) * n_vocab, row.begin());
+      if (pen) {
+        row_history(committed, n_committed, inputs, i, p.penalty_last_n, hist);
+        apply_penalties(row.data(), n_vocab, p, hist.data(), (int64_t)hist.size());
+      }
+      out[i] = pick_token(row.data(), n_vocab, p, pos0 + i + 1);
     }
-    std::copy(logits + (int64_t)i * n_vocab, logits + (int64_t)(i + 1) * n_vocab, row.begin());
-    if (pen) {
-      row_history(committed, n_committed, inputs, i, p.penalty_last_n, hist);
-      apply_penalties(row.data(), n_vocab, p, hist.data(), (int64_t)hist.size());
-    }
-    out[i] = pick_token(row.data(), n_vocab, p, pos0 + i + 1);
+    if (verified_prefix && i + 1 < T && out[i] != inputs[i + 1]) return i + 1;
   }
+  return T;
 }
 
 }  // namespace strata

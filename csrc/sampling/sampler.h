@@ -73,8 +73,11 @@ void row_history(const int32_t* committed, int64_t n_committed, const int32_t* i
                  std::vector<int32_t>& hist);
 
 // Window finish: out[i] for each of the T rows, row i at position pos0 + i + 1 with history
-// committed[0..n_committed) ++ inputs[0..i]. `logits` is not modified (rows are copied).
-void sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p, const int32_t* committed,
-                 int64_t n_committed, const int32_t* inputs, int64_t pos0, int32_t* out);
+// committed[0..n_committed) ++ inputs[0..i]. `logits` is not modified (rows are copied). Returns the rows finished:
+// T, or with verified_prefix the rows up to the first whose token is not the next input (out[i] != inputs[i + 1]):
+// the rows a speculative window keeps, each the same token as when every row is finished (a row's choice depends
+// on its logits, its history and its position only), the rest unread.
+int sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p, const int32_t* committed,
+                int64_t n_committed, const int32_t* inputs, int64_t pos0, int32_t* out, bool verified_prefix = false);
 
 }  // namespace strata

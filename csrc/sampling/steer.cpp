@@ -137,10 +137,11 @@ void edit_copy(const float* src, float* row, int64_t V, const SamplingParams& p,
 
 }  // namespace
 
-void steer_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p, const SteerRows& sr,
-                const int32_t* committed, int64_t n_committed, const int32_t* inputs, int64_t pos0, int32_t* out) {
+int steer_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p, const SteerRows& sr,
+               const int32_t* committed, int64_t n_committed, const int32_t* inputs, int64_t pos0, int32_t* out,
+               bool verified_prefix) {
   STRATA_CHECK(T >= 0, "steer_rows: T must be >= 0, got ", T);
-  if (T == 0) return;
+  if (T == 0) return 0;
   STRATA_CHECK(logits && inputs && out, "steer_rows: logits/inputs/out is null");
   STRATA_CHECK(!sr.steer || sr.steer->n_vocab == n_vocab, "steer_rows: the steering was built for ",
                sr.steer ? sr.steer->n_vocab : 0, " tokens, the model has ", n_vocab);
@@ -171,18 +172,20 @@ void steer_rows(const float* logits, int T, int64_t n_vocab, const SamplingParam
         trace->pos = pos;
         trace->p = p;
       }
-      continue;
+    } else {
+      row.resize((size_t)n_vocab);
+      if (pen) row_history(committed, n_committed, inputs, i, p.penalty_last_n, hist);
+      if (dry) row_history(committed, n_committed, inputs, i, (int32_t)dry->window(n_committed + i + 1), dry_hist);
+      edit_copy(src, row.data(), n_vocab, p, stat, edits, mask, hist, dry, dry_hist, false);
+      if (argmax(row.data(), n_vocab) < 0) {
+        edit_copy(src, row.data(), n_vocab, p, stat, edits, mask, hist, dry, dry_hist, true);
+        if (argmax(row.data(), n_vocab) < 0) nothing_allowed(pos, n_vocab, mask != nullptr);
+      }
+      out[i] = pick_token(row.data(), n_vocab, p, pos, trace, sr.trace_cap);
     }
-    row.resize((size_t)n_vocab);
-    if (pen) row_history(committed, n_committed, inputs, i, p.penalty_last_n, hist);
-    if (dry) row_history(committed, n_committed, inputs, i, (int32_t)dry->window(n_committed + i + 1), dry_hist);
-    edit_copy(src, row.data(), n_vocab, p, stat, edits, mask, hist, dry, dry_hist, false);
-    if (argmax(row.data(), n_vocab) < 0) {
-      edit_copy(src, row.data(), n_vocab, p, stat, edits, mask, hist, dry, dry_hist, true);
-      if (argmax(row.data(), n_vocab) < 0) nothing_allowed(pos, n_vocab, mask != nullptr);
-    }
-    out[i] = pick_token(row.data(), n_vocab, p, pos, trace, sr.trace_cap);
+    if (verified_prefix && i + 1 < T && out[i] != inputs[i + 1]) return i + 1;
   }
+  return T;
 }
 
 }  // namespace strata

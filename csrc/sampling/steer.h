@@ -16,10 +16,11 @@ struct SteerRows {
   int32_t trace_cap = 0;                // at most this many candidates per trace
 };
 
-// Like sample_rows: out[i] for row i at position pos0 + i + 1, penalty history committed ++ inputs[0..i].
-// `logits` is not modified. Throws std::runtime_error naming the position when a row's mask (with the
-// logit bias) allows no token.
-void steer_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p, const SteerRows& sr,
-                const int32_t* committed, int64_t n_committed, const int32_t* inputs, int64_t pos0, int32_t* out);
+// Like sample_rows: out[i] for row i at position pos0 + i + 1, penalty history committed ++ inputs[0..i]; returns
+// the rows finished (verified_prefix: as sample_rows'). `logits` is not modified. Throws std::runtime_error naming
+// the position when a row's mask (with the logit bias) allows no token.
+int steer_rows(const float* logits, int T, int64_t n_vocab, const SamplingParams& p, const SteerRows& sr,
+               const int32_t* committed, int64_t n_committed, const int32_t* inputs, int64_t pos0, int32_t* out,
+               bool verified_prefix = false);
 
 }  // namespace strata

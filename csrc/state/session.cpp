@@ -144,7 +144,8 @@ const float* Session::run(const int32_t* tokens, int T, bool last_only) {
 
 std::vector<int32_t> Session::sample(const SamplingParams& p) const { return sample(p, nullptr, 0); }
 
-std::vector<int32_t> Session::sample(const SamplingParams& p, const uint32_t* masks, int64_t words) const {
+std::vector<int32_t> Session::sample(const SamplingParams& p, const uint32_t* masks, int64_t words,
+                                     bool verified_prefix) const {
   if (last_T_ == 0) fail<std::logic_error>("sample(): no window to finish (call run first)");
   if (last_last_only_ && last_T_ > 1)
     fail<std::logic_error>("sample(): the last run kept only the last row's logits; run with all rows to sample each");
@@ -170,8 +171,8 @@ std::vector<int32_t> Session::sample(const SamplingParams& p, const uint32_t* ma
                  pos_ + last_T_ - 1, out.data());
       return out;
     }
-    steer_rows(logits_.data(), last_T_, V, p, sr, tokens_.data(), (int64_t)tokens_.size(), last_tokens_.data(), pos_,
-               out.data());
+    out.resize(steer_rows(logits_.data(), last_T_, V, p, sr, tokens_.data(), (int64_t)tokens_.size(),
+                          last_tokens_.data(), pos_, out.data(), verified_prefix));
     return out;
   }
   std::vector<int32_t> out(last_T_);
@@ -183,8 +184,8 @@ std::vector<int32_t> Session::sample(const SamplingParams& p, const uint32_t* ma
     out.erase(out.begin(), out.end() - 1);
     return out;
   }
-  sample_rows(logits_.data(), last_T_, model_->hp().n_vocab, p, tokens_.data(), (int64_t)tokens_.size(),
-              last_tokens_.data(), pos_, out.data());
+  out.resize(sample_rows(logits_.data(), last_T_, model_->hp().n_vocab, p, tokens_.data(), (int64_t)tokens_.size(),
+                         last_tokens_.data(), pos_, out.data(), verified_prefix));
   return out;
 }
 

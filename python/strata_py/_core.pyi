@@ -335,17 +335,20 @@ class Session:
     @property
     def mtp(self) -> bool: ...
 
-    def sample(self, params: SamplingParams, masks: object | None = None) -> NDArray[numpy.int32]:
+    def sample(self, params: SamplingParams, masks: object | None = None, verified_prefix: bool = False) -> NDArray[numpy.int32]:
         """
         Finish the last run: int32 [rows]. masks: uint32 [rows, ceil(n_vocab / 32)] token masks (1 = allowed) or None.
+        verified_prefix: only the rows up to the first whose token is not the next input (run_sample's).
         """
 
-    def run_sample(self, tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], params: SamplingParams, masks: object | None = None, linger_us: float = 0.0) -> NDArray[numpy.int32]:
+    def run_sample(self, tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], params: SamplingParams, masks: object | None = None, linger_us: float = 0.0, verified_prefix: bool = False) -> NDArray[numpy.int32]:
         """
         run(tokens) then sample(params, masks); returns the chosen token per row. masks: None, uint32
         [T, ceil(n_vocab / 32)], or a callable returning them (computed while the forward runs).
         linger_us: the caller's next window comes within about this many microseconds of the forward's end
         (ThreadPool::linger: the workers keep polling until then rather than sleep); only timing changes.
+        verified_prefix: only the rows up to the first whose token is not the next input (the rows a
+        speculative window keeps; the same tokens as when every row is finished).
         """
 
     def run_sample_traced(self, tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], params: SamplingParams, cap: int, linger_us: float = 0.0) -> tuple:
