@@ -11,6 +11,7 @@ import torch
 
 import exactness
 from hf_tiny import make_tiny_hf
+from strata_py.config import GenerationConfig
 from strata_py.convert import convert
 from strata_py.model import Model
 
@@ -181,3 +182,33 @@ def test_mtp_draft_resyncs_from_the_last_rows_of_a_long_backlog(tiny_q8_model):
     assert full._core.mtp_position == 47
     # the cut changed what the block saw: its logits differ from feeding every row
     assert not np.array_equal(s._core.mtp_logits(), full._core.mtp_logits())
+
+
+def test_a_request_starts_from_the_models_mtp_acceptance():
+    """MtpCosts (one per loaded model) keeps the drafts kept / rejected per depth: the next request's controller
+    starts from them, scaled to PRIOR_OUTCOMES a depth, so it drafts at once where MTP drafts were kept and not
+    where they were rejected; a request with no history starts from the controller's own prior."""
+    from strata_py.drafting.mtp import PRIOR_OUTCOMES, MtpCosts, MtpDrafter
+    from strata_py.controller import WindowCosts
+    cfg = GenerationConfig(draft="mtp")
+    costs = WindowCosts()
+    for _ in range(4):  # C(T) = 1 + 0.5 (T - 1): one draft pays only where it is kept half the time or more
+        for T in (1, 2, 4):
+            costs.record(T, 1.0 + 0.5 * (T - 1))
+
+    def request(shared, accepted):
+        d = MtpDrafter(cfg, costs=costs, mtp=shared)
+        first = d.controller.choose(3, 1)
+        for _ in range(40):
+            d._used = "mtp"
+            d.observe([1, 2, 3], accepted)
+        return first
+
+    good, bad = MtpCosts(), MtpCosts()
+    assert request(good, 3) == 0 and request(bad, 0) == 0  # no history: the prior (0.2) does not pay
+    assert request(good, 3) == 3  # every draft kept before: three at once
+    assert request(bad, 0) == 0
+    kept, rej = good.prior()
+    assert kept == [PRIOR_OUTCOMES] * 3 and rej == [0.0] * 3
+    kept, rej = bad.prior()
+    assert kept == [0.0] * 3 and rej == [PRIOR_OUTCOMES, 0.0, 0.0]

@@ -318,6 +318,15 @@ class LengthController:
         self._chosen[d + 1] = self._chosen.get(d + 1, 0) + 1
         return d
 
+    def seed(self, match_len: int, kept: list[float], rejected: list[float]) -> None:
+        """Outcomes known before the request (per draft position, for matches of match_len): counted as observed."""
+        b = bucket_of(max(1, match_len))
+        for i in range(min(len(kept), self.max_window - 1)):
+            self._acc[b][i] += kept[i]
+            self._rej[b][i] += rejected[i]
+        self._scale = None
+        self._acc_memo.clear()
+
     def observe(self, match_len: int, offered: int, accepted: int) -> None:
         """Outcome of a window: drafts 1..accepted were kept, draft accepted+1 (if offered) was not."""
         if offered <= 0:

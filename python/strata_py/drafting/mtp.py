@@ -5,7 +5,8 @@ committed row's (post-final-norm hidden state, next token) pair into its own KV 
 drafts, each from its own output hidden state. Drafts only change speed: the window verifies them exactly.
 
 "mtp"          MTP drafts, k chosen by a LengthController (acceptance per draft depth, C(T) online,
-               the MTP time included in the window cost).
+               the MTP time included in the window cost; a request starts from the acceptance the model's
+               earlier requests saw, MtpCosts).
 "mtp+suffix"   per window, the proposal with the higher expected throughput: the suffix-lookup continuation
                (when it has a match) or the MTP chain. Both are priced with one table of verify-window costs
                C(T) (every window, drafting excluded) plus, for MTP, its measured draft time per step; a
@@ -27,18 +28,41 @@ EXPLORE = 2  # suffix windows per match-length bucket before mtp+suffix trusts i
 # After a stretch without MTP drafts (declined, or suffix windows), the block re-syncs from the last RESYNC
 # committed rows only: a probe then costs RESYNC rows of the block, not the whole stretch.
 RESYNC = 8
+# A request's controller starts from the drafts kept and rejected per depth by the earlier requests on the model,
+# scaled to at most this many outcomes a depth: where MTP drafts paid, the first window drafts (not the first after
+# probe_every = 32 plain ones), and the request's own outcomes soon outweigh them.
+PRIOR_OUTCOMES = 8.0
 
 
 class MtpCosts:
-    """What MTP drafting costs on one loaded model, shared by its requests (like window_costs(model)): the
-    drafted windows' measured seconds (verify + drafting) and the block's seconds per row."""
+    """What MTP drafting costs and yields on one loaded model, shared by its requests (like window_costs(model)):
+    the drafted windows' measured seconds (verify + drafting), the block's seconds per row, and the drafts kept and
+    rejected per depth so far."""
 
     def __init__(self):
         self.drafted = WindowCosts()
         self.row_s: float | None = None
+        self.kept = [0.0] * MAX_MTP_DRAFTS
+        self.rejected = [0.0] * MAX_MTP_DRAFTS
 
     def record_row(self, seconds: float) -> None:
         self.row_s = seconds if self.row_s is None else self.row_s + 0.2 * (seconds - self.row_s)
+
+    def record_outcome(self, offered: int, accepted: int) -> None:
+        """A window of `offered` MTP drafts whose first `accepted` were kept (draft accepted + 1 was not)."""
+        for i in range(min(accepted, offered)):
+            self.kept[i] += 1
+        if accepted < offered:
+            self.rejected[accepted] += 1
+
+    def prior(self) -> tuple[list[float], list[float]]:
+        """(kept, rejected) per depth, each depth scaled to at most PRIOR_OUTCOMES outcomes."""
+        kept, rej = [], []
+        for a, r in zip(self.kept, self.rejected):
+            f = min(1.0, PRIOR_OUTCOMES / (a + r)) if a + r > 0 else 0.0
+            kept.append(a * f)
+            rej.append(r * f)
+        return kept, rej
 
 
 def mtp_costs(model) -> MtpCosts:
@@ -58,14 +82,15 @@ class MtpDrafter:
         # verify-window costs of both drafters (the model's shared table when given)
         self.windows = LengthController(max_window=cfg.max_window, costs=costs if costs is not None else WindowCosts())
         # k: a window of k drafts costs C(k + 1) from that table plus the MTP block's work for it
-        # (MTP's acceptance hardly moves within a request, unlike a suffix match's: probe 4x less often). The first
-        # probe comes after 32 plain windows, not at the first window: on the GPU, 8 alternated
+        # (MTP's acceptance hardly moves within a request, unlike a suffix match's: probe 4x less often). In a
+        # model's first request the first probe comes after 32 plain windows, not at the first window: on the GPU, 8 alternated
         # rounds in one call gave 1.35x plain that way against 1.17x with the early probe. Every 8 windows shorter
         # than k allows, one draft deeper (a request's first T = 4 windows once lost their second draft and T = 2
         # then held for the rest of it: depth 2 was never offered again).
         self.controller = LengthController(max_window=self.max_drafts + 1, fixed_t=min(cfg.fixed_t, self.max_drafts + 1),
                                            costs=DraftedCosts(self.windows.costs, self.drafting_s, self.mtp.drafted),
                                            probe_every=32, deep_probe_every=8)
+        self.controller.seed(1, *self.mtp.prior())
         self.suffix = suffix
         self.session = None
         self._used = None          # "mtp" | "suffix" | None for the pending window
@@ -134,6 +159,7 @@ class MtpDrafter:
         elif self._used == "mtp":
             self.mtp_windows += 1
             self.controller.observe(1, len(drafts), accepted)
+            self.mtp.record_outcome(len(drafts), accepted)
             for i in range(len(drafts)):
                 self.offered_by_depth[i] += 1
                 self.kept_by_depth[i] += 1 if i < accepted else 0
