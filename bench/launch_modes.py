@@ -19,14 +19,16 @@ products (routers) of prompt pieces on k_float, not k_float_tiles (cuda_prefer_f
 weight rows a warp; "nodnconv" = "on" with DeltaNet's conv, gates and conv-state copies of windows of up to 16 rows as the
 sequence of copies and kernels, not one kernel (cuda_prefer_dn_conv_fused(False)); "nofloatsplit" = "on" with float
 matrices of up to 8 MiB (the default model's head) on the T-row kernels for windows of 2..8 rows, not the 1-row kernel per
-activation row (cuda_prefer_float_split(0)).
+activation row (cuda_prefer_float_split(0)); "nob32qsplit" = "on" with the 32-value block types' small matrices (the default
+model's in-layer Q8_0 products) on the T-row kernels for windows, not the 1-row kernel per activation row
+(cuda_prefer_b32q_split(False)).
 Shared by bench_gpu_forward.py, bench_spec.py and profile_gpu_forward.py. A recorded step keeps the mode
 it was recorded in, so a mode applies to the sessions made after it is set."""
 from __future__ import annotations
 
 LAUNCH_MODES = ("on", "all", "no-prefetch", "off", "unfused", "iq2-rows1", "iq2-rows2", "iq2-rows4", "pieces64",
                 "nopanel", "dnpipe", "rowgroups", "noattntiles", "notileahead", "nofloattiles", "tilestage", "iq2-wu4",
-                "iq2-pair2", "iq2-pair4", "nodnconv", "nofloatsplit")
+                "iq2-pair2", "iq2-pair4", "nodnconv", "nofloatsplit", "nob32qsplit")
 
 
 def set_launches(mode: str) -> None:
@@ -49,3 +51,4 @@ def set_launches(mode: str) -> None:
     _core.cuda_prefer_iq2_window_u4(mode == "iq2-wu4")
     _core.cuda_prefer_dn_conv_fused(mode != "nodnconv")
     _core.cuda_prefer_float_split(0 if mode == "nofloatsplit" else 8 << 20)
+    _core.cuda_prefer_b32q_split(mode != "nob32qsplit")

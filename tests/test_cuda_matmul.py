@@ -42,18 +42,20 @@ def test_product_equals_cpu_ref(typ):
         np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{typ} {rows}x{cols} T={T}")
 
 
-@pytest.mark.parametrize("typ", ["F16", "Q8_0", "Q4_K", "Q6_K", "IQ2_XXS", "IQ3_XXS"])
+@pytest.mark.parametrize("typ", ["F16", "Q8_0", "Q4_1", "Q4_K", "Q6_K", "IQ2_XXS", "IQ3_XXS"])
 @pytest.mark.parametrize("split", [True, False])
 def test_t_rows_equal_one_row(typ, split):
     """split: float matrices this small (1.2 MB) take windows of 2..8 rows as the 1-row kernel per activation row
-    (the default; longer windows the T-row kernels); without it, every window the T-row kernels k_float<D, 2 / 4 /
-    8 / 16> that larger matrices take."""
+    (the default; longer windows the T-row kernels), and the 32-value block types' (Q4_1 here: int8 activations)
+    windows the 1-row kernel per activation row; without it, every window the T-row kernels k_float<D, 2 / 4 / 8 /
+    16> and k_b32q<D, 2 / 4 / 8 / 16> that larger matrices take."""
     rng = np.random.default_rng()
     rows, cols = 300, 2048
     w = weights(rng, typ, rows, cols)
     x = rng.standard_normal((40, cols)).astype(np.float32)
     one = np.stack([_core.backend_matmul("cuda", w, typ, rows, cols, x[t:t + 1])[0] for t in range(40)])
-    with switched(_core.cuda_prefer_float_split, 8 << 20 if split else 0, 8 << 20):
+    with switched(_core.cuda_prefer_float_split, 8 << 20 if split else 0, 8 << 20), \
+            switched(_core.cuda_prefer_b32q_split, split, True):
         for T in (2, 3, 4, 5, 8, 9, 16, 17, 18, 33, 40):  # past 16: blocks of 16 rows in y; IQ2_XXS from 32: the panel
             got = _core.backend_matmul("cuda", w, typ, rows, cols, x[:T])
             np.testing.assert_array_equal(bits(got), bits(one[:T]), err_msg=f"{typ} T={T}")

@@ -647,6 +647,11 @@ def cuda_prefer_dn_pipe(on: bool) -> None:
     Tests and benches: whether DeltaNet heads (dk = 128) over 8+ rows take the pipelined kernel (default off: slower); the same bits either way.
     """
 
+def cuda_prefer_b32q_split(on: bool) -> None:
+    """
+    Tests and benches: whether the 32-value block types' (Q8_0, Q4_0, ...) small matrices take windows as the 1-row kernel per activation row (default on) or the T-row kernels; the same bits either way.
+    """
+
 def cuda_prefer_float_split(bytes: int) -> None:
     """
     Tests and benches: float matrices of at most `bytes` (default 8 MiB; 0: none) take windows of 2..8 rows as the 1-row kernel per activation row, not the T-row kernels; the same bits either way.

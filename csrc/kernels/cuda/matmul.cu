@@ -530,6 +530,11 @@ bool g_row_groups = false;
 // 2.93 -> 3.0: so only up to 8 rows.
 int64_t g_float_split_bytes = 8 << 20;
 constexpr int kFloatSplitMaxT = 8;
+// the int8-activation 32-value block types' small matrices (Q4_0, Q4_1, Q5_*, IQ4_NL, MXFP4 under 2 x 132 groups of
+// 16 rows) take windows as a block per (rows, activation row), each the 1-row kernel, as launch_int_q's small
+// matrices do, not all T rows summed in turn by 4-16 warps an SM (prefer_b32q_split; on a Q4_0 bench file C(16) /
+// C(1) 4.14 -> 3.76 on the H200, docs/BENCHMARKS.md session 29)
+bool g_b32q_split = true;
 // the IQ2_XXS expert tiles on the tensor cores prefetch the block's rows of its next tile into L2 (prefer_tile_prefetch)
 bool g_tile_prefetch = true;
 // the IQ2_XXS expert tiles on the tensor cores stage each tile's activation rows in shared memory (prefer_tile_stage):
@@ -1086,12 +1091,15 @@ __global__ void __launch_bounds__(256) k_b32q(const uint8_t* __restrict__ W, siz
                                               size_t ebytes, int xdiv) {
   if (!sel) prefetch_rows(W, row_bytes, rows, (int64_t)blockIdx.x * (blockDim.x >> 4), blockDim.x >> 4);
   pdl_wait();
-  if (sel) {
+  {  // with sel as k_float's; without, grid row y is activation rows TT y .. TT y + TT - 1 (TT = 1: the row split,
+     // T = 1 a block; 0 in a 1-D grid)
     const int slot = blockIdx.y;
-    W += (size_t)sel[slot] * ebytes;
-    q += (int64_t)(slot / xdiv) * nb * 32;
-    dx += (int64_t)(slot / xdiv) * nb;
-    y += (int64_t)slot * ldy;
+    if (sel) W += (size_t)sel[slot] * ebytes;
+    const int64_t xr = sel ? slot / xdiv : (int64_t)slot * TT;
+    q += xr * nb * 32;
+    dx += xr * nb;
+    y += (sel ? (int64_t)slot : xr) * ldy;
+    if (!sel && TT > 1) T = T - slot * TT < TT ? T - slot * TT : TT;
   }
   const int j = threadIdx.x & 15, h = j >> 2, i = j & 3;
   const int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 4) + (threadIdx.x >> 4);
@@ -1414,6 +1422,11 @@ void launch_b32q_q(const MatView& W, const int8_t* q, const float* dx, int T, fl
   auto go = [&](auto kern) {
     launch(kern, grid, threads, 0, st, W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy, nullptr, 0, 1);
   };
+  if (T > 1 && threads == 64 && g_b32q_split) {  // small matrices: a block per (rows, activation row), each T = 1
+    launch(k_b32q<D, 1>, dim3(grid.x, (unsigned)T), threads, 0, st, W.data, W.row_bytes, W.rows, nb, q, dx, 1, y, ldy,
+           nullptr, 0, 1);
+    return;
+  }
   if (T == 1) go(k_b32q<D, 1>);
   else if (T == 2) go(k_b32q<D, 2>);
   else if (T <= 4) go(k_b32q<D, 4>);
@@ -1523,6 +1536,7 @@ void init_tables() {
 void prefer_iq2_panel(bool on) { g_iq2_panel = on; }
 void prefer_row_groups(bool on) { g_row_groups = on; }
 void prefer_float_split(int64_t bytes) { g_float_split_bytes = bytes; }
+void prefer_b32q_split(bool on) { g_b32q_split = on; }
 void prefer_tile_prefetch(bool on) { g_tile_prefetch = on; }
 void prefer_float_tiles(bool on) { g_float_tiles = on; }
 void prefer_tile_stage(bool on) { g_tile_stage = on; }
