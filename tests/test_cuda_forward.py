@@ -160,8 +160,8 @@ def _dn_case(rng, T, nk, r, dk, dv):
 @pytest.mark.parametrize("mode", ["in_place", "window", "partial", "replay"])
 @pytest.mark.parametrize("rows", ["short", "long"])
 def test_dn_heads_equal_cpu_and_rows(dk, dv, mode, rows):
-    """Also on the kernel with the rows' loads a row ahead for dk = 128 (deltanet.cu k_dn_heads_stage, off by default):
-    the same bits as k_dn_heads_split, the CPU and one-row calls."""
+    """"long": 8 rows or more, also on the pipelined kernel for dk = 128 (deltanet.cu k_dn_heads_pipe, off by
+    default): the same bits as k_dn_heads_split, the CPU and one-row calls."""
     rng = fresh_rng()
     T, nk, r = int(rng.integers(1, 8) if rows == "short" else rng.integers(8, 41)), 2, 2
     nv = nk * r
@@ -171,10 +171,11 @@ def test_dn_heads_equal_cpu_and_rows(dk, dv, mode, rows):
     f = [S, nan(nv, dk, dv), k, v, q, eg, beta, nan(T, nv, dv)]
     n = [nk * dk, nv * dv, nk * dk, nv * dv, nk, nv, dk, dv, T, n_src, int(has_o), int(n_src < T)]
     out = both("dn_heads", f, n=n)
-    with switched(_core.cuda_prefer_dn_stage, True, False):  # (cuda_prefer_dn_stage(True)): the same bits
-        staged = _op("cuda", "dn_heads", f, n=n)[0]
-    for j in (0, 1, 7):
-        assert np.array_equal(bits(staged[j]), bits(out[j])), f"k_dn_heads_stage, array {j}"
+    if rows == "long":  # and on the pipelined kernel (cuda_prefer_dn_pipe(True)): the same bits
+        with switched(_core.cuda_prefer_dn_pipe, True, False):
+            pipe = _op("cuda", "dn_heads", f, n=n)[0]
+        for j in (0, 1, 7):
+            assert np.array_equal(bits(pipe[j]), bits(out[j])), f"k_dn_heads_pipe, array {j}"
     if mode == "in_place":  # T one-row calls carrying S
         S1 = S
         for t in range(T):
