@@ -537,7 +537,7 @@ def test_gpu_session_windows(request, which):
 
 def test_gpu_recorded_steps_equal_cpu(tiny_q8_model, default_model, iq2_model):
     """Decode steps and verify windows replayed from their recordings (CUDA graphs) give the CPU session's logits
-    bit for bit: T = 1 steps across the 256-cell span of the attention launches, repeated verify windows with full
+    bit for bit: T = 1 steps across a 256-cell bucket of the attention launches, repeated verify windows with full
     keeps (the DeltaNet states swap: two recordings) and partial keeps. With programmatic dependent launch (sm_90+:
     each kernel's blocks scheduled while the one before still runs, launch.cuh; the default, with the dense
     products' weight prefetch, and plain launches for the windows of 8), with it for every step, and without it: the
@@ -546,7 +546,7 @@ def test_gpu_recorded_steps_equal_cpu(tiny_q8_model, default_model, iq2_model):
         rng = fresh_rng()
         plan = [("prompt", rng.integers(0, m.n_vocab, 240).tolist(), 240)]
         plan += [(f"step {i}", rng.integers(0, m.n_vocab, 1).tolist(), 1) for i in range(24)]  # positions 240..263:
-        plan += [(f"window {w}", rng.integers(0, m.n_vocab, 4).tolist(),  # the span changes at 256
+        plan += [(f"window {w}", rng.integers(0, m.n_vocab, 4).tolist(),  # the bucket changes at 256
                   4 if w % 3 else int(rng.integers(1, 4))) for w in range(10)]
         plan += [(f"window {w} of 8", rng.integers(0, m.n_vocab, 8).tolist(),  # plain launches by default
                   8 if w % 2 else int(rng.integers(1, 8))) for w in range(4)]
