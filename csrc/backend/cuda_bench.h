@@ -50,8 +50,8 @@ void cuda_prefer_row_groups(bool on);
 // Tests and benches: cuda::prefer_float_split (float matrices of at most `bytes` take windows of 2..8 rows a block
 // per activation row; default 8 MiB, 0: off).
 void cuda_prefer_float_split(int64_t bytes);
-// Tests and benches: cuda::prefer_b32q_split (the 32-value block types' small matrices take windows as the 1-row
-// kernel per activation row; default on).
+// Tests and benches: cuda::prefer_b32q_split (the int8-activation 32-value block types' small matrices take windows
+// as the 1-row kernel per activation row; default on).
 void cuda_prefer_b32q_split(bool on);
 void cuda_prefer_attn_tiles(bool on, int64_t min_queries);
 void cuda_prefer_tile_prefetch(bool on);

@@ -383,8 +383,9 @@ void init_cuda(nb::module_& m) {
         "Tests and benches: float matrices of at most `bytes` (default 8 MiB; 0: none) take windows of 2..8 rows as the "
         "1-row kernel per activation row, not the T-row kernels; the same bits either way.");
   m.def("cuda_prefer_b32q_split", &cuda_prefer_b32q_split, nb::arg("on"),
-        "Tests and benches: whether the 32-value block types' (Q8_0, Q4_0, ...) small matrices take windows as the "
-        "1-row kernel per activation row (default on) or the T-row kernels; the same bits either way.");
+        "Tests and benches: whether the int8-activation 32-value block types' (Q4_0, Q4_1, Q5_*, IQ4_NL, MXFP4) small "
+        "matrices take windows as the 1-row kernel per activation row (default on) or the T-row kernels; the same bits "
+        "either way.");
   m.def("cuda_prefer_attn_tiles", &cuda_prefer_attn_tiles, nb::arg("on"), nb::arg("min_queries") = 1024,
         "Tests and benches: whether attention over min_queries+ queries (rows x heads of a KV head) takes the tiled "
         "kernels (default on from 1024: prompt pieces) or a block per (row, head); the same bits either way.");

@@ -649,7 +649,7 @@ def cuda_prefer_dn_pipe(on: bool) -> None:
 
 def cuda_prefer_b32q_split(on: bool) -> None:
     """
-    Tests and benches: whether the 32-value block types' (Q8_0, Q4_0, ...) small matrices take windows as the 1-row kernel per activation row (default on) or the T-row kernels; the same bits either way.
+    Tests and benches: whether the int8-activation 32-value block types' (Q4_0, Q4_1, Q5_*, IQ4_NL, MXFP4) small matrices take windows as the 1-row kernel per activation row (default on) or the T-row kernels; the same bits either way.
     """
 
 def cuda_prefer_float_split(bytes: int) -> None:

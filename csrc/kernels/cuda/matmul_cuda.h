@@ -95,8 +95,8 @@ void prefer_row_groups(bool on);
 // Tests and benches: float matrices of at most `bytes` (default 8 MiB; 0: none) take windows of 2..8 rows as the
 // 1-row kernel per activation row rather than the T-row kernels; the same bits either way.
 void prefer_float_split(int64_t bytes);
-// Tests and benches: whether the 32-value block types' small matrices take windows as the 1-row kernel per activation
-// row (default on) or the T-row kernels; the same bits either way.
+// Tests and benches: whether the int8-activation 32-value block types' small matrices take windows as the 1-row
+// kernel per activation row (default on) or the T-row kernels; the same bits either way.
 void prefer_b32q_split(bool on);
 // Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores prefetch each block's next tile's weights
 // into L2 (default on); a hint, the same bits either way.

@@ -83,8 +83,9 @@ class MtpDrafter:
         self.windows = LengthController(max_window=cfg.max_window, costs=costs if costs is not None else WindowCosts())
         # k: a window of k drafts costs C(k + 1) from that table plus the MTP block's work for it
         # (MTP's acceptance hardly moves within a request, unlike a suffix match's: probe 4x less often). In a
-        # model's first request the first probe comes after 32 plain windows, not at the first window: on the GPU, 8 alternated
-        # rounds in one call gave 1.35x plain that way against 1.17x with the early probe. Every 8 windows shorter
+        # model's first request the first probe comes after 32 plain windows, not at the first window: on the GPU,
+        # 8 alternated rounds in one call gave 1.35x plain that way against 1.17x with the early probe (later
+        # requests start from the earlier ones' outcomes, MtpCosts.prior). Every 8 windows shorter
         # than k allows, one draft deeper (a request's first T = 4 windows once lost their second draft and T = 2
         # then held for the rest of it: depth 2 was never offered again).
         self.controller = LengthController(max_window=self.max_drafts + 1, fixed_t=min(cfg.fixed_t, self.max_drafts + 1),
