@@ -160,8 +160,8 @@ def _dn_case(rng, T, nk, r, dk, dv):
 @pytest.mark.parametrize("mode", ["in_place", "window", "partial", "replay"])
 @pytest.mark.parametrize("rows", ["short", "long"])
 def test_dn_heads_equal_cpu_and_rows(dk, dv, mode, rows):
-    """"long": 8 rows or more, also on the pipelined kernel for dk = 128 (deltanet.cu k_dn_heads_pipe, off by
-    default): the same bits as k_dn_heads_split, the CPU and one-row calls."""
+    """Also on the kernel with the rows' loads a row ahead for dk = 128 (deltanet.cu k_dn_heads_stage, off by default):
+    the same bits as k_dn_heads_split, the CPU and one-row calls."""
     rng = fresh_rng()
     T, nk, r = int(rng.integers(1, 8) if rows == "short" else rng.integers(8, 41)), 2, 2
     nv = nk * r
@@ -171,11 +171,10 @@ def test_dn_heads_equal_cpu_and_rows(dk, dv, mode, rows):
     f = [S, nan(nv, dk, dv), k, v, q, eg, beta, nan(T, nv, dv)]
     n = [nk * dk, nv * dv, nk * dk, nv * dv, nk, nv, dk, dv, T, n_src, int(has_o), int(n_src < T)]
     out = both("dn_heads", f, n=n)
-    if rows == "long":  # and on the pipelined kernel (cuda_prefer_dn_pipe(True)): the same bits
-        with switched(_core.cuda_prefer_dn_pipe, True, False):
-            pipe = _op("cuda", "dn_heads", f, n=n)[0]
-        for j in (0, 1, 7):
-            assert np.array_equal(bits(pipe[j]), bits(out[j])), f"k_dn_heads_pipe, array {j}"
+    with switched(_core.cuda_prefer_dn_stage, True, False):  # (cuda_prefer_dn_stage(True)): the same bits
+        staged = _op("cuda", "dn_heads", f, n=n)[0]
+    for j in (0, 1, 7):
+        assert np.array_equal(bits(staged[j]), bits(out[j])), f"k_dn_heads_stage, array {j}"
     if mode == "in_place":  # T one-row calls carrying S
         S1 = S
         for t in range(T):
@@ -537,7 +536,7 @@ def test_gpu_session_windows(request, which):
 
 def test_gpu_recorded_steps_equal_cpu(tiny_q8_model, default_model, iq2_model):
     """Decode steps and verify windows replayed from their recordings (CUDA graphs) give the CPU session's logits
-    bit for bit: T = 1 steps across a 256-cell bucket of the attention launches, repeated verify windows with full
+    bit for bit: T = 1 steps across the 256-cell span of the attention launches, repeated verify windows with full
     keeps (the DeltaNet states swap: two recordings) and partial keeps. With programmatic dependent launch (sm_90+:
     each kernel's blocks scheduled while the one before still runs, launch.cuh; the default, with the dense
     products' weight prefetch, and plain launches for the windows of 8), with it for every step, and without it: the
@@ -546,7 +545,7 @@ def test_gpu_recorded_steps_equal_cpu(tiny_q8_model, default_model, iq2_model):
         rng = fresh_rng()
         plan = [("prompt", rng.integers(0, m.n_vocab, 240).tolist(), 240)]
         plan += [(f"step {i}", rng.integers(0, m.n_vocab, 1).tolist(), 1) for i in range(24)]  # positions 240..263:
-        plan += [(f"window {w}", rng.integers(0, m.n_vocab, 4).tolist(),  # the bucket changes at 256
+        plan += [(f"window {w}", rng.integers(0, m.n_vocab, 4).tolist(),  # the span changes at 256
                   4 if w % 3 else int(rng.integers(1, 4))) for w in range(10)]
         plan += [(f"window {w} of 8", rng.integers(0, m.n_vocab, 8).tolist(),  # plain launches by default
                   8 if w % 2 else int(rng.integers(1, 8))) for w in range(4)]

@@ -40,9 +40,10 @@ void cuda_prefer_iq2_rows(int dense, int sel, int pair);
 void cuda_prefer_iq2_panel(bool on);
 // Tests and benches: cuda::prefer_iq2_window_u4 (dense IQ2_XXS windows of 2..4 rows 4 blocks a step, default off).
 void cuda_prefer_iq2_window_u4(bool on);
-// Tests and benches: cuda::prefer_dn_pipe (dn_heads' pipelined kernel for 8+ rows) and cuda::prefer_row_groups (small
-// float matrices past 16 rows in blocks of 16 rows), both default off (slower on the H100, docs/BENCHMARKS.md).
-void cuda_prefer_dn_pipe(bool on);
+// Tests and benches: cuda::prefer_dn_stage (dn_heads' kernel with the rows' loads a row ahead, for 2+ rows; off until
+// measured) and cuda::prefer_row_groups (small float matrices past 16 rows in blocks of 16 rows; slower on the H100,
+// docs/BENCHMARKS.md), both default off.
+void cuda_prefer_dn_stage(bool on);
 // Tests and benches: DeltaNet's conv, gates and conv-state copies in one kernel for windows of up to 16 rows (default
 // on) or as the default sequence of copies and kernels (backend.h dn_conv_gates); the same bits either way.
 void cuda_prefer_dn_conv_fused(bool on);

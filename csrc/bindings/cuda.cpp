@@ -373,9 +373,9 @@ void init_cuda(nb::module_& m) {
   m.def("cuda_prefer_dn_conv_fused", &cuda_prefer_dn_conv_fused, nb::arg("on"),
         "Tests and benches: whether DeltaNet's causal conv, gates and conv-state (or replay-row) copies of windows of up "
         "to 16 rows run as one kernel (default on) or as the sequence of copies and kernels; the same bits either way.");
-  m.def("cuda_prefer_dn_pipe", &cuda_prefer_dn_pipe, nb::arg("on"),
-        "Tests and benches: whether DeltaNet heads (dk = 128) over 8+ rows take the pipelined kernel (default off: slower); the "
-        "same bits either way.");
+  m.def("cuda_prefer_dn_stage", &cuda_prefer_dn_stage, nb::arg("on"),
+        "Tests and benches: whether DeltaNet heads (dk = 128) over 2+ rows take the kernel with their loads a row ahead "
+        "(default off until measured); the same bits either way.");
   m.def("cuda_prefer_row_groups", &cuda_prefer_row_groups, nb::arg("on"),
         "Tests and benches: whether small float matrices (the routers) over 17+ rows take blocks of 16 activation rows "
         "or a block per row (the default); the same bits either way.");

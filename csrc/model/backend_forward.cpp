@@ -28,8 +28,19 @@ namespace {
 constexpr int kChunk = 64;  // rows per forward pass of a prompt window with streamed experts, and of the MTP block's
                             // backlog (in place: the same values in any pieces); otherwise Backend::prompt_rows
 constexpr int kMaxRecordedT = 16;   // decode steps and verify windows up to this T are recorded steps (CUDA graphs)
-constexpr int64_t kCellBucket = 256;  // a recorded step's attention launches cover cells in buckets of this many
+constexpr int64_t kCellBucket = 256;  // the smallest span of cells a recorded step's attention launches cover
 constexpr size_t kMaxRecordings = 64;  // per session; past it every recording is dropped and made again
+
+// The cells a recorded step's attention launches cover when its rows see up to n of a context of n_ctx cells:
+// kCellBucket times a power of two, at most the context (its blocks past the position, read from backend memory,
+// return at once). A step shape is recorded again only when its position passes such a span (5 times up to 4096
+// cells) rather than every kCellBucket cells (16 times): each new recording is a run unrecorded and a recording
+// (the cold steps of bench/profile_gpu_forward.py and bench_spec.py).
+int64_t cell_span(int64_t n, int64_t n_ctx) {
+  int64_t span = kCellBucket;
+  while (span < n) span *= 2;
+  return std::max(n, std::min(span, n_ctx));
+}
 
 // A buffer of backend memory; grow-only when used as scratch.
 struct Buf {
@@ -983,7 +994,7 @@ struct BackendSession::Impl {
     const float* e0 = mtp_upload(head, next_tokens + t0, hidden_host + (size_t)t0 * H, r);
     const bool chain = bm->token_embd.data != nullptr;
     const int64_t last = at(k - 1) + (k > 1 ? 1 : r);  // cells the last depth's row sees
-    n_cap = dev ? (last + kCellBucket - 1) / kCellBucket * kCellBucket : last;
+    n_cap = dev ? cell_span(last, n_ctx) : last;
     auto depths = [&](int j0, int j1) {  // the operations of depths [j0, j1)
       for (int j = j0; j < j1; j++) {
         const int32_t* pos = inb.i() + 2 * j;
@@ -1067,7 +1078,7 @@ struct BackendSession::Impl {
       forward(tokens, T, pos0, in_place, first, hid.f(), logits.f());
       return;
     }
-    n_cap = (pos0 + 1 + kCellBucket - 1) / kCellBucket * kCellBucket;
+    n_cap = cell_span(pos0 + 1, n_ctx);
     const GraphKey key{T, first, in_place, n_cap};
     if (bm->experts) return forward(tokens, T, pos0, in_place, first, hid.f(), logits.f(), &key);
     run_recorded(key, [&] { forward(tokens, T, pos0, in_place, first, hid.f(), logits.f()); });

@@ -642,9 +642,9 @@ def cuda_prefer_iq2_panel(on: bool) -> None:
     Tests and benches: whether the dense IQ2_XXS products of 32+ rows (prompt pieces) decode a block's 16 weight rows once into shared memory (default on) or per 16 activation rows; the same bits either way.
     """
 
-def cuda_prefer_dn_pipe(on: bool) -> None:
+def cuda_prefer_dn_stage(on: bool) -> None:
     """
-    Tests and benches: whether DeltaNet heads (dk = 128) over 8+ rows take the pipelined kernel (default off: slower); the same bits either way.
+    Tests and benches: whether DeltaNet heads (dk = 128) over 2+ rows take the kernel with their loads a row ahead (default off until measured); the same bits either way.
     """
 
 def cuda_prefer_b32q_split(on: bool) -> None:

@@ -317,138 +317,107 @@ __global__ void __launch_bounds__(32) k_dn_heads_split(float* __restrict__ S, fl
     for (int i = 0; i < H; i++) Sc[(a0 + i) * dv + j] = s[i];
 }
 
-// cp.async of one float into shared memory (sm_80+; a plain load and store below), its group commit and wait.
-__device__ __forceinline__ void cp_async4(float* dst, const float* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
-#else
-  *dst = __ldg(src);
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-#endif
-}
-
-// k_dn_heads_split's values bit for bit, its rows pipelined (dk = 128; windows and prompt pieces of kPipeMinT rows
-// or more). Once row t's m_t is known, what is left of row t and what row t + 1 needs first run over the same a:
-//   s[a] += k_t[a] m_t;  o_t += s[a] q_t[a];  s[a] *= eg_{t+1};  m_{t+1} += s[a] k_{t+1}[a]
-// two running sums (o_t, m_{t+1}) that the lower half (a < 64) and then the upper half (continuing the lower half's
-// sums, as k_dn_heads_split does) carry side by side, where k_dn_heads_split ran the four half-passes of a row one
-// after the other. Every product, sum and their order per value is unchanged. The rows' k and q are staged in shared
-// memory kDnStage - 1 rows ahead (cp.async: their loads overlap the sums), eg, beta and v one row ahead.
-constexpr int kDnStage = 4;
-constexpr int kPipeMinT = 8;
-bool g_dn_pipe = false;  // prefer_dn_pipe: off (k_dn_heads_split was faster in prompt pieces, docs/BENCHMARKS.md)
+// k_dn_heads_split's values bit for bit (every product and sum of a value in the same order), with the rows'
+// loads off their critical path (dk = 128; windows and prompt pieces of kStageMinT rows or more): k_dn_heads_split
+// issues row t's eg, beta, v and k loads as row t starts (a memory round trip each row, then 64 k values a lane
+// held in registers: 255 of them and 288 bytes of spills, ptxas for sm_90a). Here row t + 1's k and q are loaded
+// (coalesced, 4 floats a lane each) with its eg, beta and v[j] as row t starts, into registers; at row t's end the
+// warp writes k and q into the other half of a double buffer in shared memory, where row t + 1 reads them.
+constexpr int kStageMinT = 2;
+bool g_dn_stage = false;  // prefer_dn_stage: off until measured on a card (docs/BENCHMARKS.md)
 template <int DK>
-__global__ void __launch_bounds__(32) k_dn_heads_pipe(float* __restrict__ S, float* __restrict__ S_work,
-                                                      const __grid_constant__ DnHeads A, int T, int n_src) {
+__global__ void __launch_bounds__(32) k_dn_heads_stage(float* __restrict__ S, float* __restrict__ S_work,
+                                                       const __grid_constant__ DnHeads A, int T, int n_src) {
   pdl_wait();
+  static_assert(DK == 128, "a row's k and q are 4 floats a lane");
   constexpr int H = DK / 2;
-  __shared__ float kq[kDnStage][2][DK];  // row r's k and q in slot r % kDnStage
+  __shared__ float kq[2][2][DK];  // [row & 1][k, q][a]
   const int64_t h = blockIdx.y, dv = A.dv, g = h / (A.nv / A.nk);
   const int lane = threadIdx.x, half = lane >> 4, lo = lane & 15;
   const int64_t j = (int64_t)blockIdx.x * 16 + lo;
   const bool valid = j < dv, read = A.o != nullptr;
   const int a0 = half * H;
-  auto stage = [&](int r) {  // row r's k (and q) into its slot, one commit group (empty past the last row)
-    if (r < T) {
-      float* dst = &kq[r % kDnStage][0][0];
-      const float* k = A.k + (int64_t)r * A.ldk + g * DK;
-      for (int i = lane; i < DK; i += 32) cp_async4(dst + i, k + i);
-      if (read) {
-        const float* q = A.q + (int64_t)r * A.ldq + g * DK;
-        for (int i = lane; i < DK; i += 32) cp_async4(dst + DK + i, q + i);
-      }
-    }
-    cp_async_commit();
-  };
-  struct Gates {
+  struct Row {
+    float k[4], q[4];  // values lane + 32 i
     float eg, beta, v;
   };
-  auto gates = [&](int r) -> Gates {  // row r's gates and v[j] (r < T)
-    return {__ldg(A.eg + (int64_t)r * A.nv + h), __ldg(A.beta + (int64_t)r * A.nv + h),
-            valid ? __ldg(A.v + (int64_t)r * A.ldv + h * dv + j) : 0.f};
+  auto fetch = [&](int r) {
+    Row w;
+    const float* k = A.k + (int64_t)r * A.ldk + g * DK;
+    const float* q = read ? A.q + (int64_t)r * A.ldq + g * DK : nullptr;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      w.k[i] = __ldg(k + lane + 32 * i);
+      w.q[i] = read ? __ldg(q + lane + 32 * i) : 0.f;
+    }
+    w.eg = __ldg(A.eg + (int64_t)r * A.nv + h);
+    w.beta = __ldg(A.beta + (int64_t)r * A.nv + h);
+    w.v = valid ? __ldg(A.v + (int64_t)r * A.ldv + h * dv + j) : 0.f;
+    return w;
+  };
+  auto stage = [&](int r, const Row& w) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      kq[r & 1][0][lane + 32 * i] = w.k[i];
+      kq[r & 1][1][lane + 32 * i] = w.q[i];
+    }
+    __syncwarp();
   };
   float* S0 = S + h * DK * dv;
-  float* Sc = S0;
-  if (n_src == 0) Sc = S_work + h * DK * dv;  // every row on the working copy (S0 keeps the state as it is)
+  float* Sw = S_work ? S_work + h * DK * dv : nullptr;
   float s[H];
 #pragma unroll
   for (int i = 0; i < H; i++) s[i] = valid ? S0[(a0 + i) * dv + j] : 0.f;
-  for (int r = 0; r < kDnStage - 1; r++) stage(r);
-  // row 0's m: the lower half's sum, continued by the upper half
-  Gates cur = gates(0);
-  Gates nxt = T > 1 ? gates(1) : cur;
-  cp_async_wait<kDnStage - 2>();  // row 0 is in
-  __syncwarp();
-  float m = 0.f;
-  {
-    const float* k = &kq[0][0][a0];
-    if (half == 0)
+  float* Sc = S0;
+  Row cur = fetch(0);
+  stage(0, cur);
+  for (int t = 0; t < T; t++) {
+    const bool more = t + 1 < T;
+    Row nxt;
+    if (more) nxt = fetch(t + 1);  // in flight through row t's sums
+    if (t == n_src) {
+      if (valid)
 #pragma unroll
-      for (int i = 0; i < H; i++) {
-        s[i] = __fmul_rn(s[i], cur.eg);
-        m = __fadd_rn(m, __fmul_rn(s[i], k[i]));
-      }
-    m = __shfl_sync(0xffffffffu, m, lo);
-    if (half == 1)
+        for (int i = 0; i < H; i++) S0[(a0 + i) * dv + j] = s[i];
+      Sc = Sw;
+    }
+    // (read through volatile: each use a shared-memory load, so no row of k is held in 64 registers)
+    const volatile float* k = &kq[t & 1][0][a0];
+    float m = 0.f;
 #pragma unroll
-      for (int i = 0; i < H; i++) {
-        s[i] = __fmul_rn(s[i], cur.eg);
-        m = __fadd_rn(m, __fmul_rn(s[i], k[i]));
-      }
+    for (int i = 0; i < H; i++) {
+      s[i] = __fmul_rn(s[i], cur.eg);
+      m = __fadd_rn(m, __fmul_rn(s[i], k[i]));
+    }
+    const float m_lo = __shfl_sync(0xffffffffu, m, lo);
+    if (half == 1) {
+      m = m_lo;
+#pragma unroll
+      for (int i = 0; i < H; i++) m = __fadd_rn(m, __fmul_rn(s[i], k[i]));
+    }
     m = __shfl_sync(0xffffffffu, m, lo + 16);
     m = __fmul_rn(__fsub_rn(cur.v, m), cur.beta);
-  }
-  for (int t = 0; t < T; t++) {
-    __syncwarp();  // row t - 1's slot is read by every lane
-    stage(t + kDnStage - 1);
-    cp_async_wait<kDnStage - 2>();  // rows t and t + 1 are in
-    __syncwarp();
-    const bool more = t + 1 < T;
-    const Gates after = t + 2 < T ? gates(t + 2) : nxt;  // in flight through this row's sums
-    // the working copy starts at row t + 1: S0 keeps the state after row t (before row t + 1's decay)
-    const bool sw = more && t + 1 == n_src;
-    const float* kt = &kq[t % kDnStage][0][a0];
-    const float* qt = &kq[t % kDnStage][1][a0];
-    const float* kn = &kq[(t + 1) % kDnStage][0][a0];
-    float o = 0.f, mn = 0.f;
+    float o = 0.f;
+    const volatile float* q = &kq[t & 1][1][a0];
 #pragma unroll
-    for (int p = 0; p < 2; p++) {  // the lower half, then the upper half continuing its sums
-      if (p == 1) {
-        o = __shfl_sync(0xffffffffu, o, lo);
-        mn = __shfl_sync(0xffffffffu, mn, lo);
-      }
-      if (half == p) {
+    for (int i = 0; i < H; i++) {
+      s[i] = __fadd_rn(s[i], __fmul_rn(k[i], m));
+      if (read) o = __fadd_rn(o, __fmul_rn(s[i], q[i]));
+    }
+    if (read) {
+      const float o_lo = __shfl_sync(0xffffffffu, o, lo);
+      if (half == 1) {
+        o = o_lo;
 #pragma unroll
-        for (int i = 0; i < H; i++) {
-          s[i] = __fadd_rn(s[i], __fmul_rn(kt[i], m));
-          if (sw && valid) S0[(a0 + i) * dv + j] = s[i];
-          if (read) o = __fadd_rn(o, __fmul_rn(s[i], qt[i]));
-          if (more) {
-            s[i] = __fmul_rn(s[i], nxt.eg);
-            mn = __fadd_rn(mn, __fmul_rn(s[i], kn[i]));
-          }
-        }
+        for (int i = 0; i < H; i++) o = __fadd_rn(o, __fmul_rn(s[i], q[i]));
+        if (valid) A.o[(int64_t)t * A.ldo + h * dv + j] = o;
       }
     }
-    if (read && half == 1 && valid) A.o[(int64_t)t * A.ldo + h * dv + j] = o;
-    if (sw) Sc = S_work + h * DK * dv;
-    if (more) {
-      mn = __shfl_sync(0xffffffffu, mn, lo + 16);
-      m = __fmul_rn(__fsub_rn(nxt.v, mn), nxt.beta);
-      nxt = after;
+    if (more) {  // every lane is past row t - 1, whose half of the buffer this overwrites (the sync of stage)
+      stage(t + 1, nxt);
+      cur = nxt;
     }
   }
-  cp_async_wait<0>();
   if (valid)
 #pragma unroll
     for (int i = 0; i < H; i++) Sc[(a0 + i) * dv + j] = s[i];
@@ -456,7 +425,7 @@ __global__ void __launch_bounds__(32) k_dn_heads_pipe(float* __restrict__ S, flo
 
 }  // namespace
 
-void prefer_dn_pipe(bool on) { g_dn_pipe = on; }
+void prefer_dn_stage(bool on) { g_dn_stage = on; }
 
 void dn_heads(float* S, float* S_work, const DnHeads& a, int T, int n_src, void* stream) {
   STRATA_CHECK(T >= 1 && n_src >= 0 && (n_src >= T || S_work), "dn_heads: T = ", T, ", n_src = ", n_src);
@@ -464,8 +433,8 @@ void dn_heads(float* S, float* S_work, const DnHeads& a, int T, int n_src, void*
                ", nk = ", a.nk, ", nv = ", a.nv);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const unsigned nv = (unsigned)a.nv;
-  if (a.dk == 128 && T >= kPipeMinT && g_dn_pipe)
-    launch(k_dn_heads_pipe<128>, dim3((unsigned)((a.dv + 15) / 16), nv), 32, 0, st, S, S_work, a, T, n_src);
+  if (a.dk == 128 && T >= kStageMinT && g_dn_stage)
+    launch(k_dn_heads_stage<128>, dim3((unsigned)((a.dv + 15) / 16), nv), 32, 0, st, S, S_work, a, T, n_src);
   else if (a.dk == 128)
     launch(k_dn_heads_split<128>, dim3((unsigned)((a.dv + 15) / 16), nv), 32, 0, st, S, S_work, a, T, n_src);
   else if (a.dk == 64) launch(k_dn_heads<64>, dim3((unsigned)((a.dv + 31) / 32), nv), 32, 0, st, S, S_work, a, T,
