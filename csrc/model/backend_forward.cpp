@@ -59,8 +59,9 @@ struct Buf {
     p = b.alloc(n);
     bytes = n;
   }
+  // n zero bytes; in place when the buffer has that size already (a recorded step holds its address)
   void zeros(Backend& b, size_t n) {
-    alloc(b, n);
+    if (be != &b || bytes != n) alloc(b, n);
     std::vector<uint8_t> z(n, 0);
     if (n) b.upload(p, z.data(), n);
   }
@@ -338,7 +339,7 @@ struct BackendSession::Impl {
   };
   std::map<GraphKey, std::vector<Recording>> recordings;
   size_t n_recordings = 0;
-  int64_t cold = 0;  // steps that ran unrecorded the first time their shape was seen, or were recorded (cold_steps)
+  int64_t cold = 0;  // steps recorded (or run unrecorded to grow a buffer) at their first sight (cold_steps)
   int last_T = 0;
   bool last_in_place = true;
   std::vector<float> emb;
@@ -1085,7 +1086,10 @@ struct BackendSession::Impl {
   }
 
   // issue() (operations only: no upload, download, sync or growing buffer) as a recorded step for key and the
-  // session's buffers: unrecorded the first time, recorded the second, replayed after.
+  // session's buffers: recorded the first time it is seen, replayed after. A first recording that needs a buffer or
+  // the backend's scratch to grow aborts (nothing ran, record_abort) and the step runs unrecorded, growing them;
+  // with the grown buffers it is a new step (their addresses are part of it), recorded at its first sight. A
+  // recording that fails otherwise leaves the step unrecorded for good (broken).
   void run_recorded(const GraphKey& key, const std::function<void()>& issue, const std::vector<const void*>* sig_ = nullptr) {
     const std::vector<const void*> s = sig_ ? *sig_ : sig();
     Recording* r = nullptr;
@@ -1099,25 +1103,27 @@ struct BackendSession::Impl {
       be->forget(r->id);  // stale (the backend's scratch moved): record again
       r->id = -1;
     }
-    if (!r || !r->broken) cold++;  // a first sight or a recording (a broken step's unrecorded runs are its steady state)
-    if (!r || r->broken) {
-      if (!r) {
-        // with streamed experts a step is n_layer + 1 pieces: room for 16 steps' pieces
-        const size_t cap = bm->experts ? 16 * ((size_t)m->hp().n_layer + 1) : kMaxRecordings;
-        if (n_recordings >= cap) drop_recordings();
-        recordings[key].push_back({s});
-        n_recordings++;
-      }
+    const bool first = !r;
+    if (first) {
+      // with streamed experts a step is n_layer + 1 pieces: room for 16 steps' pieces
+      const size_t cap = bm->experts ? 16 * ((size_t)m->hp().n_layer + 1) : kMaxRecordings;
+      if (n_recordings >= cap) drop_recordings();
+      recordings[key].push_back({s});
+      n_recordings++;
+      r = &recordings[key].back();
+    }
+    if (r->broken) {  // its unrecorded runs are its steady state
       issue();
       return;
     }
+    cold++;  // a recording
     try {
       be->record_begin();
       issue();
       r->id = be->record_end();
     } catch (const std::exception&) {  // nothing ran: the step runs unrecorded (any real error raises there)
       be->record_abort();
-      r->broken = true;
+      r->broken = !first;
       issue();
       return;
     }
@@ -1137,9 +1143,12 @@ struct BackendSession::Impl {
     if (last_in_place || last_T == 0) return;
     const HParams& hp = m->hp();
     hist.grow(*be, (size_t)(hp.ssm_d_conv - 1 + keep) * hp.conv_dim() * 4);
-    if (keep == last_T)
+    // all kept: S_work becomes S; swapped where nothing is recorded, copied on the backend where steps are recorded (in
+    // fold), so that S and S_work keep their addresses: a swap would make each step two recordings, one per order
+    // (1.5 MB a window on the default model, 75 MB on the 80B's 36 layers: ~25 us of the card's bandwidth)
+    if (keep == last_T && !dev)
       for (auto& st : dn) std::swap(st.S.p, st.S_work.p);
-    if (dev && !dn.empty()) {  // the fold's launches as one recorded step per (T, keep) and buffers (the swap: two of them)
+    if (dev && !dn.empty()) {  // the fold's launches as one recorded step per (T, keep) and buffers
       GraphKey key{last_T, keep, false, 0};
       key.mtp = -1;
       run_recorded(key, [&] { fold(keep); });
@@ -1148,7 +1157,8 @@ struct BackendSession::Impl {
     }
     last_T = 0;
   }
-  // commit's operations: the kept rows replayed into S (all kept: S_work already swapped in), the conv history.
+  // commit's operations: the kept rows replayed into S (all kept: S_work copied into S, or already swapped in),
+  // the conv history.
   void fold(int keep) {
     const HParams& hp = m->hp();
     const int64_t nk = hp.ssm_n_group, nv = hp.ssm_dt_rank, dk = hp.dk(), dv = hp.dv(), cd = hp.conv_dim(),
@@ -1158,6 +1168,8 @@ struct BackendSession::Impl {
         const DnHeads a{st.conv_rows.f() + key_dim, cd, st.conv_rows.f() + 2 * key_dim, cd, nullptr, 0,
                         st.eg_rows.f(), st.beta_rows.f(), nullptr, 0, nk, nv, dk, dv};
         be->dn_heads(st.S.f(), nullptr, a, keep, keep);
+      } else if (dev) {
+        be->copy(st.S.f(), st.S_work.f(), st.S.bytes);
       }
       if (K > 1) {
         be->copy(hist.f(), st.conv.f(), (size_t)(K - 1) * cd * 4);

@@ -74,8 +74,9 @@ class BackendSession {
   // MTP cells past cp.mtp_pos zeroed. No window may be pending (the caller checks).
   void save_state(int64_t pos, int64_t mtp_pos, Checkpoint& cp);
   void load_state(const Checkpoint& cp, bool mtp);
-  // Recorded steps (backends that record) that ran cold: unrecorded at the first sight of their shape and buffers,
-  // or recorded (capture and instantiation) at the second; replays and steps that cannot be recorded do not count.
+  // Recorded steps (backends that record) that ran cold: recorded (capture and instantiation) at the first sight of
+  // their shape and buffers, or unrecorded there when a buffer had to grow first; replays and steps that cannot be
+  // recorded do not count.
   int64_t cold_steps() const;
 
  private:
