@@ -125,6 +125,12 @@ struct BackendModel {
   // routed experts streamed into a bounded cache of backend memory (Model::load's cache_mib with device: true);
   // null: every expert resident (the gate / up / down views above)
   std::unique_ptr<BackendExperts> experts;
+  // The last closed session of these weights, kept with its buffers and recorded steps (BackendSession's
+  // destructor) for the next session with the same options: a request after the first replays the steps the
+  // earlier ones recorded instead of recording them again. Last member: destroyed before the backend.
+  std::unique_ptr<BackendSession::Impl> parked;
+
+  ~BackendModel();
 
   MatView put(const MatView& m) {
     if (host || !m.data) return m;
@@ -254,6 +260,7 @@ std::shared_ptr<BackendModel> backend_model(const std::shared_ptr<const Model>& 
 }  // namespace
 
 std::atomic<int64_t> g_replays{0};
+std::atomic<int64_t> g_adopted{0};
 int64_t recorded_step_replays() { return g_replays.load(); }
 
 bool backend_expert_stats(const Model* m, ExpertStats* out, bool reset) {
@@ -344,14 +351,13 @@ struct BackendSession::Impl {
   bool last_in_place = true;
   std::vector<float> emb;
 
-  Impl(std::shared_ptr<const Model> model, const SessionOptions& opt, const std::string& name)
-      : bm(backend_model(model, name)), be(bm->be.get()), m(model.get()), max_window(opt.max_window), n_ctx(opt.n_ctx) {
-    std::lock_guard<std::mutex> lk(bm->mu);
+  // bm->mu held by the caller
+  Impl(std::shared_ptr<BackendModel> bm_, const SessionOptions& opt)
+      : bm(std::move(bm_)), be(bm->be.get()), m(bm->model.get()), max_window(opt.max_window), n_ctx(opt.n_ctx) {
     dev = be->can_record();
     if (!bm->experts) prompt = std::max(1, be->prompt_rows());
     const HParams& hp = m->hp();
     slot.resize((size_t)hp.n_layer);
-    const int64_t width = hp.n_head_kv * hp.head_dim;
     for (int64_t il = 0; il < hp.n_layer; il++) {
       if (hp.recurrent[il]) {
         slot[il] = (int)dn.size();
@@ -361,26 +367,10 @@ struct BackendSession::Impl {
         kv.emplace_back();
       }
     }
-    for (auto& k : kv) {
-      k.k.zeros(*be, (size_t)n_ctx * width * 4);
-      k.v.zeros(*be, (size_t)n_ctx * width * 4);
-      k.cells = n_ctx;
-    }
-    if (opt.mtp && bm->mtp.present) {
-      mtp_kv.k.zeros(*be, (size_t)(n_ctx + Session::kMtpCells) * width * 4);
-      mtp_kv.v.zeros(*be, (size_t)(n_ctx + Session::kMtpCells) * width * 4);
-      mtp_kv.cells = n_ctx + Session::kMtpCells;
-      const int64_t H = hp.n_embd;
-      mtp_emb.zeros(*be, (size_t)kMtpDepths * H * 4);
-      mtp_hid.zeros(*be, (size_t)kMtpDepths * H * 4);
-      mtp_lg.zeros(*be, (size_t)kMtpDepths * hp.n_vocab * 4);
-      mtp_tok.zeros(*be, (size_t)kMtpDepths * 4);
-    }
-    const int64_t nv = hp.ssm_dt_rank, cd = hp.conv_dim(), K = hp.ssm_d_conv, W = max_window;
+    mtp_kv.cells = opt.mtp && bm->mtp.present ? n_ctx + Session::kMtpCells : 0;
+    init_state();
+    const int64_t cd = hp.conv_dim(), nv = hp.ssm_dt_rank, W = max_window;
     for (auto& d : dn) {
-      d.S.zeros(*be, (size_t)nv * hp.dk() * hp.dv() * 4);
-      d.S_work.zeros(*be, d.S.bytes);
-      d.conv.zeros(*be, (size_t)std::max<int64_t>(K - 1, 1) * cd * 4);
       d.conv_rows.alloc(*be, (size_t)W * cd * 4);
       d.eg_rows.alloc(*be, (size_t)W * nv * 4);
       d.beta_rows.alloc(*be, (size_t)W * nv * 4);
@@ -398,10 +388,51 @@ struct BackendSession::Impl {
     be->sync();
   }
 
-  ~Impl() {
-    std::lock_guard<std::mutex> lk(bm->mu);
-    drop_recordings();  // the backend (shared by the model's sessions) holds them
+  // A new session's state, in place where the buffers exist (adopt: a closed session's buffers, whose addresses its
+  // recordings hold): zero KV cells, DeltaNet S, S_work and conv history, MTP cells and chain.
+  void init_state() {
+    const HParams& hp = m->hp();
+    const int64_t width = hp.n_head_kv * hp.head_dim, H = hp.n_embd;
+    for (auto& k : kv) {
+      k.k.zeros(*be, (size_t)n_ctx * width * 4);
+      k.v.zeros(*be, (size_t)n_ctx * width * 4);
+      k.cells = n_ctx;
+    }
+    if (mtp_kv.cells) {
+      mtp_kv.k.zeros(*be, (size_t)mtp_kv.cells * width * 4);
+      mtp_kv.v.zeros(*be, (size_t)mtp_kv.cells * width * 4);
+      mtp_emb.zeros(*be, (size_t)kMtpDepths * H * 4);
+      mtp_hid.zeros(*be, (size_t)kMtpDepths * H * 4);
+      mtp_lg.zeros(*be, (size_t)kMtpDepths * hp.n_vocab * 4);
+      mtp_tok.zeros(*be, (size_t)kMtpDepths * 4);
+    }
+    const int64_t nv = hp.ssm_dt_rank, cd = hp.conv_dim(), K = hp.ssm_d_conv;
+    for (auto& d : dn) {
+      d.S.zeros(*be, (size_t)nv * hp.dk() * hp.dv() * 4);
+      d.S_work.zeros(*be, d.S.bytes);
+      d.conv.zeros(*be, (size_t)std::max<int64_t>(K - 1, 1) * cd * 4);
+    }
+    last_T = 0;
+    last_in_place = true;
+    mtp_rows = 0;
+    cold = 0;
   }
+
+  // Whether a closed session's buffers (and recordings) serve a new session with these options.
+  bool fits(const SessionOptions& opt) const {
+    return n_ctx == opt.n_ctx && max_window == opt.max_window &&
+           (mtp_kv.cells != 0) == (opt.mtp && bm->mtp.present);
+  }
+  // A session closes: nothing stays pinned or pending; the recordings stay (bm->parked, BackendSession's destructor).
+  void park() {
+    held_pins.reset();
+    pending_layer = -1;
+    bm.reset();
+  }
+
+  // bm->mu held by the caller; a parked session (bm null) is destroyed under the lock of whoever drops it, or with
+  // its BackendModel (before the backend: BackendModel::parked is its last member)
+  ~Impl() { drop_recordings(); }
 
   void reset() {
     for (auto& d : dn) {
@@ -1180,9 +1211,32 @@ struct BackendSession::Impl {
   }
 };
 
-BackendSession::BackendSession(std::shared_ptr<const Model> model, const SessionOptions& opt, const std::string& name)
-    : p_(std::make_unique<Impl>(std::move(model), opt, name)) {}
-BackendSession::~BackendSession() = default;
+BackendModel::~BackendModel() = default;
+
+// The parked session when it fits (its state zeroed in place), else a new one (the parked one's memory freed first).
+BackendSession::BackendSession(std::shared_ptr<const Model> model, const SessionOptions& opt, const std::string& name) {
+  std::shared_ptr<BackendModel> bm = backend_model(model, name);
+  std::lock_guard<std::mutex> lk(bm->mu);
+  if (bm->parked && bm->parked->fits(opt)) {
+    p_ = std::move(bm->parked);
+    p_->bm = bm;
+    p_->init_state();
+    g_adopted++;
+    return;
+  }
+  bm->parked.reset();
+  p_ = std::make_unique<Impl>(bm, opt);
+}
+BackendSession::~BackendSession() {
+  std::shared_ptr<BackendModel> bm = p_->bm;
+  std::lock_guard<std::mutex> lk(bm->mu);
+  p_->park();
+  bm->parked = std::move(p_);  // the one parked before is dropped (under this lock)
+}
+
+BackendHold::BackendHold(std::shared_ptr<const Model> model, const std::string& name) : p_(backend_model(model, name)) {}
+BackendHold::~BackendHold() = default;
+int64_t adopted_backend_sessions() { return g_adopted.load(); }
 std::string BackendSession::backend_name() const { return p_->be->name(); }
 void BackendSession::run(const int32_t* tokens, int T, int64_t pos0, bool in_place, bool last_only, float* logits,
                          float* hidden) {
