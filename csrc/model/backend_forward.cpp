@@ -418,10 +418,10 @@ struct BackendSession::Impl {
     cold = 0;
   }
 
-  // Whether a closed session's buffers (and recordings) serve a new session with these options.
-  bool fits(const SessionOptions& opt) const {
-    return n_ctx == opt.n_ctx && max_window == opt.max_window &&
-           (mtp_kv.cells != 0) == (opt.mtp && bm->mtp.present);
+  // Whether a closed session's buffers (and recordings) serve a new session with these options (a parked session's
+  // bm is null: mtp_present is its BackendModel's).
+  bool fits(const SessionOptions& opt, bool mtp_present) const {
+    return n_ctx == opt.n_ctx && max_window == opt.max_window && (mtp_kv.cells != 0) == (opt.mtp && mtp_present);
   }
   // A session closes: nothing stays pinned or pending; the recordings stay (bm->parked, BackendSession's destructor).
   void park() {
@@ -1217,7 +1217,7 @@ BackendModel::~BackendModel() = default;
 BackendSession::BackendSession(std::shared_ptr<const Model> model, const SessionOptions& opt, const std::string& name) {
   std::shared_ptr<BackendModel> bm = backend_model(model, name);
   std::lock_guard<std::mutex> lk(bm->mu);
-  if (bm->parked && bm->parked->fits(opt)) {
+  if (bm->parked && bm->parked->fits(opt, bm->mtp.present)) {
     p_ = std::move(bm->parked);
     p_->bm = bm;
     p_->init_state();
