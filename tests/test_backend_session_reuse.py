@@ -2,8 +2,9 @@
 csrc/model/backend_forward.cpp) when n_ctx, max_window and mtp match, its state zeroed in place: it computes a
 fresh session's logits and MTP drafts bit for bit (the native session's too), though the closed one left DeltaNet
 state, conv history, replay rows, KV and MTP cells behind; on the GPU it replays the closed one's recorded steps
-(no cold step where the closed one ran the same shapes). A session with other options gets new buffers. The
-backend is the CPU backend (CI) and the GPU where one is usable (conftest.py's `backend`)."""
+(no cold step where the closed one ran the same shapes). A session without MTP takes over buffers with MTP cells
+(requests with and without MTP drafts share them), not the other way round; a session of another n_ctx gets new
+buffers. The backend is the CPU backend (CI) and the GPU where one is usable (conftest.py's `backend`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -58,3 +59,17 @@ def test_a_closed_sessions_buffers_serve_the_next_with_a_fresh_state(tiny_q8_mod
     other = m.session(**{**OPTS, "n_ctx": 104}, backend=backend)
     assert _core.adopted_backend_sessions() == n + 1, "a session of another n_ctx took over the parked buffers"
     _same(_play(m.session(**{**OPTS, "n_ctx": 104}, backend="cpu"), script), _play(other, script), "n_ctx 104")
+    del other
+    plain = m.session(n_ctx=104, max_window=4, backend=backend)  # no MTP: takes over the MTP-capable buffers
+    assert _core.adopted_backend_sessions() == n + 2
+    prompt = script[0]
+    assert_same(m.session(n_ctx=104, max_window=4, backend="cpu").run(prompt), plain.run(prompt), "without MTP")
+    del plain
+    _same(_play(m.session(**{**OPTS, "n_ctx": 104}, backend="cpu"), script),
+          _play(m.session(**{**OPTS, "n_ctx": 104}, backend=backend), script), "MTP again")
+    assert _core.adopted_backend_sessions() == n + 3
+    no_mtp = m.session(n_ctx=96, max_window=4, backend=backend)  # new buffers without MTP cells
+    del no_mtp
+    with_mtp = m.session(n_ctx=96, max_window=4, mtp=True, backend=backend)
+    assert _core.adopted_backend_sessions() == n + 3, "an MTP session took over buffers without MTP cells"
+    _same(_play(m.session(**{**OPTS, "n_ctx": 96}, backend="cpu"), script), _play(with_mtp, script), "n_ctx 96")

@@ -419,9 +419,10 @@ struct BackendSession::Impl {
   }
 
   // Whether a closed session's buffers (and recordings) serve a new session with these options (a parked session's
-  // bm is null: mtp_present is its BackendModel's).
+  // bm is null: mtp_present is its BackendModel's). A session without MTP runs on buffers with MTP cells too (its
+  // steps never touch them, its checkpoints hold none), so requests with and without MTP drafts share them.
   bool fits(const SessionOptions& opt, bool mtp_present) const {
-    return n_ctx == opt.n_ctx && max_window == opt.max_window && (mtp_kv.cells != 0) == (opt.mtp && mtp_present);
+    return n_ctx == opt.n_ctx && max_window == opt.max_window && (mtp_kv.cells != 0 || !(opt.mtp && mtp_present));
   }
   // A session closes: nothing stays pinned or pending; the recordings stay (bm->parked, BackendSession's destructor).
   void park() {
