@@ -111,12 +111,13 @@ def test_mtp_recorded_drafts_equal_native(tiny_q8_model, tiny_q4k_model, backend
 
 def test_cold_steps_count_warmups_only(tiny_q8_model, backend):
     """Session.cold_steps (the controller skips cost samples of windows during which it grew): on the GPU it grows
-    while a shape is seen the first time (unrecorded) and the second (recorded), then stays while the same shapes
-    replay; the CPU backend and the native session record nothing (0)."""
+    while a shape is recorded (its first sight), then stays while the same shapes replay; the CPU backend and the
+    native session record nothing (0). Options no other test's sessions of the model use: no closed session's
+    recordings serve it (test_backend_session_reuse.py)."""
     m = tiny_q8_model
     rng = fresh_rng()
-    s = m.session(n_ctx=128, max_window=4, mtp=True, backend=backend)
-    native = m.session(n_ctx=128, max_window=4, mtp=True, backend="cpu")
+    s = m.session(n_ctx=120, max_window=4, mtp=True, backend=backend)
+    native = m.session(n_ctx=120, max_window=4, mtp=True, backend="cpu")
     prompt = rng.integers(0, m.n_vocab, 8).tolist()
     counts = []
     for x in (s, native):

@@ -537,7 +537,7 @@ def test_gpu_session_windows(request, which):
 def test_gpu_recorded_steps_equal_cpu(tiny_q8_model, default_model, iq2_model):
     """Decode steps and verify windows replayed from their recordings (CUDA graphs) give the CPU session's logits
     bit for bit: T = 1 steps across the 256-cell span of the attention launches, repeated verify windows with full
-    keeps (the DeltaNet states swap: two recordings) and partial keeps. With programmatic dependent launch (sm_90+:
+    keeps (S_work copied into S on the card: one recording) and partial keeps. With programmatic dependent launch (sm_90+:
     each kernel's blocks scheduled while the one before still runs, launch.cuh; the default, with the dense
     products' weight prefetch, and plain launches for the windows of 8), with it for every step, and without it: the
     same bits (the CPU's) every way."""

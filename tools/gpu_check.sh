@@ -118,6 +118,7 @@ t0=$(date +%s)
 # Not the test that compiles every CUDA source again one by one (CI runs it; the build above compiled them all, and
 # here it took 148 s of the 300, with llama.cpp's build beside it).
 TESTS=(tests/test_cuda_forward.py tests/test_cuda_*.py tests/test_backend.py tests/test_backend_forward.py
+       tests/test_backend_mtp.py tests/test_backend_session_reuse.py
        tests/test_backend_experts.py --deselect tests/test_cuda_build.py::test_every_cuda_source_compiles)
 if [ "$TESTS_CAP_S" -gt 0 ]; then
   # the test ids first: a key whose tests all ran and passed before the cap still reads true

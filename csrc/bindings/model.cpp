@@ -565,6 +565,21 @@ void init_model(nb::module_& m) {
       .def_prop_ro("steer_origin", [](const Checkpoint& c) { return c.steer_origin; })
       .def_prop_ro("nbytes", &Checkpoint::nbytes, "Bytes of state held (what a prefix cache budgets).");
 
+  nb::class_<BackendHold>(m, "BackendHold",
+                          "Keeps a model's copy on a backend ('cuda', 'cpu-backend') alive between sessions: weights, "
+                          "expert cache, the last closed session's buffers and recorded steps (backend_forward.h).")
+      .def(
+          "__init__",
+          [](BackendHold* h, std::shared_ptr<Model> model, const std::string& backend) {
+            if (!is_backend_name(backend) || backend == "cpu")
+              fail<std::invalid_argument>("bad option backend='", backend, "': expected 'cuda' or 'cpu-backend'");
+            nb::gil_scoped_release rel;
+            new (h) BackendHold(model, backend);
+          },
+          nb::arg("model"), nb::arg("backend"));
+  m.def("adopted_backend_sessions", &adopted_backend_sessions,
+        "How many backend sessions took over a closed session's buffers and recorded steps.");
+
   nb::class_<Session>(m, "Session")
       .def(
           "__init__",

@@ -59,8 +59,9 @@ struct Buf {
     p = b.alloc(n);
     bytes = n;
   }
+  // n zero bytes; in place when the buffer has that size already (a recorded step holds its address)
   void zeros(Backend& b, size_t n) {
-    alloc(b, n);
+    if (be != &b || bytes != n) alloc(b, n);
     std::vector<uint8_t> z(n, 0);
     if (n) b.upload(p, z.data(), n);
   }
@@ -124,6 +125,12 @@ struct BackendModel {
   // routed experts streamed into a bounded cache of backend memory (Model::load's cache_mib with device: true);
   // null: every expert resident (the gate / up / down views above)
   std::unique_ptr<BackendExperts> experts;
+  // The last closed session of these weights, kept with its buffers and recorded steps (BackendSession's
+  // destructor) for the next session with the same options: a request after the first replays the steps the
+  // earlier ones recorded instead of recording them again. Last member: destroyed before the backend.
+  std::unique_ptr<BackendSession::Impl> parked;
+
+  ~BackendModel();
 
   MatView put(const MatView& m) {
     if (host || !m.data) return m;
@@ -253,6 +260,7 @@ std::shared_ptr<BackendModel> backend_model(const std::shared_ptr<const Model>& 
 }  // namespace
 
 std::atomic<int64_t> g_replays{0};
+std::atomic<int64_t> g_adopted{0};
 int64_t recorded_step_replays() { return g_replays.load(); }
 
 bool backend_expert_stats(const Model* m, ExpertStats* out, bool reset) {
@@ -338,19 +346,18 @@ struct BackendSession::Impl {
   };
   std::map<GraphKey, std::vector<Recording>> recordings;
   size_t n_recordings = 0;
-  int64_t cold = 0;  // steps that ran unrecorded the first time their shape was seen, or were recorded (cold_steps)
+  int64_t cold = 0;  // steps recorded (or run unrecorded to grow a buffer) at their first sight (cold_steps)
   int last_T = 0;
   bool last_in_place = true;
   std::vector<float> emb;
 
-  Impl(std::shared_ptr<const Model> model, const SessionOptions& opt, const std::string& name)
-      : bm(backend_model(model, name)), be(bm->be.get()), m(model.get()), max_window(opt.max_window), n_ctx(opt.n_ctx) {
-    std::lock_guard<std::mutex> lk(bm->mu);
+  // bm->mu held by the caller
+  Impl(std::shared_ptr<BackendModel> bm_, const SessionOptions& opt)
+      : bm(std::move(bm_)), be(bm->be.get()), m(bm->model.get()), max_window(opt.max_window), n_ctx(opt.n_ctx) {
     dev = be->can_record();
     if (!bm->experts) prompt = std::max(1, be->prompt_rows());
     const HParams& hp = m->hp();
     slot.resize((size_t)hp.n_layer);
-    const int64_t width = hp.n_head_kv * hp.head_dim;
     for (int64_t il = 0; il < hp.n_layer; il++) {
       if (hp.recurrent[il]) {
         slot[il] = (int)dn.size();
@@ -360,26 +367,10 @@ struct BackendSession::Impl {
         kv.emplace_back();
       }
     }
-    for (auto& k : kv) {
-      k.k.zeros(*be, (size_t)n_ctx * width * 4);
-      k.v.zeros(*be, (size_t)n_ctx * width * 4);
-      k.cells = n_ctx;
-    }
-    if (opt.mtp && bm->mtp.present) {
-      mtp_kv.k.zeros(*be, (size_t)(n_ctx + Session::kMtpCells) * width * 4);
-      mtp_kv.v.zeros(*be, (size_t)(n_ctx + Session::kMtpCells) * width * 4);
-      mtp_kv.cells = n_ctx + Session::kMtpCells;
-      const int64_t H = hp.n_embd;
-      mtp_emb.zeros(*be, (size_t)kMtpDepths * H * 4);
-      mtp_hid.zeros(*be, (size_t)kMtpDepths * H * 4);
-      mtp_lg.zeros(*be, (size_t)kMtpDepths * hp.n_vocab * 4);
-      mtp_tok.zeros(*be, (size_t)kMtpDepths * 4);
-    }
-    const int64_t nv = hp.ssm_dt_rank, cd = hp.conv_dim(), K = hp.ssm_d_conv, W = max_window;
+    mtp_kv.cells = opt.mtp && bm->mtp.present ? n_ctx + Session::kMtpCells : 0;
+    init_state();
+    const int64_t cd = hp.conv_dim(), nv = hp.ssm_dt_rank, W = max_window;
     for (auto& d : dn) {
-      d.S.zeros(*be, (size_t)nv * hp.dk() * hp.dv() * 4);
-      d.S_work.zeros(*be, d.S.bytes);
-      d.conv.zeros(*be, (size_t)std::max<int64_t>(K - 1, 1) * cd * 4);
       d.conv_rows.alloc(*be, (size_t)W * cd * 4);
       d.eg_rows.alloc(*be, (size_t)W * nv * 4);
       d.beta_rows.alloc(*be, (size_t)W * nv * 4);
@@ -397,10 +388,52 @@ struct BackendSession::Impl {
     be->sync();
   }
 
-  ~Impl() {
-    std::lock_guard<std::mutex> lk(bm->mu);
-    drop_recordings();  // the backend (shared by the model's sessions) holds them
+  // A new session's state, in place where the buffers exist (adopt: a closed session's buffers, whose addresses its
+  // recordings hold): zero KV cells, DeltaNet S, S_work and conv history, MTP cells and chain.
+  void init_state() {
+    const HParams& hp = m->hp();
+    const int64_t width = hp.n_head_kv * hp.head_dim, H = hp.n_embd;
+    for (auto& k : kv) {
+      k.k.zeros(*be, (size_t)n_ctx * width * 4);
+      k.v.zeros(*be, (size_t)n_ctx * width * 4);
+      k.cells = n_ctx;
+    }
+    if (mtp_kv.cells) {
+      mtp_kv.k.zeros(*be, (size_t)mtp_kv.cells * width * 4);
+      mtp_kv.v.zeros(*be, (size_t)mtp_kv.cells * width * 4);
+      mtp_emb.zeros(*be, (size_t)kMtpDepths * H * 4);
+      mtp_hid.zeros(*be, (size_t)kMtpDepths * H * 4);
+      mtp_lg.zeros(*be, (size_t)kMtpDepths * hp.n_vocab * 4);
+      mtp_tok.zeros(*be, (size_t)kMtpDepths * 4);
+    }
+    const int64_t nv = hp.ssm_dt_rank, cd = hp.conv_dim(), K = hp.ssm_d_conv;
+    for (auto& d : dn) {
+      d.S.zeros(*be, (size_t)nv * hp.dk() * hp.dv() * 4);
+      d.S_work.zeros(*be, d.S.bytes);
+      d.conv.zeros(*be, (size_t)std::max<int64_t>(K - 1, 1) * cd * 4);
+    }
+    last_T = 0;
+    last_in_place = true;
+    mtp_rows = 0;
+    cold = 0;
   }
+
+  // Whether a closed session's buffers (and recordings) serve a new session with these options (a parked session's
+  // bm is null: mtp_present is its BackendModel's). A session without MTP runs on buffers with MTP cells too (its
+  // steps never touch them, its checkpoints hold none), so requests with and without MTP drafts share them.
+  bool fits(const SessionOptions& opt, bool mtp_present) const {
+    return n_ctx == opt.n_ctx && max_window == opt.max_window && (mtp_kv.cells != 0 || !(opt.mtp && mtp_present));
+  }
+  // A session closes: nothing stays pinned or pending; the recordings stay (bm->parked, BackendSession's destructor).
+  void park() {
+    held_pins.reset();
+    pending_layer = -1;
+    bm.reset();
+  }
+
+  // bm->mu held by the caller; a parked session (bm null) is destroyed under the lock of whoever drops it, or with
+  // its BackendModel (before the backend: BackendModel::parked is its last member)
+  ~Impl() { drop_recordings(); }
 
   void reset() {
     for (auto& d : dn) {
@@ -1085,7 +1118,10 @@ struct BackendSession::Impl {
   }
 
   // issue() (operations only: no upload, download, sync or growing buffer) as a recorded step for key and the
-  // session's buffers: unrecorded the first time, recorded the second, replayed after.
+  // session's buffers: recorded the first time it is seen, replayed after. A first recording that needs a buffer or
+  // the backend's scratch to grow aborts (nothing ran, record_abort) and the step runs unrecorded, growing them;
+  // with the grown buffers it is a new step (their addresses are part of it), recorded at its first sight. A
+  // recording that fails otherwise leaves the step unrecorded for good (broken).
   void run_recorded(const GraphKey& key, const std::function<void()>& issue, const std::vector<const void*>* sig_ = nullptr) {
     const std::vector<const void*> s = sig_ ? *sig_ : sig();
     Recording* r = nullptr;
@@ -1099,25 +1135,27 @@ struct BackendSession::Impl {
       be->forget(r->id);  // stale (the backend's scratch moved): record again
       r->id = -1;
     }
-    if (!r || !r->broken) cold++;  // a first sight or a recording (a broken step's unrecorded runs are its steady state)
-    if (!r || r->broken) {
-      if (!r) {
-        // with streamed experts a step is n_layer + 1 pieces: room for 16 steps' pieces
-        const size_t cap = bm->experts ? 16 * ((size_t)m->hp().n_layer + 1) : kMaxRecordings;
-        if (n_recordings >= cap) drop_recordings();
-        recordings[key].push_back({s});
-        n_recordings++;
-      }
+    const bool first = !r;
+    if (first) {
+      // with streamed experts a step is n_layer + 1 pieces: room for 16 steps' pieces
+      const size_t cap = bm->experts ? 16 * ((size_t)m->hp().n_layer + 1) : kMaxRecordings;
+      if (n_recordings >= cap) drop_recordings();
+      recordings[key].push_back({s});
+      n_recordings++;
+      r = &recordings[key].back();
+    }
+    if (r->broken) {  // its unrecorded runs are its steady state
       issue();
       return;
     }
+    cold++;  // a recording
     try {
       be->record_begin();
       issue();
       r->id = be->record_end();
     } catch (const std::exception&) {  // nothing ran: the step runs unrecorded (any real error raises there)
       be->record_abort();
-      r->broken = true;
+      r->broken = !first;
       issue();
       return;
     }
@@ -1137,9 +1175,12 @@ struct BackendSession::Impl {
     if (last_in_place || last_T == 0) return;
     const HParams& hp = m->hp();
     hist.grow(*be, (size_t)(hp.ssm_d_conv - 1 + keep) * hp.conv_dim() * 4);
-    if (keep == last_T)
+    // all kept: S_work becomes S; swapped where nothing is recorded, copied on the backend where steps are recorded (in
+    // fold), so that S and S_work keep their addresses: a swap would make each step two recordings, one per order
+    // (1.5 MB a window on the default model, 75 MB on the 80B's 36 layers: ~25 us of the card's bandwidth)
+    if (keep == last_T && !dev)
       for (auto& st : dn) std::swap(st.S.p, st.S_work.p);
-    if (dev && !dn.empty()) {  // the fold's launches as one recorded step per (T, keep) and buffers (the swap: two of them)
+    if (dev && !dn.empty()) {  // the fold's launches as one recorded step per (T, keep) and buffers
       GraphKey key{last_T, keep, false, 0};
       key.mtp = -1;
       run_recorded(key, [&] { fold(keep); });
@@ -1148,7 +1189,8 @@ struct BackendSession::Impl {
     }
     last_T = 0;
   }
-  // commit's operations: the kept rows replayed into S (all kept: S_work already swapped in), the conv history.
+  // commit's operations: the kept rows replayed into S (all kept: S_work copied into S, or already swapped in),
+  // the conv history.
   void fold(int keep) {
     const HParams& hp = m->hp();
     const int64_t nk = hp.ssm_n_group, nv = hp.ssm_dt_rank, dk = hp.dk(), dv = hp.dv(), cd = hp.conv_dim(),
@@ -1158,6 +1200,8 @@ struct BackendSession::Impl {
         const DnHeads a{st.conv_rows.f() + key_dim, cd, st.conv_rows.f() + 2 * key_dim, cd, nullptr, 0,
                         st.eg_rows.f(), st.beta_rows.f(), nullptr, 0, nk, nv, dk, dv};
         be->dn_heads(st.S.f(), nullptr, a, keep, keep);
+      } else if (dev) {
+        be->copy(st.S.f(), st.S_work.f(), st.S.bytes);
       }
       if (K > 1) {
         be->copy(hist.f(), st.conv.f(), (size_t)(K - 1) * cd * 4);
@@ -1168,9 +1212,32 @@ struct BackendSession::Impl {
   }
 };
 
-BackendSession::BackendSession(std::shared_ptr<const Model> model, const SessionOptions& opt, const std::string& name)
-    : p_(std::make_unique<Impl>(std::move(model), opt, name)) {}
-BackendSession::~BackendSession() = default;
+BackendModel::~BackendModel() = default;
+
+// The parked session when it fits (its state zeroed in place), else a new one (the parked one's memory freed first).
+BackendSession::BackendSession(std::shared_ptr<const Model> model, const SessionOptions& opt, const std::string& name) {
+  std::shared_ptr<BackendModel> bm = backend_model(model, name);
+  std::lock_guard<std::mutex> lk(bm->mu);
+  if (bm->parked && bm->parked->fits(opt, bm->mtp.present)) {
+    p_ = std::move(bm->parked);
+    p_->bm = bm;
+    p_->init_state();
+    g_adopted++;
+    return;
+  }
+  bm->parked.reset();
+  p_ = std::make_unique<Impl>(bm, opt);
+}
+BackendSession::~BackendSession() {
+  std::shared_ptr<BackendModel> bm = p_->bm;
+  std::lock_guard<std::mutex> lk(bm->mu);
+  p_->park();
+  bm->parked = std::move(p_);  // the one parked before is dropped (under this lock)
+}
+
+BackendHold::BackendHold(std::shared_ptr<const Model> model, const std::string& name) : p_(backend_model(model, name)) {}
+BackendHold::~BackendHold() = default;
+int64_t adopted_backend_sessions() { return g_adopted.load(); }
 std::string BackendSession::backend_name() const { return p_->be->name(); }
 void BackendSession::run(const int32_t* tokens, int T, int64_t pos0, bool in_place, bool last_only, float* logits,
                          float* hidden) {

@@ -43,6 +43,21 @@ int64_t recorded_step_replays();
 // stream experts (backend_experts.h; the first such backend's); false when none is open. reset: zero them instead.
 bool backend_expert_stats(const Model* m, ExpertStats* out, bool reset = false);
 
+// How many backend sessions took over a closed session's buffers and recorded steps (BackendModel::parked).
+int64_t adopted_backend_sessions();
+
+// Keeps a model's backend copy alive between sessions (Python's Model holds one per backend its sessions ran on):
+// the weights in backend memory, the expert cache, and the last closed session's buffers and recorded steps, so
+// the next session of the same n_ctx, max_window and mtp replays what earlier requests recorded.
+class BackendHold {
+ public:
+  BackendHold(std::shared_ptr<const Model> model, const std::string& backend);
+  ~BackendHold();
+
+ private:
+  std::shared_ptr<BackendModel> p_;
+};
+
 class BackendSession {
  public:
   // backend: "cuda" (device 0) or "cpu-backend" (this forward over the CPU backend: tests and benches).
@@ -74,12 +89,14 @@ class BackendSession {
   // MTP cells past cp.mtp_pos zeroed. No window may be pending (the caller checks).
   void save_state(int64_t pos, int64_t mtp_pos, Checkpoint& cp);
   void load_state(const Checkpoint& cp, bool mtp);
-  // Recorded steps (backends that record) that ran cold: unrecorded at the first sight of their shape and buffers,
-  // or recorded (capture and instantiation) at the second; replays and steps that cannot be recorded do not count.
+  // Recorded steps (backends that record) that ran cold: recorded (capture and instantiation) at the first sight of
+  // their shape and buffers, or unrecorded there when a buffer had to grow first; replays and steps that cannot be
+  // recorded do not count.
   int64_t cold_steps() const;
 
+  struct Impl;  // backend_forward.cpp (BackendModel parks a closed session's)
+
  private:
-  struct Impl;
   std::unique_ptr<Impl> p_;
 };
 

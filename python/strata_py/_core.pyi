@@ -270,6 +270,14 @@ class Checkpoint:
     def nbytes(self) -> int:
         """Bytes of state held (what a prefix cache budgets)."""
 
+class BackendHold:
+    """Keeps a model's copy on a backend ('cuda', 'cpu-backend') alive between sessions: weights, expert cache, the last closed session's buffers and recorded steps (backend_forward.h)."""
+
+    def __init__(self, model: Model, backend: str) -> None: ...
+
+def adopted_backend_sessions() -> int:
+    """How many backend sessions took over a closed session's buffers and recorded steps."""
+
 class Session:
     def __init__(self, model: Model, n_ctx: int = 4096, max_window: int = 8, fold: str = 'lazy', mtp: bool = False, prefill: str = 'serial', backend: str = 'cpu') -> None: ...
 

@@ -20,7 +20,7 @@ Estimates, all online:
   C(T)  WindowCosts: measured window seconds per T (the decode loop calls record_window(T, seconds); the
         drafter adds its own lookup time; the request's first windows are skipped, since they run on cold
         caches, and so is a window during which the session ran a step cold, Session.cold_steps: on the GPU
-        a step's first sight runs unrecorded and its second records it, each a few times its replayed cost).
+        a step's first sight records it, about twice its replayed cost).
         C(T) is a property of the model and the machine, not of the request, so one table per loaded
         model is shared by every request's controller (window_costs(model)). Per T an EMA whose first
         measurement only stands in until the second, and a sample above 1.5x the estimate (the machine

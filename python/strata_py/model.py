@@ -78,6 +78,7 @@ class Model:
         self._core = core
         self.tokenizer = tokenizer
         self.path = path
+        self._backends = {}  # backend name -> _core.BackendHold: its weights and the last session's recordings stay
 
     @classmethod
     def load(cls, path: str | Path | None = None, *, threads: int | None = None,
@@ -230,12 +231,18 @@ class Model:
         backend: where the forward runs (default: the model's, Model.load's backend): "cpu" (the native CPU forward), "cuda" (weights and state on the
         GPU, csrc/model/backend_forward.h; needs strata built with -Cmake.define.STRATA_CUDA=ON) or "cpu-backend"
         (the same backend forward over the CPU backend, for tests). The GPU session refuses, by name, what it does
-        not run yet (MTP, checkpoints, fold="partial", prefill="chunked", expert streaming, qwen4exp).
+        not run (fold="partial", prefill="chunked", qwen4exp). On a backend the model keeps its copy (weights,
+        expert cache) from its first session on, and a session takes over the last closed one's buffers and
+        recorded steps when n_ctx, max_window and mtp match (its state zeroed): later requests replay the steps
+        earlier ones recorded.
         """
         if n_ctx is None:
             n_ctx = min(4096, self.n_ctx_train)
-        return Session(self, _core.Session(self._core, n_ctx, max_window, fold, mtp, prefill,
-                                           self.backend if backend is None else backend))
+        backend = self.backend if backend is None else backend
+        core = _core.Session(self._core, n_ctx, max_window, fold, mtp, prefill, backend)
+        if backend != "cpu" and backend not in self._backends:
+            self._backends[backend] = _core.BackendHold(self._core, backend)
+        return Session(self, core)
 
     def load_session(self, path: str | Path, **kw) -> "Session":
         """A session restored from a file written by Session.save (refused if from another model or damaged)."""
