@@ -191,6 +191,31 @@ def test_pick_matches_reference_full_vocab(cfg, ties):
         assert _core.pick_token(logits, p, pos) == pick_ref(logits, p, pos)
 
 
+@pytest.mark.parametrize("cfg", [dict(temperature=0.7, min_p=0.05), dict(temperature=1.3, min_p=0.2, top_k=30),
+                                 dict(temperature=0.45, min_p=0.5)], ids=str)
+def test_pick_at_the_min_p_cut(cfg):
+    """Logits whose weights straddle the min-p cut by a few float steps, scattered over the row and packed into one
+    16-logit block: sampler.cpp skips blocks below a bound without scaling them, and must never drop a token the
+    cut keeps (each such token carries ~min_p of the weight: a dropped one changes many picks)."""
+    rng = np.random.default_rng(11)
+    V, T = 4096, np.float32(cfg["temperature"])
+    p = P(seed=5, **cfg)
+    for trial in range(6):
+        top = np.float32(rng.uniform(-20, 30))
+        x = (top - np.float32(40) - rng.uniform(0, 5, V)).astype(np.float32)
+        x[int(rng.integers(0, V))] = top
+        m = np.float64(top / T)
+        edge = np.float32((m + np.log(np.float64(np.float32(cfg["min_p"])))) * np.float64(T))
+        near = [edge]
+        for _ in range(10):
+            near = [np.nextafter(near[0], np.float32(-np.inf))] + near + [np.nextafter(near[-1], np.float32(np.inf))]
+        where = rng.choice(np.flatnonzero(x < top), len(near), replace=False) if trial % 2 else \
+            16 * int(rng.integers(1, V // 16 - 2)) + np.arange(len(near))
+        x[where] = np.array(near, np.float32)
+        for pos in range(40):
+            assert _core.pick_token(x, p, pos) == pick_ref(x, p, pos), (trial, pos)
+
+
 def test_nonfinite_logits():
     rng = np.random.default_rng(3)
     V = 300

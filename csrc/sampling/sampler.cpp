@@ -20,6 +20,7 @@
 #include "sampling/sampler.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -91,6 +92,32 @@ void radix_sort(std::vector<Cand>& a) {
     for (const Cand& c : a) tmp[cnt[(c.key >> shift) & (kBuckets - 1)]++] = c;
     a.swap(tmp);
   }
+}
+
+// A logit bound x_lo under which no logit x passes (double)(x / T) - md >= floor_log, i.e. fl(x / T) >= c with
+// c = md + floor_log (T > 0): fl(x / T) is monotone in x, and x < (c - d) T with d = 1e-4 (|c| + 1) gives
+// x / T < c - d, so fl(x / T) <= fl(c - d) < c (float rounding moves a value by at most |c - d| 2^-24 < d).
+// Rounded down to a float, so that the comparison x >= x_lo in float passes at least every such x.
+float floor_logit(double c, float T) {
+  const double b = (c - 1e-4 * (std::fabs(c) + 1.0)) * (double)T;
+  if (!(b > -(double)FLT_MAX)) return -INFINITY;
+  float f = (float)b;
+  if ((double)f > b) f = std::nextafter(f, -INFINITY);
+  return f;
+}
+
+// f(i) for each i in [0, n) ascending, skipping blocks of 16 logits that are all below x_lo (or NaN): one
+// comparison each, in a loop the compiler vectorises.
+template <class F>
+void for_blocks_above(const float* x, int64_t n, float x_lo, F&& f) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    int any = 0;
+    for (int j = 0; j < 16; j++) any |= x[i + j] >= x_lo;
+    if (!any) continue;
+    for (int j = 0; j < 16; j++) f(i + j);
+  }
+  for (; i < n; i++) f(i);
 }
 
 void check_row(const float* logits, int64_t n_vocab, const char* fn) {
@@ -254,11 +281,14 @@ int32_t pick_token(float* logits, int64_t n_vocab, const SamplingParams& p, int6
   if (std::isinf(m)) return greedy;  // +inf: the temperature is so small that it is greedy
   const double md = m;
 
-  // 1. Candidates: tokens that may pass the tail cut (no exp yet); the logits are scaled in place.
-  //    Without top-p every cut keeps a prefix of one order, so they commute and min-p may cut here too
-  //    (conservatively in log space; the exact test w >= min_p is below).
+  // 1. Candidates: tokens that may pass the tail cut (no exp yet): scaled s = logits[i] / T with
+  //    (double)s - md >= floor_log. Without top-p every cut keeps a prefix of one order, so they commute and
+  //    min-p may cut here too (conservatively in log space; the exact test w >= min_p is below).
+  //    s is monotone in the logit, so the test passes only above some logit: blocks of logits all below x_lo
+  //    (a bound under it, see floor_logit) are skipped without dividing; the rest take the exact test.
   double floor_log = kTailCutLog;
   if (p.top_p >= 1.f && p.min_p > 0.f) floor_log = std::max(floor_log, std::log((double)p.min_p) - 1e-6);
+  const float x_lo = floor_logit(md + floor_log, T);
   constexpr size_t kSmall = 2048;
   thread_local std::vector<Cand> tls_cand;
   std::vector<Cand>& cand = tls_cand;
@@ -268,10 +298,9 @@ int32_t pick_token(float* logits, int64_t n_vocab, const SamplingParams& p, int6
     //     `worst` (the front's s once the heap is full) rejects most tokens with one predictable compare.
     const size_t k = (size_t)p.top_k;
     float worst = -INFINITY;
-    for (int64_t i = 0; i < n_vocab; ++i) {
+    for_blocks_above(logits, n_vocab, x_lo, [&](int64_t i) {
       const float s = logits[i] / T;
-      logits[i] = s;
-      if (!(s >= worst) || !((double)s - md >= floor_log)) continue;  // NaN and -inf fail too
+      if (!(s >= worst) || !((double)s - md >= floor_log)) return;  // NaN and -inf fail too
       const Cand c{key_of(s), (int32_t)i};
       if (cand.size() < k) {
         cand.push_back(c);
@@ -281,22 +310,24 @@ int32_t pick_token(float* logits, int64_t n_vocab, const SamplingParams& p, int6
         cand.back() = c;
         std::push_heap(cand.begin(), cand.end(), before);
       } else {
-        continue;
+        return;
       }
       if (cand.size() == k) worst = s_of(cand.front().key);
-    }
+    });
     std::sort(cand.begin(), cand.end(), before);
   } else {
-    // 2b. Everything in ascending id, then one full sort, then top-k (if any) keeps the first k.
-    cand.resize((size_t)n_vocab);
+    // 2b. The candidates in ascending id, then one sort, then top-k (if any) keeps the first k. Written
+    //     branch-free into a scratch row that only grows (a resize of cand to n_vocab would zero it each time).
+    thread_local std::vector<Cand> tls_all;
+    if (tls_all.size() < (size_t)n_vocab) tls_all.resize((size_t)n_vocab);
+    Cand* all = tls_all.data();
     size_t n = 0;
-    for (int64_t i = 0; i < n_vocab; ++i) {  // branch-free: about half the tokens may pass
+    for_blocks_above(logits, n_vocab, x_lo, [&](int64_t i) {  // branch-free: often half a block passes
       const float s = logits[i] / T;
-      logits[i] = s;
-      cand[n] = {key_of(s), (int32_t)i};
+      all[n] = {key_of(s), (int32_t)i};
       n += (double)s - md >= floor_log;  // NaN and -inf fail
-    }
-    cand.resize(n);
+    });
+    cand.assign(all, all + n);
     if (cand.size() <= kSmall) std::sort(cand.begin(), cand.end(), before);
     else radix_sort(cand);
     if (p.top_k > 0 && (size_t)p.top_k < cand.size()) cand.resize(p.top_k);
