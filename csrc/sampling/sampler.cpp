@@ -107,9 +107,9 @@ float floor_logit(double c, float T) {
 }
 
 // f(i) for each i in [0, n) ascending, skipping blocks of 16 logits that are all below x_lo (or NaN): one
-// comparison each, in a loop the compiler vectorises.
+// comparison each, in a loop the compiler vectorises. f may raise x_lo (read again at every block).
 template <class F>
-void for_blocks_above(const float* x, int64_t n, float x_lo, F&& f) {
+void for_blocks_above(const float* x, int64_t n, const float& x_lo, F&& f) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     int any = 0;
@@ -130,18 +130,27 @@ void check_row(const float* logits, int64_t n_vocab, const char* fn) {
 // Lowest id among the largest non-NaN logits; -1 if every logit is NaN or -inf. Two passes the compiler
 // vectorises: the maximum in 16 lanes (NaN never wins a comparison), then the first index holding it.
 int32_t argmax(const float* logits, int64_t n_vocab) {
+  // one pass: each of 16 lanes keeps its maximum and the first index holding it (a strict > never replaces an
+  // equal value, -0 and +0 included); the answer is the lowest such index among the lanes holding the maximum
   float l[16];
-  for (int j = 0; j < 16; j++) l[j] = -INFINITY;
+  int32_t at[16];
+  for (int j = 0; j < 16; j++) l[j] = -INFINITY, at[j] = -1;
   int64_t i = 0;
   for (; i + 16 <= n_vocab; i += 16)
-    for (int j = 0; j < 16; j++) l[j] = logits[i + j] > l[j] ? logits[i + j] : l[j];
+    for (int j = 0; j < 16; j++) {
+      const bool gt = logits[i + j] > l[j];
+      l[j] = gt ? logits[i + j] : l[j];
+      at[j] = gt ? (int32_t)(i + j) : at[j];
+    }
+  for (int j = 0; i < n_vocab; i++, j++)
+    if (logits[i] > l[j]) l[j] = logits[i], at[j] = (int32_t)i;
   float bv = -INFINITY;
-  for (; i < n_vocab; i++) bv = logits[i] > bv ? logits[i] : bv;
   for (int j = 0; j < 16; j++) bv = l[j] > bv ? l[j] : bv;
   if (bv == -INFINITY) return -1;
-  for (i = 0; i < n_vocab; i++)
-    if (logits[i] == bv) return (int32_t)i;
-  return -1;
+  int32_t best = INT32_MAX;
+  for (int j = 0; j < 16; j++)
+    if (l[j] == bv && at[j] < best) best = at[j];
+  return best;
 }
 
 namespace {
@@ -295,10 +304,11 @@ int32_t pick_token(float* logits, int64_t n_vocab, const SamplingParams& p, int6
   cand.clear();
   if (p.top_k > 0 && (size_t)p.top_k <= kSmall) {
     // 2a. A small top-k: keep the best k seen so far in a heap whose front is the worst of them.
-    //     `worst` (the front's s once the heap is full) rejects most tokens with one predictable compare.
+    //     `worst` (the front's s once the heap is full) rejects most tokens with one predictable compare, and
+    //     its bound in logits (floor_logit: below it s < worst) skips most blocks without scaling them.
     const size_t k = (size_t)p.top_k;
-    float worst = -INFINITY;
-    for_blocks_above(logits, n_vocab, x_lo, [&](int64_t i) {
+    float worst = -INFINITY, thr = x_lo;
+    for_blocks_above(logits, n_vocab, thr, [&](int64_t i) {
       const float s = logits[i] / T;
       if (!(s >= worst) || !((double)s - md >= floor_log)) return;  // NaN and -inf fail too
       const Cand c{key_of(s), (int32_t)i};
@@ -312,7 +322,10 @@ int32_t pick_token(float* logits, int64_t n_vocab, const SamplingParams& p, int6
       } else {
         return;
       }
-      if (cand.size() == k) worst = s_of(cand.front().key);
+      if (cand.size() == k) {
+        worst = s_of(cand.front().key);
+        thr = std::max(x_lo, floor_logit((double)worst, T));
+      }
     });
     std::sort(cand.begin(), cand.end(), before);
   } else {
