@@ -7,11 +7,14 @@ state, conv history, replay rows, KV and MTP cells behind; on the GPU it replays
 buffers. The backend is the CPU backend (CI) and the GPU where one is usable (conftest.py's `backend`)."""
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 
 from backend_util import assert_same
 from seeds import fresh_rng
-from strata_py import _core
+from strata_py import GenerationConfig, Model, _core
+from strata_py.generate import generate_ids
 
 OPTS = dict(n_ctx=112, max_window=4, mtp=True)  # options no other test's sessions of tiny_q8_model use
 
@@ -73,3 +76,24 @@ def test_a_closed_sessions_buffers_serve_the_next_with_a_fresh_state(tiny_q8_mod
     with_mtp = m.session(n_ctx=96, max_window=4, mtp=True, backend=backend)
     assert _core.adopted_backend_sessions() == n + 3, "an MTP session took over buffers without MTP cells"
     _same(_play(m.session(**{**OPTS, "n_ctx": 96}, backend="cpu"), script), _play(with_mtp, script), "n_ctx 96")
+
+
+def test_each_request_takes_over_the_last_ones_session(tiny_q8_gguf, backend):
+    """generate_ids' requests, MTP-drafted and plain alternated as bench_spec runs them: from the second on each
+    takes over the last one's buffers, with the garbage collector off (the MTP drafter sits in a reference cycle:
+    it lets its session go at the request's end, else the session lived on until a collection and the next
+    request started cold); every request gives plain decoding's tokens."""
+    m = Model.load(tiny_q8_gguf, backend=backend)  # its own backend copy: nothing parked by other tests
+    ids = m.tokenizer.encode("the same prompt for every request")
+    cfg = GenerationConfig(max_tokens=12, temperature=0.0, stop_at_eos=False)
+    outs, adopted = [], []
+    gc.disable()
+    try:
+        for draft in ("mtp", "none", "mtp", "mtp", "none"):
+            a0 = _core.adopted_backend_sessions()
+            outs.append(list(generate_ids(m, ids, cfg.replace(draft=draft))))
+            adopted.append(_core.adopted_backend_sessions() - a0)
+    finally:
+        gc.enable()
+    assert adopted[1:] == [1, 1, 1, 1], adopted
+    assert all(o == outs[0] for o in outs), outs

@@ -174,6 +174,10 @@ class MtpDrafter:
         self._used = None
 
     def finish(self) -> None:
+        """The request's end: the session is let go at once (the drafter sits in a reference cycle, through its
+        controller's costs, that only the garbage collector frees; a backend session closed promptly lends its
+        buffers and recorded steps to the next request: backend_forward.h BackendHold)."""
+        self.session = None
         if self.suffix is not None:
             self.suffix.finish()
 
