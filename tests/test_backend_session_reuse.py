@@ -1,5 +1,5 @@
 """A backend session takes over the last closed session's buffers and recorded steps (BackendModel::parked,
-csrc/model/backend_forward.cpp) when n_ctx, max_window and mtp match, its state zeroed in place: it computes a
+csrc/model/backend_forward.cpp) when n_ctx and max_window match, its state zeroed in place: it computes a
 fresh session's logits and MTP drafts bit for bit (the native session's too), though the closed one left DeltaNet
 state, conv history, replay rows, KV and MTP cells behind; on the GPU it replays the closed one's recorded steps
 (no cold step where the closed one ran the same shapes). A session without MTP takes over buffers with MTP cells
