@@ -100,9 +100,7 @@ void init_sampling(nb::module_& m) {
   m.def(
       "pick_token",
       [](In<float, nb::ndim<1>> logits, const SamplingParams& p, int64_t pos) {
-        const size_t V = logits.shape(0);
-        std::vector<float> row(logits.data(), logits.data() + V);  // pick_token may modify its row
-        return strata::pick_token(row.data(), (int64_t)V, p, pos);
+        return strata::pick_token(logits.data(), (int64_t)logits.shape(0), p, pos);  // reads the row only
       },
       "logits"_a, "params"_a, "pos"_a,
       "Token for absolute position pos from processed logits [V] (the input is not modified).");
@@ -110,10 +108,8 @@ void init_sampling(nb::module_& m) {
   m.def(
       "pick_traced",
       [](In<float, nb::ndim<1>> logits, const SamplingParams& p, int64_t pos, int32_t cap, nb::object allowed) {
-        const size_t V = logits.shape(0);
-        std::vector<float> row(logits.data(), logits.data() + V);
         strata::PickTrace tr;
-        const int32_t t = strata::pick_token(row.data(), (int64_t)V, p, pos, &tr, cap);
+        const int32_t t = strata::pick_token(logits.data(), (int64_t)logits.shape(0), p, pos, &tr, cap);
         nb::object re = nb::none();
         if (!allowed.is_none()) {
           const nb::bytes b = nb::cast<nb::bytes>(allowed);

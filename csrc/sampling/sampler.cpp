@@ -270,7 +270,7 @@ void record(const std::vector<Cand>& cand, double md, const SamplingParams& p, i
 
 }  // namespace
 
-int32_t pick_token(float* logits, int64_t n_vocab, const SamplingParams& p, int64_t pos, PickTrace* trace,
+int32_t pick_token(const float* logits, int64_t n_vocab, const SamplingParams& p, int64_t pos, PickTrace* trace,
                    int32_t cap) {
   check_row(logits, n_vocab, "pick_token");
   p.validate();
@@ -389,6 +389,8 @@ int sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingParam
   for (int i = 0; i < T; ++i) {
     if (!pen && p.temperature == 0.f) {  // plain greedy reads the row in place
       out[i] = argmax_or_throw(logits + (int64_t)i * n_vocab, n_vocab, pos0 + i + 1);
+    } else if (!pen) {  // so does sampling without penalties (pick_token reads its row)
+      out[i] = pick_token(logits + (int64_t)i * n_vocab, n_vocab, p, pos0 + i + 1);
     } else {
       std::copy(logits + (int64_t)i * n_vocab, logits + (int64_t)(i + 1) * n_vocab, row.begin());
       if (pen) {

@@ -58,10 +58,10 @@ struct PickTrace {
   SamplingParams p;
 };
 
-// Pick a token from processed logits (the row may be modified in place): greedy if temperature == 0, else
+// Pick a token from processed logits (read only): greedy if temperature == 0, else
 // temperature -> top-k -> top-p -> min-p -> softmax -> inverse-CDF with uniform_at(seed, pos).
 // trace (or null): records what the choice depends on (see PickTrace), at most `cap` candidates.
-int32_t pick_token(float* logits, int64_t n_vocab, const SamplingParams& p, int64_t pos, PickTrace* trace = nullptr,
+int32_t pick_token(const float* logits, int64_t n_vocab, const SamplingParams& p, int64_t pos, PickTrace* trace = nullptr,
                    int32_t cap = 0);
 
 // The choice of a kComplete trace's row under a mask that allows exactly the ids[j] with allowed[j] != 0
