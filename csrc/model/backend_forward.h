@@ -48,7 +48,8 @@ int64_t adopted_backend_sessions();
 
 // Keeps a model's backend copy alive between sessions (Python's Model holds one per backend its sessions ran on):
 // the weights in backend memory, the expert cache, and the last closed session's buffers and recorded steps, so
-// the next session of the same n_ctx, max_window and mtp replays what earlier requests recorded.
+// the next session of the same n_ctx and max_window (with MTP: one whose buffers have MTP cells) replays what
+// earlier requests recorded.
 class BackendHold {
  public:
   BackendHold(std::shared_ptr<const Model> model, const std::string& backend);

@@ -127,11 +127,11 @@ void check_row(const float* logits, int64_t n_vocab, const char* fn) {
 
 }  // namespace
 
-// Lowest id among the largest non-NaN logits; -1 if every logit is NaN or -inf. Two passes the compiler
-// vectorises: the maximum in 16 lanes (NaN never wins a comparison), then the first index holding it.
+// Lowest id among the largest non-NaN logits; -1 if every logit is NaN or -inf. One pass the compiler vectorises:
+// each of 16 lanes keeps its maximum and the first index holding it (NaN never wins a comparison, and a strict >
+// never replaces an equal value, -0 and +0 included); the answer is the lowest such index among the lanes holding
+// the maximum.
 int32_t argmax(const float* logits, int64_t n_vocab) {
-  // one pass: each of 16 lanes keeps its maximum and the first index holding it (a strict > never replaces an
-  // equal value, -0 and +0 included); the answer is the lowest such index among the lanes holding the maximum
   float l[16];
   int32_t at[16];
   for (int j = 0; j < 16; j++) l[j] = -INFINITY, at[j] = -1;
@@ -387,16 +387,12 @@ int sample_rows(const float* logits, int T, int64_t n_vocab, const SamplingParam
   thread_local std::vector<int32_t> hist;
   row.resize((size_t)n_vocab);
   for (int i = 0; i < T; ++i) {
-    if (!pen && p.temperature == 0.f) {  // plain greedy reads the row in place
-      out[i] = argmax_or_throw(logits + (int64_t)i * n_vocab, n_vocab, pos0 + i + 1);
-    } else if (!pen) {  // so does sampling without penalties (pick_token reads its row)
+    if (!pen) {  // pick_token reads the row in place
       out[i] = pick_token(logits + (int64_t)i * n_vocab, n_vocab, p, pos0 + i + 1);
     } else {
       std::copy(logits + (int64_t)i * n_vocab, logits + (int64_t)(i + 1) * n_vocab, row.begin());
-      if (pen) {
-        row_history(committed, n_committed, inputs, i, p.penalty_last_n, hist);
-        apply_penalties(row.data(), n_vocab, p, hist.data(), (int64_t)hist.size());
-      }
+      row_history(committed, n_committed, inputs, i, p.penalty_last_n, hist);
+      apply_penalties(row.data(), n_vocab, p, hist.data(), (int64_t)hist.size());
       out[i] = pick_token(row.data(), n_vocab, p, pos0 + i + 1);
     }
     if (verified_prefix && i + 1 < T && out[i] != inputs[i + 1]) return i + 1;

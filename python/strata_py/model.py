@@ -233,8 +233,8 @@ class Model:
         (the same backend forward over the CPU backend, for tests). The GPU session refuses, by name, what it does
         not run (fold="partial", prefill="chunked", qwen4exp). On a backend the model keeps its copy (weights,
         expert cache) from its first session on, and a session takes over the last closed one's buffers and
-        recorded steps when n_ctx, max_window and mtp match (its state zeroed): later requests replay the steps
-        earlier ones recorded.
+        recorded steps when n_ctx and max_window match and it has MTP cells where this session drafts with MTP
+        (its state zeroed): later requests replay the steps earlier ones recorded.
         """
         if n_ctx is None:
             n_ctx = min(4096, self.n_ctx_train)
