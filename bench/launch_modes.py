@@ -6,8 +6,7 @@ default), "all" = PDL for those windows too, "no-prefetch" = "on" without the pr
 "on" with the IQ2_XXS one-row kernel taking that many weight rows a warp in the dense and the experts' products
 (cuda_prefer_iq2_rows; "on": 1 dense, 4 experts, 1 for the experts' fused gate / up); "pieces64" = "on" with prompt
 windows in pieces of 64 rows (cuda_prefer_prompt_rows; "on": 512); "nopanel" = "on" with the prompt pieces' dense
-IQ2_XXS products decoded per 16 activation rows (cuda_prefer_iq2_panel(False)); "dnstage" = "on" with the DeltaNet
-heads of 2+ rows on the kernel with their loads a row ahead, not k_dn_heads_split (cuda_prefer_dn_stage(True)); "rowgroups" = "on" with
+IQ2_XXS products decoded per 16 activation rows (cuda_prefer_iq2_panel(False)); "rowgroups" = "on" with
 the small float matrices (routers) of prompt pieces in blocks of 16 activation rows, not a block per row
 (cuda_prefer_row_groups(True)); "noattntiles" = "on" with the prompt pieces' attention a block per (row, head), not
 the tiled kernels (cuda_prefer_attn_tiles(False)); "notileahead" = "on" without the IQ2_XXS expert tiles' L2
@@ -21,14 +20,15 @@ sequence of copies and kernels, not one kernel (cuda_prefer_dn_conv_fused(False)
 matrices of up to 8 MiB (the default model's head) on the T-row kernels for windows of 2..8 rows, not the 1-row kernel per
 activation row (cuda_prefer_float_split(0)); "nob32qsplit" = "on" with the 32-value block types' small matrices (the default
 model's in-layer Q8_0 products) on the T-row kernels for windows, not the 1-row kernel per activation row
-(cuda_prefer_b32q_split(False)).
+(cuda_prefer_b32q_split(False)); "nodnduo" = "on" with the DeltaNet heads of 2+ rows on k_dn_heads_split (a warp per 16 columns,
+its halves' sums in turn), not the kernel with a column's two halves on two warps, pipelined (cuda_prefer_dn_duo(False)).
 Shared by bench_gpu_forward.py, bench_spec.py and profile_gpu_forward.py. A recorded step keeps the mode
 it was recorded in, so a mode applies to the sessions made after it is set."""
 from __future__ import annotations
 
 LAUNCH_MODES = ("on", "all", "no-prefetch", "off", "unfused", "iq2-rows1", "iq2-rows2", "iq2-rows4", "pieces64",
-                "nopanel", "dnstage", "rowgroups", "noattntiles", "notileahead", "nofloattiles", "tilestage", "iq2-wu4",
-                "iq2-pair2", "iq2-pair4", "nodnconv", "nofloatsplit", "nob32qsplit")
+                "nopanel", "rowgroups", "noattntiles", "notileahead", "nofloattiles", "tilestage", "iq2-wu4",
+                "iq2-pair2", "iq2-pair4", "nodnconv", "nofloatsplit", "nob32qsplit", "nodnduo")
 
 
 def set_launches(mode: str) -> None:
@@ -42,7 +42,7 @@ def set_launches(mode: str) -> None:
     _core.cuda_prefer_iq2_rows(r or 1, r or 4, r or pair or 1)
     _core.cuda_prefer_prompt_rows(64 if mode == "pieces64" else 512)
     _core.cuda_prefer_iq2_panel(mode != "nopanel")
-    _core.cuda_prefer_dn_stage(mode == "dnstage")
+    _core.cuda_prefer_dn_duo(mode != "nodnduo")
     _core.cuda_prefer_row_groups(mode == "rowgroups")
     _core.cuda_prefer_attn_tiles(mode != "noattntiles", 1024)
     _core.cuda_prefer_tile_prefetch(mode != "notileahead")

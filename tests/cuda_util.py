@@ -64,7 +64,7 @@ def iq2_rows(dense: int, sel: int, pair: int):
 
 @contextmanager
 def switched(setter, on, default):
-    """A kernel switch of _core (cuda_prefer_iq2_panel, cuda_prefer_dn_stage, cuda_prefer_row_groups; the byte bound
+    """A kernel switch of _core (cuda_prefer_iq2_panel, cuda_prefer_dn_duo, cuda_prefer_row_groups; the byte bound
     of cuda_prefer_float_split) set to `on` for the block, its default restored after."""
     setter(on)
     try:

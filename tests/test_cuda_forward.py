@@ -156,12 +156,12 @@ def _dn_case(rng, T, nk, r, dk, dv):
     return S, k, v, q, eg, beta
 
 
-@pytest.mark.parametrize("dk,dv", [(128, 128), (64, 64), (32, 48)])
+@pytest.mark.parametrize("dk,dv", [(128, 128), (128, 80), (64, 64), (32, 48)])
 @pytest.mark.parametrize("mode", ["in_place", "window", "partial", "replay"])
 @pytest.mark.parametrize("rows", ["short", "long"])
 def test_dn_heads_equal_cpu_and_rows(dk, dv, mode, rows):
-    """Also on the kernel with the rows' loads a row ahead for dk = 128 (deltanet.cu k_dn_heads_stage, off by default):
-    the same bits as k_dn_heads_split, the CPU and one-row calls."""
+    """For dk = 128 over 2+ rows both kernels (deltanet.cu k_dn_heads_duo, the default, and k_dn_heads_split): the
+    same bits as the CPU and the one-row calls; rows "long" wrap the duo kernel's ring of staged rows."""
     rng = fresh_rng()
     T, nk, r = int(rng.integers(1, 8) if rows == "short" else rng.integers(8, 41)), 2, 2
     nv = nk * r
@@ -171,10 +171,10 @@ def test_dn_heads_equal_cpu_and_rows(dk, dv, mode, rows):
     f = [S, nan(nv, dk, dv), k, v, q, eg, beta, nan(T, nv, dv)]
     n = [nk * dk, nv * dv, nk * dk, nv * dv, nk, nv, dk, dv, T, n_src, int(has_o), int(n_src < T)]
     out = both("dn_heads", f, n=n)
-    with switched(_core.cuda_prefer_dn_stage, True, False):  # (cuda_prefer_dn_stage(True)): the same bits
-        staged = _op("cuda", "dn_heads", f, n=n)[0]
+    with switched(_core.cuda_prefer_dn_duo, False, True):  # k_dn_heads_split at every T: the same bits
+        split = _op("cuda", "dn_heads", f, n=n)[0]
     for j in (0, 1, 7):
-        assert np.array_equal(bits(staged[j]), bits(out[j])), f"k_dn_heads_stage, array {j}"
+        assert np.array_equal(bits(split[j]), bits(out[j])), f"k_dn_heads_split against the default, array {j}"
     if mode == "in_place":  # T one-row calls carrying S
         S1 = S
         for t in range(T):

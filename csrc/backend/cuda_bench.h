@@ -40,13 +40,14 @@ void cuda_prefer_iq2_rows(int dense, int sel, int pair);
 void cuda_prefer_iq2_panel(bool on);
 // Tests and benches: cuda::prefer_iq2_window_u4 (dense IQ2_XXS windows of 2..4 rows 4 blocks a step, default off).
 void cuda_prefer_iq2_window_u4(bool on);
-// Tests and benches: cuda::prefer_dn_stage (dn_heads' kernel with the rows' loads a row ahead, for 2+ rows; off until
-// measured) and cuda::prefer_row_groups (small float matrices past 16 rows in blocks of 16 rows; slower on the H100,
-// docs/BENCHMARKS.md), both default off.
-void cuda_prefer_dn_stage(bool on);
+// Tests and benches: cuda::prefer_dn_duo (dn_heads' kernel with a column's halves on two warps, pipelined, for 2+ rows;
+// default on).
+void cuda_prefer_dn_duo(bool on);
 // Tests and benches: DeltaNet's conv, gates and conv-state copies in one kernel for windows of up to 16 rows (default
 // on) or as the default sequence of copies and kernels (backend.h dn_conv_gates); the same bits either way.
 void cuda_prefer_dn_conv_fused(bool on);
+// Tests and benches: cuda::prefer_row_groups (small float matrices past 16 rows in blocks of 16 rows; slower on the
+// H100, docs/BENCHMARKS.md), default off.
 void cuda_prefer_row_groups(bool on);
 // Tests and benches: cuda::prefer_float_split (float matrices of at most `bytes` take windows of 2..8 rows a block
 // per activation row; default 8 MiB, 0: off).

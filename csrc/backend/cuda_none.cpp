@@ -29,7 +29,7 @@ void cuda_prefer_norm_quant(bool) { no_cuda(); }
 void cuda_prefer_iq2_rows(int, int, int) { no_cuda(); }
 void cuda_prefer_iq2_panel(bool) { no_cuda(); }
 void cuda_prefer_iq2_window_u4(bool) { no_cuda(); }
-void cuda_prefer_dn_stage(bool) { no_cuda(); }
+void cuda_prefer_dn_duo(bool) { no_cuda(); }
 void cuda_prefer_dn_conv_fused(bool) { no_cuda(); }
 void cuda_prefer_row_groups(bool) { no_cuda(); }
 void cuda_prefer_float_split(int64_t) { no_cuda(); }

@@ -650,9 +650,9 @@ def cuda_prefer_iq2_panel(on: bool) -> None:
     Tests and benches: whether the dense IQ2_XXS products of 32+ rows (prompt pieces) decode a block's 16 weight rows once into shared memory (default on) or per 16 activation rows; the same bits either way.
     """
 
-def cuda_prefer_dn_stage(on: bool) -> None:
+def cuda_prefer_dn_duo(on: bool) -> None:
     """
-    Tests and benches: whether DeltaNet heads (dk = 128) over 2+ rows take the kernel with their loads a row ahead (default off until measured); the same bits either way.
+    Tests and benches: whether DeltaNet heads (dk = 128) over 2+ rows take the kernel with a column's two halves on two warps, a row's o sum interleaved with the next row's m (default on) or k_dn_heads_split; the same bits either way.
     """
 
 def cuda_prefer_b32q_split(on: bool) -> None:

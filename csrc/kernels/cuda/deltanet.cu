@@ -317,51 +317,120 @@ __global__ void __launch_bounds__(32) k_dn_heads_split(float* __restrict__ S, fl
     for (int i = 0; i < H; i++) Sc[(a0 + i) * dv + j] = s[i];
 }
 
-// k_dn_heads_split's values bit for bit (every product and sum of a value in the same order), with the rows'
-// loads off their critical path (dk = 128; windows and prompt pieces of kStageMinT rows or more): k_dn_heads_split
-// issues row t's eg, beta, v and k loads as row t starts (a memory round trip each row, then 64 k values a lane
-// held in registers: 255 of them and 288 bytes of spills, ptxas for sm_90a). Here row t + 1's k and q are loaded
-// (coalesced, 4 floats a lane each) with its eg, beta and v[j] as row t starts, into registers; at row t's end the
-// warp writes k and q into the other half of a double buffer in shared memory, where row t + 1 reads them.
-constexpr int kStageMinT = 2;
-bool g_dn_stage = false;  // prefer_dn_stage: off until measured on a card (docs/BENCHMARKS.md)
+// k_dn_heads_split's values bit for bit (every product and sum of a value in the same order) with a column's two
+// halves of S on two warps of a block, pipelined (dk = 128; windows and prompt pieces of kDuoMinT rows or more). Row
+// t's m and o are sums over a = 0..127 in order, so each is a chain of 128 dependent additions, and row t + 1's m
+// needs the whole of row t's update; in k_dn_heads_split the two halves of a warp take their chains in turn (m: 64
+// then 64, o: 64 then 64: 256 additions a row on the critical path) and row t + 1's loads start as row t ends. Here
+// warp 0 holds a = 0..63 of 32 columns and warp 1 a = 64..127 of the same columns; a row's m runs warp 0's 64 then
+// warp 1's 64, and each warp interleaves a row's o chain with the next row's m chain (independent: o needs the
+// update by m_t, the next m that and the next row's eg). Per row, between two block barriers:
+//   warp 1: o_{t-1} from warp 0's partial sum, interleaved with m_t from warp 0's partial sum -> m_t
+//   warp 0: the update by m_t, o_t's partial sum interleaved with m_{t+1}'s; warp 1: the update by m_t
+// so 128 additions a row on the critical path. Rows' k, q, eg, beta and v are loaded two rows ahead (registers, then
+// a ring of kDuoRing rows in shared memory). n_src as k_dn_heads_split: each warp writes its half of the column to S
+// before row n_src's decay and runs the rest on S_work. Measured on an H100 against k_dn_heads_split (session 31,
+// docs/BENCHMARKS.md): prompt pieces of 512 rows -0.5..0.6 us a row (the default model's 512-token prefill +19 %, the
+// 80B's +7 %), the default model's C(16) / C(1) 2.65 -> 2.47; one row stays on k_dn_heads_split (no barriers).
+// A first version with the three cases of the per-row loops as branches inside them was slower than
+// k_dn_heads_split: the loops below are instances without a branch.
+constexpr int kDuoMinT = 2;
+constexpr int kDuoRing = 4;  // rows t - 1 .. t + 2 (row t + 2's slot is row t - 2's, read by no warp after row t - 1)
+bool g_dn_duo = true;  // prefer_dn_duo (off: k_dn_heads_split at every T, for the A/B)
+constexpr int kDuoH = 64;  // a column's values a warp holds (dk = 128)
+
+// The loops of k_dn_heads_duo, without a branch inside (each case its own instance, so that the compiler can
+// interleave the two chains and load the rows' values from shared memory 4 at a time ahead of their use).
+// Warp 0 after m_t: s += k m (update by row t); O: o += s q (row t's first half); M: [SRC: the half column to S]
+// s *= eg1, m1 += s k1 (row t + 1's first half).
+template <bool O, bool M, bool SRC>
+__device__ __forceinline__ void duo_first(float (&s)[kDuoH], const float* k, const float* q, const float* k1,
+                                          float m, float eg1, float* col, int64_t dv, bool valid, float& o,
+                                          float& m1) {
+#pragma unroll
+  for (int i = 0; i < kDuoH; i += 4) {
+    const float4 kk = *reinterpret_cast<const float4*>(k + i);
+    const float4 qq = O ? *reinterpret_cast<const float4*>(q + i) : float4{};
+    const float4 k1k = M ? *reinterpret_cast<const float4*>(k1 + i) : float4{};
+    const float kv[4] = {kk.x, kk.y, kk.z, kk.w}, qv[4] = {qq.x, qq.y, qq.z, qq.w};
+    const float k1v[4] = {k1k.x, k1k.y, k1k.z, k1k.w};
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      float& x = s[i + u];
+      x = __fadd_rn(x, __fmul_rn(kv[u], m));
+      if constexpr (O) o = __fadd_rn(o, __fmul_rn(x, qv[u]));
+      if constexpr (M) {
+        if constexpr (SRC) {
+          if (valid) col[(i + u) * dv] = x;
+        }
+        x = __fmul_rn(x, eg1);
+        m1 = __fadd_rn(m1, __fmul_rn(x, k1v[u]));
+      }
+    }
+  }
+}
+// Warp 1 before m_t is known: O: o += s q (row t - 1's second half, from warp 0's partial sum); s *= eg, m += s k
+// (row t's second half, from warp 0's partial sum).
+template <bool O>
+__device__ __forceinline__ void duo_second(float (&s)[kDuoH], const float* q, const float* k, float eg, float& o,
+                                           float& m) {
+#pragma unroll
+  for (int i = 0; i < kDuoH; i += 4) {
+    const float4 kk = *reinterpret_cast<const float4*>(k + i);
+    const float4 qq = O ? *reinterpret_cast<const float4*>(q + i) : float4{};
+    const float kv[4] = {kk.x, kk.y, kk.z, kk.w}, qv[4] = {qq.x, qq.y, qq.z, qq.w};
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      float& x = s[i + u];
+      if constexpr (O) o = __fadd_rn(o, __fmul_rn(x, qv[u]));
+      x = __fmul_rn(x, eg);
+      m = __fadd_rn(m, __fmul_rn(x, kv[u]));
+    }
+  }
+}
+
 template <int DK>
-__global__ void __launch_bounds__(32) k_dn_heads_stage(float* __restrict__ S, float* __restrict__ S_work,
-                                                       const __grid_constant__ DnHeads A, int T, int n_src) {
+__global__ void __launch_bounds__(64) k_dn_heads_duo(float* __restrict__ S, float* __restrict__ S_work,
+                                                     const __grid_constant__ DnHeads A, int T, int n_src) {
   pdl_wait();
-  static_assert(DK == 128, "a row's k and q are 4 floats a lane");
-  constexpr int H = DK / 2;
-  __shared__ float kq[2][2][DK];  // [row & 1][k, q][a]
+  static_assert(DK == 128, "a row's k and q are 2 floats a thread each");
+  constexpr int H = kDuoH;
+  __shared__ __align__(16) float kq[kDuoRing][2][DK];  // [row % kDuoRing][k, q][a]
+  __shared__ float gb[kDuoRing][2];                    // eg, beta
+  __shared__ float vr[kDuoRing][32];                   // v[j] of the block's columns
+  __shared__ float part_m[32], full_m[32], part_o[32];
   const int64_t h = blockIdx.y, dv = A.dv, g = h / (A.nv / A.nk);
-  const int lane = threadIdx.x, half = lane >> 4, lo = lane & 15;
-  const int64_t j = (int64_t)blockIdx.x * 16 + lo;
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+  const int64_t j = (int64_t)blockIdx.x * 32 + lane;
   const bool valid = j < dv, read = A.o != nullptr;
-  const int a0 = half * H;
+  const int a0 = w * H;
+  // row r: k[tid], k[tid + 64], q alike; warp 0's lanes 0 and 1 eg and beta, warp 1's lanes v[j]
   struct Row {
-    float k[4], q[4];  // values lane + 32 i
-    float eg, beta, v;
+    float k[2], q[2], e;
   };
   auto fetch = [&](int r) {
-    Row w;
+    Row x;
     const float* k = A.k + (int64_t)r * A.ldk + g * DK;
     const float* q = read ? A.q + (int64_t)r * A.ldq + g * DK : nullptr;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-      w.k[i] = __ldg(k + lane + 32 * i);
-      w.q[i] = read ? __ldg(q + lane + 32 * i) : 0.f;
+    for (int i = 0; i < 2; i++) {
+      x.k[i] = __ldg(k + tid + 64 * i);
+      x.q[i] = read ? __ldg(q + tid + 64 * i) : 0.f;
     }
-    w.eg = __ldg(A.eg + (int64_t)r * A.nv + h);
-    w.beta = __ldg(A.beta + (int64_t)r * A.nv + h);
-    w.v = valid ? __ldg(A.v + (int64_t)r * A.ldv + h * dv + j) : 0.f;
-    return w;
+    if (w == 1) x.e = valid ? __ldg(A.v + (int64_t)r * A.ldv + h * dv + j) : 0.f;
+    else if (lane < 2) x.e = __ldg((lane == 0 ? A.eg : A.beta) + (int64_t)r * A.nv + h);
+    else x.e = 0.f;
+    return x;
   };
-  auto stage = [&](int r, const Row& w) {
+  auto stage = [&](int r, const Row& x) {
+    const int slot = r % kDuoRing;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-      kq[r & 1][0][lane + 32 * i] = w.k[i];
-      kq[r & 1][1][lane + 32 * i] = w.q[i];
+    for (int i = 0; i < 2; i++) {
+      kq[slot][0][tid + 64 * i] = x.k[i];
+      kq[slot][1][tid + 64 * i] = x.q[i];
     }
-    __syncwarp();
+    if (w == 1) vr[slot][lane] = x.e;
+    else if (lane < 2) gb[slot][lane] = x.e;
   };
   float* S0 = S + h * DK * dv;
   float* Sw = S_work ? S_work + h * DK * dv : nullptr;
@@ -369,54 +438,88 @@ __global__ void __launch_bounds__(32) k_dn_heads_stage(float* __restrict__ S, fl
 #pragma unroll
   for (int i = 0; i < H; i++) s[i] = valid ? S0[(a0 + i) * dv + j] : 0.f;
   float* Sc = S0;
-  Row cur = fetch(0);
-  stage(0, cur);
-  for (int t = 0; t < T; t++) {
-    const bool more = t + 1 < T;
-    Row nxt;
-    if (more) nxt = fetch(t + 1);  // in flight through row t's sums
-    if (t == n_src) {
+  // before row r's decay: at n_src the half column as it stands goes to S, the rest runs on S_work
+  auto at_row = [&](int r) {
+    if (r == n_src) {
       if (valid)
 #pragma unroll
         for (int i = 0; i < H; i++) S0[(a0 + i) * dv + j] = s[i];
       Sc = Sw;
     }
-    // (read through volatile: each use a shared-memory load, so no row of k is held in 64 registers)
-    const volatile float* k = &kq[t & 1][0][a0];
-    float m = 0.f;
-#pragma unroll
-    for (int i = 0; i < H; i++) {
-      s[i] = __fmul_rn(s[i], cur.eg);
-      m = __fadd_rn(m, __fmul_rn(s[i], k[i]));
+  };
+  stage(0, fetch(0));
+  if (T > 1) stage(1, fetch(1));
+  __syncthreads();
+  if (w == 0) {  // m_0's first half
+    at_row(0);
+    float o = 0.f, m = 0.f;
+    duo_second<false>(s, nullptr, kq[0][0] + a0, gb[0][0], o, m);
+    part_m[lane] = m;
+  }
+  __syncthreads();
+  for (int t = 0; t < T; t++) {
+    const int cur = t % kDuoRing;
+    const bool ahead = t + 2 < T;
+    Row nx;
+    if (ahead) nx = fetch(t + 2);  // in flight through rows t and t + 1's first halves
+    if (w == 1) {  // o_{t-1} (its second half) and m_t (its second half), interleaved
+      at_row(t);
+      const float* k = kq[cur][0] + a0;
+      const float* q = kq[(t + kDuoRing - 1) % kDuoRing][1] + a0;
+      float o = part_o[lane], m = part_m[lane];
+      if (read && t > 0) {
+        duo_second<true>(s, q, k, gb[cur][0], o, m);
+        if (valid) A.o[(int64_t)(t - 1) * A.ldo + h * dv + j] = o;
+      } else {
+        duo_second<false>(s, q, k, gb[cur][0], o, m);
+      }
+      full_m[lane] = __fmul_rn(__fsub_rn(vr[cur][lane], m), gb[cur][1]);
     }
-    const float m_lo = __shfl_sync(0xffffffffu, m, lo);
-    if (half == 1) {
-      m = m_lo;
+    __syncthreads();  // m_t in full_m
+    const float m = full_m[lane];
+    const float* k = kq[cur][0] + a0;
+    if (w == 0) {  // the update by m_t, o_t's first half and m_{t+1}'s, interleaved
+      const int nxt = (t + 1) % kDuoRing;
+      const float* q = kq[cur][1] + a0;
+      const float* k1 = kq[nxt][0] + a0;
+      float* col = S0 + a0 * dv + j;
+      float o = 0.f, m1 = 0.f;
+      if (t + 1 == T) {
+        if (read) duo_first<true, false, false>(s, k, q, k1, m, 0.f, col, dv, valid, o, m1);
+        else duo_first<false, false, false>(s, k, q, k1, m, 0.f, col, dv, valid, o, m1);
+      } else {
+        const float eg1 = gb[nxt][0];
+        if (t + 1 == n_src) {
+          Sc = Sw;
+          if (read) duo_first<true, true, true>(s, k, q, k1, m, eg1, col, dv, valid, o, m1);
+          else duo_first<false, true, true>(s, k, q, k1, m, eg1, col, dv, valid, o, m1);
+        } else if (read) {
+          duo_first<true, true, false>(s, k, q, k1, m, eg1, col, dv, valid, o, m1);
+        } else {
+          duo_first<false, true, false>(s, k, q, k1, m, eg1, col, dv, valid, o, m1);
+        }
+      }
+      part_o[lane] = o;
+      part_m[lane] = m1;
+    } else {
 #pragma unroll
-      for (int i = 0; i < H; i++) m = __fadd_rn(m, __fmul_rn(s[i], k[i]));
-    }
-    m = __shfl_sync(0xffffffffu, m, lo + 16);
-    m = __fmul_rn(__fsub_rn(cur.v, m), cur.beta);
-    float o = 0.f;
-    const volatile float* q = &kq[t & 1][1][a0];
-#pragma unroll
-    for (int i = 0; i < H; i++) {
-      s[i] = __fadd_rn(s[i], __fmul_rn(k[i], m));
-      if (read) o = __fadd_rn(o, __fmul_rn(s[i], q[i]));
-    }
-    if (read) {
-      const float o_lo = __shfl_sync(0xffffffffu, o, lo);
-      if (half == 1) {
-        o = o_lo;
-#pragma unroll
-        for (int i = 0; i < H; i++) o = __fadd_rn(o, __fmul_rn(s[i], q[i]));
-        if (valid) A.o[(int64_t)t * A.ldo + h * dv + j] = o;
+      for (int i = 0; i < H; i += 4) {
+        const float4 kk = *reinterpret_cast<const float4*>(k + i);
+        s[i] = __fadd_rn(s[i], __fmul_rn(kk.x, m));
+        s[i + 1] = __fadd_rn(s[i + 1], __fmul_rn(kk.y, m));
+        s[i + 2] = __fadd_rn(s[i + 2], __fmul_rn(kk.z, m));
+        s[i + 3] = __fadd_rn(s[i + 3], __fmul_rn(kk.w, m));
       }
     }
-    if (more) {  // every lane is past row t - 1, whose half of the buffer this overwrites (the sync of stage)
-      stage(t + 1, nxt);
-      cur = nxt;
-    }
+    if (ahead) stage(t + 2, nx);
+    __syncthreads();  // o_t's and m_{t+1}'s first halves in part_o, part_m; row t + 2 staged
+  }
+  if (w == 1 && read) {  // o_{T-1}'s second half
+    const float* q = kq[(T - 1) % kDuoRing][1] + a0;
+    float o = part_o[lane];
+#pragma unroll
+    for (int i = 0; i < H; i++) o = __fadd_rn(o, __fmul_rn(s[i], q[i]));
+    if (valid) A.o[(int64_t)(T - 1) * A.ldo + h * dv + j] = o;
   }
   if (valid)
 #pragma unroll
@@ -425,7 +528,7 @@ __global__ void __launch_bounds__(32) k_dn_heads_stage(float* __restrict__ S, fl
 
 }  // namespace
 
-void prefer_dn_stage(bool on) { g_dn_stage = on; }
+void prefer_dn_duo(bool on) { g_dn_duo = on; }
 
 void dn_heads(float* S, float* S_work, const DnHeads& a, int T, int n_src, void* stream) {
   STRATA_CHECK(T >= 1 && n_src >= 0 && (n_src >= T || S_work), "dn_heads: T = ", T, ", n_src = ", n_src);
@@ -433,8 +536,8 @@ void dn_heads(float* S, float* S_work, const DnHeads& a, int T, int n_src, void*
                ", nk = ", a.nk, ", nv = ", a.nv);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const unsigned nv = (unsigned)a.nv;
-  if (a.dk == 128 && T >= kStageMinT && g_dn_stage)
-    launch(k_dn_heads_stage<128>, dim3((unsigned)((a.dv + 15) / 16), nv), 32, 0, st, S, S_work, a, T, n_src);
+  if (a.dk == 128 && T >= kDuoMinT && g_dn_duo)
+    launch(k_dn_heads_duo<128>, dim3((unsigned)((a.dv + 31) / 32), nv), 64, 0, st, S, S_work, a, T, n_src);
   else if (a.dk == 128)
     launch(k_dn_heads_split<128>, dim3((unsigned)((a.dv + 15) / 16), nv), 32, 0, st, S, S_work, a, T, n_src);
   else if (a.dk == 64) launch(k_dn_heads<64>, dim3((unsigned)((a.dv + 31) / 32), nv), 32, 0, st, S, S_work, a, T,

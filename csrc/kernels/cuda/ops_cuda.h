@@ -49,9 +49,9 @@ void argmax_rows(const float* logits, int T, int64_t n_vocab, int32_t none, int3
 // The layer operations of backend.h (layers.cu, deltanet.cu), each with the CPU backend's results bit for bit.
 // dn_gates: qscale = 1 / sqrt(dk) as the CPU computes it. moe_combine: sg is T floats of device scratch.
 void dn_heads(float* S, float* S_work, const DnHeads& a, int T, int n_src, void* stream);
-// Tests and benches: whether dk = 128 heads over 2+ rows take k_dn_heads_stage (their loads a row ahead; default off
-// until measured on a card) or k_dn_heads_split; the same bits either way.
-void prefer_dn_stage(bool on);
+// Tests and benches: whether dk = 128 heads over 2+ rows take k_dn_heads_duo (a column's halves on two warps, a row's
+// o chain interleaved with the next row's m; default on) or k_dn_heads_split; the same bits either way.
+void prefer_dn_duo(bool on);
 void add(float* x, const float* y, int64_t n, void* stream);
 void conv_silu(const float* hist, const float* w_t, int T, int64_t n, int64_t ld, int K, float* out, void* stream);
 void dn_gates(float* conv, int64_t ld, const float* ba, const float* ssm_a, const float* dt_bias, int T, int64_t nk,
