@@ -320,33 +320,43 @@ __global__ void __launch_bounds__(32) k_dn_heads_split(float* __restrict__ S, fl
 // k_dn_heads_split's values bit for bit (every product and sum of a value in the same order) with a column's two
 // halves of S on two warps of a block, pipelined (dk = 128; windows and prompt pieces of kDuoMinT rows or more). Row
 // t's m and o are sums over a = 0..127 in order, so each is a chain of 128 dependent additions, and row t + 1's m
-// needs the whole of row t's update; in k_dn_heads_split the two halves of a warp take their chains in turn (m: 64
-// then 64, o: 64 then 64: 256 additions a row on the critical path) and row t + 1's loads start as row t ends. Here
-// warp 0 holds a = 0..63 of 32 columns and warp 1 a = 64..127 of the same columns; a row's m runs warp 0's 64 then
-// warp 1's 64, and each warp interleaves a row's o chain with the next row's m chain (independent: o needs the
-// update by m_t, the next m that and the next row's eg). Per row, between two block barriers:
-//   warp 1: o_{t-1} from warp 0's partial sum, interleaved with m_t from warp 0's partial sum -> m_t
-//   warp 0: the update by m_t, o_t's partial sum interleaved with m_{t+1}'s; warp 1: the update by m_t
-// so 128 additions a row on the critical path. Rows' k, q, eg, beta and v are loaded two rows ahead (registers, then
-// a ring of kDuoRing rows in shared memory). n_src as k_dn_heads_split: each warp writes its half of the column to S
-// before row n_src's decay and runs the rest on S_work. Measured on an H100 against k_dn_heads_split (session 31,
-// docs/BENCHMARKS.md): prompt pieces of 512 rows -0.5..0.6 us a row (the default model's 512-token prefill +19 %, the
-// 80B's +7 %), the default model's C(16) / C(1) 2.65 -> 2.47; one row stays on k_dn_heads_split (no barriers).
-// A first version with the three cases of the per-row loops as branches inside them was slower than
-// k_dn_heads_split: the loops below are instances without a branch.
+// needs the whole of row t's update: in k_dn_heads_split the two halves of a warp take their chains in turn (256
+// additions a row on the critical path, and the row's loads). Here warp 0 holds a = 0..63 of 32 columns and warp 1
+// a = 64..127 of the same columns; a row's m runs warp 0's 64 then warp 1's 64, handed over through shared memory
+// under named barriers (bar.arrive by the producer, bar.sync by the consumer: neither warp waits for the other's
+// work off the path). Per row t:
+//   warp 1: [M1] m_t from warp 0's partial sum (s *= eg_t; m += s k) -> full_m [M2]; then, off the path, o_{t-1}
+//           from warp 0's partial o and its products, and the update by m_t with row t's o products (s q)
+//   warp 0: [M2] the update by m_t with row t's o products, s *= eg_{t+1}, m_{t+1}'s partial sum -> part_m [M1];
+//           then, off the path, o_t's partial sum of its products -> part_o [O], the staging of row t + 2
+// so a row's critical path is the m chain of both halves and the updates, not the o sums. Warp 0 loads the rows'
+// k, q, eg, beta and v[j] three rows ahead (registers, then a ring of kDuoRing rows in shared memory). n_src as
+// k_dn_heads_split: each warp writes its half of the column to S before row n_src's decay and runs the rest on
+// S_work. One row stays on k_dn_heads_split (no handovers). Measured on an H100: docs/BENCHMARKS.md, session 31 (a
+// first form with block-wide barriers and the o sums on the path: -0.5 us a row against k_dn_heads_split in prompt
+// pieces, still 1.2 us a row on the 80B).
 constexpr int kDuoMinT = 2;
-constexpr int kDuoRing = 4;  // rows t - 1 .. t + 2 (row t + 2's slot is row t - 2's, read by no warp after row t - 1)
+constexpr int kDuoRing = 4;  // rows t - 1 .. t + 2 (row t + 2's slot is row t - 2's, read by neither warp after row t - 1)
 bool g_dn_duo = true;  // prefer_dn_duo (off: k_dn_heads_split at every T, for the A/B)
 constexpr int kDuoH = 64;  // a column's values a warp holds (dk = 128)
+constexpr int kBarM1 = 1, kBarM2 = 2, kBarO = 3;  // named barriers of the two warps (0 is __syncthreads')
 
-// The loops of k_dn_heads_duo, without a branch inside (each case its own instance, so that the compiler can
-// interleave the two chains and load the rows' values from shared memory 4 at a time ahead of their use).
-// Warp 0 after m_t: s += k m (update by row t); O: o += s q (row t's first half); M: [SRC: the half column to S]
-// s *= eg1, m1 += s k1 (row t + 1's first half).
+__device__ __forceinline__ void bar_sync2(int id) { asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void bar_arrive2(int id) { asm volatile("bar.arrive %0, 64;" ::"r"(id) : "memory"); }
+// dv as a value the compiler cannot carry through the loops: the column's 64 store addresses are computed where a
+// store needs them, not held in 128 registers through the whole kernel
+__device__ __forceinline__ int64_t opaque(int64_t x) {
+  asm volatile("mov.b64 %0, %0;" : "+l"(x));
+  return x;
+}
+
+// The per-row loops of k_dn_heads_duo, each case an instance without a branch inside (the compiler interleaves the
+// chains and loads the rows' values from shared memory 4 at a time ahead of their use).
+// Update by m (s += k m); O: the o products p = s q; M: [SRC: the half column to S] s *= eg1, m1 += s k1.
 template <bool O, bool M, bool SRC>
-__device__ __forceinline__ void duo_first(float (&s)[kDuoH], const float* k, const float* q, const float* k1,
-                                          float m, float eg1, float* col, int64_t dv, bool valid, float& o,
-                                          float& m1) {
+__device__ __forceinline__ void duo_update(float (&s)[kDuoH], float (&p)[kDuoH], const float* k, const float* q,
+                                           const float* k1, float m, float eg1, float* col, int64_t dv, bool valid,
+                                           float& m1) {
 #pragma unroll
   for (int i = 0; i < kDuoH; i += 4) {
     const float4 kk = *reinterpret_cast<const float4*>(k + i);
@@ -358,7 +368,7 @@ __device__ __forceinline__ void duo_first(float (&s)[kDuoH], const float* k, con
     for (int u = 0; u < 4; u++) {
       float& x = s[i + u];
       x = __fadd_rn(x, __fmul_rn(kv[u], m));
-      if constexpr (O) o = __fadd_rn(o, __fmul_rn(x, qv[u]));
+      if constexpr (O) p[i + u] = __fmul_rn(x, qv[u]);
       if constexpr (M) {
         if constexpr (SRC) {
           if (valid) col[(i + u) * dv] = x;
@@ -369,161 +379,162 @@ __device__ __forceinline__ void duo_first(float (&s)[kDuoH], const float* k, con
     }
   }
 }
-// Warp 1 before m_t is known: O: o += s q (row t - 1's second half, from warp 0's partial sum); s *= eg, m += s k
-// (row t's second half, from warp 0's partial sum).
-template <bool O>
-__device__ __forceinline__ void duo_second(float (&s)[kDuoH], const float* q, const float* k, float eg, float& o,
-                                           float& m) {
+// s *= eg, m += s k (a row's m over the warp's 64 values, from the sum so far).
+__device__ __forceinline__ float duo_decay_m(float (&s)[kDuoH], const float* k, float eg, float m) {
 #pragma unroll
   for (int i = 0; i < kDuoH; i += 4) {
     const float4 kk = *reinterpret_cast<const float4*>(k + i);
-    const float4 qq = O ? *reinterpret_cast<const float4*>(q + i) : float4{};
-    const float kv[4] = {kk.x, kk.y, kk.z, kk.w}, qv[4] = {qq.x, qq.y, qq.z, qq.w};
+    const float kv[4] = {kk.x, kk.y, kk.z, kk.w};
 #pragma unroll
     for (int u = 0; u < 4; u++) {
-      float& x = s[i + u];
-      if constexpr (O) o = __fadd_rn(o, __fmul_rn(x, qv[u]));
-      x = __fmul_rn(x, eg);
-      m = __fadd_rn(m, __fmul_rn(x, kv[u]));
+      s[i + u] = __fmul_rn(s[i + u], eg);
+      m = __fadd_rn(m, __fmul_rn(s[i + u], kv[u]));
     }
   }
+  return m;
+}
+__device__ __forceinline__ float duo_sum(const float (&p)[kDuoH], float o) {
+#pragma unroll
+  for (int i = 0; i < kDuoH; i++) o = __fadd_rn(o, p[i]);
+  return o;
 }
 
 template <int DK>
 __global__ void __launch_bounds__(64) k_dn_heads_duo(float* __restrict__ S, float* __restrict__ S_work,
                                                      const __grid_constant__ DnHeads A, int T, int n_src) {
   pdl_wait();
-  static_assert(DK == 128, "a row's k and q are 2 floats a thread each");
+  static_assert(DK == 128, "warp 0 loads a row's k and q as 4 floats a lane each");
   constexpr int H = kDuoH;
   __shared__ __align__(16) float kq[kDuoRing][2][DK];  // [row % kDuoRing][k, q][a]
   __shared__ float gb[kDuoRing][2];                    // eg, beta
   __shared__ float vr[kDuoRing][32];                   // v[j] of the block's columns
   __shared__ float part_m[32], full_m[32], part_o[32];
   const int64_t h = blockIdx.y, dv = A.dv, g = h / (A.nv / A.nk);
-  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t j = (int64_t)blockIdx.x * 32 + lane;
   const bool valid = j < dv, read = A.o != nullptr;
   const int a0 = w * H;
-  // row r: k[tid], k[tid + 64], q alike; warp 0's lanes 0 and 1 eg and beta, warp 1's lanes v[j]
-  struct Row {
-    float k[2], q[2], e;
+  struct Row {  // warp 0's lane: k[lane + 32 i], q alike, v[j]; lanes 0 and 1 also eg and beta
+    float k[4], q[4], v, e;
   };
   auto fetch = [&](int r) {
     Row x;
     const float* k = A.k + (int64_t)r * A.ldk + g * DK;
     const float* q = read ? A.q + (int64_t)r * A.ldq + g * DK : nullptr;
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-      x.k[i] = __ldg(k + tid + 64 * i);
-      x.q[i] = read ? __ldg(q + tid + 64 * i) : 0.f;
+    for (int i = 0; i < 4; i++) {
+      x.k[i] = __ldg(k + lane + 32 * i);
+      x.q[i] = read ? __ldg(q + lane + 32 * i) : 0.f;
     }
-    if (w == 1) x.e = valid ? __ldg(A.v + (int64_t)r * A.ldv + h * dv + j) : 0.f;
-    else if (lane < 2) x.e = __ldg((lane == 0 ? A.eg : A.beta) + (int64_t)r * A.nv + h);
-    else x.e = 0.f;
+    x.v = valid ? __ldg(A.v + (int64_t)r * A.ldv + h * dv + j) : 0.f;
+    x.e = lane < 2 ? __ldg((lane == 0 ? A.eg : A.beta) + (int64_t)r * A.nv + h) : 0.f;
     return x;
   };
   auto stage = [&](int r, const Row& x) {
     const int slot = r % kDuoRing;
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-      kq[slot][0][tid + 64 * i] = x.k[i];
-      kq[slot][1][tid + 64 * i] = x.q[i];
+    for (int i = 0; i < 4; i++) {
+      kq[slot][0][lane + 32 * i] = x.k[i];
+      kq[slot][1][lane + 32 * i] = x.q[i];
     }
-    if (w == 1) vr[slot][lane] = x.e;
-    else if (lane < 2) gb[slot][lane] = x.e;
+    vr[slot][lane] = x.v;
+    if (lane < 2) gb[slot][lane] = x.e;
   };
   float* S0 = S + h * DK * dv;
   float* Sw = S_work ? S_work + h * DK * dv : nullptr;
-  float s[H];
+  float s[H], p[H];
 #pragma unroll
   for (int i = 0; i < H; i++) s[i] = valid ? S0[(a0 + i) * dv + j] : 0.f;
   float* Sc = S0;
   // before row r's decay: at n_src the half column as it stands goes to S, the rest runs on S_work
   auto at_row = [&](int r) {
     if (r == n_src) {
+      const int64_t d = opaque(dv);
       if (valid)
 #pragma unroll
-        for (int i = 0; i < H; i++) S0[(a0 + i) * dv + j] = s[i];
+        for (int i = 0; i < H; i++) S0[(a0 + i) * d + j] = s[i];
       Sc = Sw;
     }
   };
-  stage(0, fetch(0));
-  if (T > 1) stage(1, fetch(1));
-  __syncthreads();
-  if (w == 0) {  // m_0's first half
-    at_row(0);
-    float o = 0.f, m = 0.f;
-    duo_second<false>(s, nullptr, kq[0][0] + a0, gb[0][0], o, m);
-    part_m[lane] = m;
+  Row nx{};
+  if (w == 0) {
+    stage(0, fetch(0));
+    if (T > 1) stage(1, fetch(1));
+    if (T > 2) nx = fetch(2);
   }
   __syncthreads();
-  for (int t = 0; t < T; t++) {
-    const int cur = t % kDuoRing;
-    const bool ahead = t + 2 < T;
-    Row nx;
-    if (ahead) nx = fetch(t + 2);  // in flight through rows t and t + 1's first halves
-    if (w == 1) {  // o_{t-1} (its second half) and m_t (its second half), interleaved
-      at_row(t);
-      const float* k = kq[cur][0] + a0;
-      const float* q = kq[(t + kDuoRing - 1) % kDuoRing][1] + a0;
-      float o = part_o[lane], m = part_m[lane];
-      if (read && t > 0) {
-        duo_second<true>(s, q, k, gb[cur][0], o, m);
-        if (valid) A.o[(int64_t)(t - 1) * A.ldo + h * dv + j] = o;
-      } else {
-        duo_second<false>(s, q, k, gb[cur][0], o, m);
-      }
-      full_m[lane] = __fmul_rn(__fsub_rn(vr[cur][lane], m), gb[cur][1]);
-    }
-    __syncthreads();  // m_t in full_m
-    const float m = full_m[lane];
-    const float* k = kq[cur][0] + a0;
-    if (w == 0) {  // the update by m_t, o_t's first half and m_{t+1}'s, interleaved
-      const int nxt = (t + 1) % kDuoRing;
-      const float* q = kq[cur][1] + a0;
-      const float* k1 = kq[nxt][0] + a0;
-      float* col = S0 + a0 * dv + j;
-      float o = 0.f, m1 = 0.f;
+  if (w == 0) {
+    at_row(0);
+    part_m[lane] = duo_decay_m(s, kq[0][0] + a0, gb[0][0], 0.f);  // m_0's first half
+    bar_arrive2(kBarM1);
+    for (int t = 0; t < T; t++) {
+      const int cur = t % kDuoRing, nxt = (t + 1) % kDuoRing;
+      bar_sync2(kBarM2);
+      const float m = full_m[lane];
+      const float *k = kq[cur][0] + a0, *q = kq[cur][1] + a0, *k1 = kq[nxt][0] + a0;
+      float m1 = 0.f;
       if (t + 1 == T) {
-        if (read) duo_first<true, false, false>(s, k, q, k1, m, 0.f, col, dv, valid, o, m1);
-        else duo_first<false, false, false>(s, k, q, k1, m, 0.f, col, dv, valid, o, m1);
+        if (read) duo_update<true, false, false>(s, p, k, q, k1, m, 0.f, nullptr, 0, valid, m1);
+        else duo_update<false, false, false>(s, p, k, q, k1, m, 0.f, nullptr, 0, valid, m1);
       } else {
         const float eg1 = gb[nxt][0];
         if (t + 1 == n_src) {
+          float* col = S0 + a0 * dv + j;
+          const int64_t d = opaque(dv);
           Sc = Sw;
-          if (read) duo_first<true, true, true>(s, k, q, k1, m, eg1, col, dv, valid, o, m1);
-          else duo_first<false, true, true>(s, k, q, k1, m, eg1, col, dv, valid, o, m1);
+          if (read) duo_update<true, true, true>(s, p, k, q, k1, m, eg1, col, d, valid, m1);
+          else duo_update<false, true, true>(s, p, k, q, k1, m, eg1, col, d, valid, m1);
         } else if (read) {
-          duo_first<true, true, false>(s, k, q, k1, m, eg1, col, dv, valid, o, m1);
+          duo_update<true, true, false>(s, p, k, q, k1, m, eg1, nullptr, 0, valid, m1);
         } else {
-          duo_first<false, true, false>(s, k, q, k1, m, eg1, col, dv, valid, o, m1);
+          duo_update<false, true, false>(s, p, k, q, k1, m, eg1, nullptr, 0, valid, m1);
         }
+        part_m[lane] = m1;
+        bar_arrive2(kBarM1);
       }
-      part_o[lane] = o;
-      part_m[lane] = m1;
-    } else {
-#pragma unroll
-      for (int i = 0; i < H; i += 4) {
-        const float4 kk = *reinterpret_cast<const float4*>(k + i);
-        s[i] = __fadd_rn(s[i], __fmul_rn(kk.x, m));
-        s[i + 1] = __fadd_rn(s[i + 1], __fmul_rn(kk.y, m));
-        s[i + 2] = __fadd_rn(s[i + 2], __fmul_rn(kk.z, m));
-        s[i + 3] = __fadd_rn(s[i + 3], __fmul_rn(kk.w, m));
+      if (read) {  // o_t's first half, off the path
+        part_o[lane] = duo_sum(p, 0.f);
+        bar_arrive2(kBarO);
+      }
+      if (t + 2 < T) {  // row t + 2's slot was row t - 2's: warp 1 is past row t - 1 (it arrived at M2 for row t)
+        stage(t + 2, nx);
+        if (t + 3 < T) nx = fetch(t + 3);
       }
     }
-    if (ahead) stage(t + 2, nx);
-    __syncthreads();  // o_t's and m_{t+1}'s first halves in part_o, part_m; row t + 2 staged
+  } else {
+    for (int t = 0; t < T; t++) {
+      const int cur = t % kDuoRing;
+      bar_sync2(kBarM1);
+      at_row(t);
+      float m = duo_decay_m(s, kq[cur][0] + a0, gb[cur][0], part_m[lane]);
+      m = __fmul_rn(__fsub_rn(vr[cur][lane], m), gb[cur][1]);
+      const bool o_prev = read && t > 0;
+      float o = 0.f;
+      if (o_prev) {  // warp 0 arrived at O for row t - 1 before M1 for row t + 1: no arrival waits on this one
+        bar_sync2(kBarO);
+        o = part_o[lane];
+      }
+      full_m[lane] = m;
+      bar_arrive2(kBarM2);
+      if (o_prev) {  // o_{t-1}'s second half, off the path
+        o = duo_sum(p, o);
+        if (valid) A.o[(int64_t)(t - 1) * A.ldo + h * dv + j] = o;
+      }
+      const float* k = kq[cur][0] + a0;
+      float m1 = 0.f;
+      if (read) duo_update<true, false, false>(s, p, k, kq[cur][1] + a0, nullptr, m, 0.f, nullptr, 0, valid, m1);
+      else duo_update<false, false, false>(s, p, k, nullptr, nullptr, m, 0.f, nullptr, 0, valid, m1);
+    }
+    if (read) {  // o_{T-1}'s second half
+      bar_sync2(kBarO);
+      const float o = duo_sum(p, part_o[lane]);
+      if (valid) A.o[(int64_t)(T - 1) * A.ldo + h * dv + j] = o;
+    }
   }
-  if (w == 1 && read) {  // o_{T-1}'s second half
-    const float* q = kq[(T - 1) % kDuoRing][1] + a0;
-    float o = part_o[lane];
-#pragma unroll
-    for (int i = 0; i < H; i++) o = __fadd_rn(o, __fmul_rn(s[i], q[i]));
-    if (valid) A.o[(int64_t)(T - 1) * A.ldo + h * dv + j] = o;
-  }
+  const int64_t d = opaque(dv);
   if (valid)
 #pragma unroll
-    for (int i = 0; i < H; i++) Sc[(a0 + i) * dv + j] = s[i];
+    for (int i = 0; i < H; i++) Sc[(a0 + i) * d + j] = s[i];
 }
 
 }  // namespace
