@@ -321,25 +321,25 @@ __global__ void __launch_bounds__(32) k_dn_heads_split(float* __restrict__ S, fl
 // halves of S on two warps of a block, pipelined (dk = 128; windows and prompt pieces of kDuoMinT rows or more). Row
 // t's m and o are sums over a = 0..127 in order, so each is a chain of 128 dependent additions, and row t + 1's m
 // needs the whole of row t's update: in k_dn_heads_split the two halves of a warp take their chains in turn (256
-// additions a row on the critical path, and the row's loads). Here warp 0 holds a = 0..63 of 32 columns and warp 1
-// a = 64..127 of the same columns; a row's m runs warp 0's 64 then warp 1's 64, handed over through shared memory
-// under named barriers (bar.arrive by the producer, bar.sync by the consumer: neither warp waits for the other's
-// work off the path). Per row t:
-//   warp 1: [M1] m_t from warp 0's partial sum (s *= eg_t; m += s k) -> full_m [M2]; then, off the path, o_{t-1}
-//           from warp 0's partial o and its products, and the update by m_t with row t's o products (s q)
-//   warp 0: [M2] the update by m_t with row t's o products, s *= eg_{t+1}, m_{t+1}'s partial sum -> part_m [M1];
-//           then, off the path, o_t's partial sum of its products -> part_o [O], the staging of row t + 2
-// so a row's critical path is the m chain of both halves and the updates, not the o sums. Warp 0 loads the rows'
-// k, q, eg, beta and v[j] three rows ahead (registers, then a ring of kDuoRing rows in shared memory). n_src as
-// k_dn_heads_split: each warp writes its half of the column to S before row n_src's decay and runs the rest on
-// S_work. One row stays on k_dn_heads_split (no handovers). Measured on an H100: docs/BENCHMARKS.md, session 31 (a
-// first form with block-wide barriers and the o sums on the path: -0.5 us a row against k_dn_heads_split in prompt
-// pieces, still 1.2 us a row on the 80B).
+// additions a row on the critical path, then the next row's loads). Here warp 0 holds a = 0..63 of 32 columns and
+// warp 1 a = 64..127 of the same columns; a row's sums run warp 0's 64 then warp 1's 64, handed over through shared
+// memory under named barriers (bar.arrive by the producer, bar.sync by the consumer). Per row t:
+//   warp 1: [M1] o_{t-1} and m_t from warp 0's partial sums, interleaved (o += s q; s *= eg_t; m += s k) -> m_t
+//           [M2]; then, while warp 0 works, the update by m_t
+//   warp 0: [M2] the update by m_t, o_t's and m_{t+1}'s first halves, interleaved [M1]
+// so a row's critical path is about two interleaved 64-addition chains a warp. Warp 0 copies the rows' k, q, eg,
+// beta and v[j] into a ring of kDuoRing rows in shared memory three rows ahead with cp.async (no register waits on
+// them). n_src as k_dn_heads_split: each warp writes its half of the column to S before row n_src's decay and runs
+// the rest on S_work. One row stays on k_dn_heads_split (no handovers). H100, a 512-row piece of the 80B (ncu,
+// session 31): 434 us against k_dn_heads_split's 1.12 ms; earlier forms of this kernel: block-wide barriers, the
+// loops' cases as branches inside them (slower than k_dn_heads_split), then 616 us; the o sums moved off the path
+// as products held in registers, 515-586 us (ncu: the products' 64 registers left none to load k ahead, so the m
+// chain waited on each shared-memory load).
 constexpr int kDuoMinT = 2;
-constexpr int kDuoRing = 4;  // rows t - 1 .. t + 2 (row t + 2's slot is row t - 2's, read by neither warp after row t - 1)
+constexpr int kDuoRing = 4;  // rows t - 1 .. t + 2; row t + 3 is copied into row t - 1's slot
 bool g_dn_duo = true;  // prefer_dn_duo (off: k_dn_heads_split at every T, for the A/B)
 constexpr int kDuoH = 64;  // a column's values a warp holds (dk = 128)
-constexpr int kBarM1 = 1, kBarM2 = 2, kBarO = 3;  // named barriers of the two warps (0 is __syncthreads')
+constexpr int kBarM1 = 1, kBarM2 = 2;  // named barriers of the two warps (0 is __syncthreads')
 
 __device__ __forceinline__ void bar_sync2(int id) { asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void bar_arrive2(int id) { asm volatile("bar.arrive %0, 64;" ::"r"(id) : "memory"); }
@@ -350,13 +350,25 @@ __device__ __forceinline__ int64_t opaque(int64_t x) {
   return x;
 }
 
+// Shared-memory copies of a row's values (cp.async: no register holds them, so no later instruction waits on them).
+__device__ __forceinline__ void copy4_async(float* dst, const float* src) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void copies_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void copies_wait() {  // all but the N most recent groups complete
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // The per-row loops of k_dn_heads_duo, each case an instance without a branch inside (the compiler interleaves the
-// chains and loads the rows' values from shared memory 4 at a time ahead of their use).
-// Update by m (s += k m); O: the o products p = s q; M: [SRC: the half column to S] s *= eg1, m1 += s k1.
+// two chains and loads the rows' values from shared memory 4 at a time ahead of their use).
+// Warp 0 after m_t: s += k m (the update by row t); O: o += s q (row t's first half); M: [SRC: the half column to
+// S] s *= eg1, m1 += s k1 (row t + 1's first half).
 template <bool O, bool M, bool SRC>
-__device__ __forceinline__ void duo_update(float (&s)[kDuoH], float (&p)[kDuoH], const float* k, const float* q,
-                                           const float* k1, float m, float eg1, float* col, int64_t dv, bool valid,
-                                           float& m1) {
+__device__ __forceinline__ void duo_first(float (&s)[kDuoH], const float* k, const float* q, const float* k1,
+                                          float m, float eg1, float* col, int64_t dv, bool valid, float& o,
+                                          float& m1) {
 #pragma unroll
   for (int i = 0; i < kDuoH; i += 4) {
     const float4 kk = *reinterpret_cast<const float4*>(k + i);
@@ -368,7 +380,7 @@ __device__ __forceinline__ void duo_update(float (&s)[kDuoH], float (&p)[kDuoH],
     for (int u = 0; u < 4; u++) {
       float& x = s[i + u];
       x = __fadd_rn(x, __fmul_rn(kv[u], m));
-      if constexpr (O) p[i + u] = __fmul_rn(x, qv[u]);
+      if constexpr (O) o = __fadd_rn(o, __fmul_rn(x, qv[u]));
       if constexpr (M) {
         if constexpr (SRC) {
           if (valid) col[(i + u) * dv] = x;
@@ -379,31 +391,33 @@ __device__ __forceinline__ void duo_update(float (&s)[kDuoH], float (&p)[kDuoH],
     }
   }
 }
-// s *= eg, m += s k (a row's m over the warp's 64 values, from the sum so far).
-__device__ __forceinline__ float duo_decay_m(float (&s)[kDuoH], const float* k, float eg, float m) {
+// Warp 1 (and warp 0 for row 0): O: o += s q (row t - 1's second half, from warp 0's partial sum); M: s *= eg,
+// m += s k (row t's half, from the sum so far).
+template <bool O, bool M>
+__device__ __forceinline__ void duo_second(float (&s)[kDuoH], const float* q, const float* k, float eg, float& o,
+                                           float& m) {
 #pragma unroll
   for (int i = 0; i < kDuoH; i += 4) {
-    const float4 kk = *reinterpret_cast<const float4*>(k + i);
-    const float kv[4] = {kk.x, kk.y, kk.z, kk.w};
+    const float4 kk = M ? *reinterpret_cast<const float4*>(k + i) : float4{};
+    const float4 qq = O ? *reinterpret_cast<const float4*>(q + i) : float4{};
+    const float kv[4] = {kk.x, kk.y, kk.z, kk.w}, qv[4] = {qq.x, qq.y, qq.z, qq.w};
 #pragma unroll
     for (int u = 0; u < 4; u++) {
-      s[i + u] = __fmul_rn(s[i + u], eg);
-      m = __fadd_rn(m, __fmul_rn(s[i + u], kv[u]));
+      float& x = s[i + u];
+      if constexpr (O) o = __fadd_rn(o, __fmul_rn(x, qv[u]));
+      if constexpr (M) {
+        x = __fmul_rn(x, eg);
+        m = __fadd_rn(m, __fmul_rn(x, kv[u]));
+      }
     }
   }
-  return m;
-}
-__device__ __forceinline__ float duo_sum(const float (&p)[kDuoH], float o) {
-#pragma unroll
-  for (int i = 0; i < kDuoH; i++) o = __fadd_rn(o, p[i]);
-  return o;
 }
 
 template <int DK>
 __global__ void __launch_bounds__(64) k_dn_heads_duo(float* __restrict__ S, float* __restrict__ S_work,
                                                      const __grid_constant__ DnHeads A, int T, int n_src) {
   pdl_wait();
-  static_assert(DK == 128, "warp 0 loads a row's k and q as 4 floats a lane each");
+  static_assert(DK == 128, "warp 0 copies a row's k and q as 4 floats a lane each");
   constexpr int H = kDuoH;
   __shared__ __align__(16) float kq[kDuoRing][2][DK];  // [row % kDuoRing][k, q][a]
   __shared__ float gb[kDuoRing][2];                    // eg, beta
@@ -414,35 +428,23 @@ __global__ void __launch_bounds__(64) k_dn_heads_duo(float* __restrict__ S, floa
   const int64_t j = (int64_t)blockIdx.x * 32 + lane;
   const bool valid = j < dv, read = A.o != nullptr;
   const int a0 = w * H;
-  struct Row {  // warp 0's lane: k[lane + 32 i], q alike, v[j]; lanes 0 and 1 also eg and beta
-    float k[4], q[4], v, e;
-  };
-  auto fetch = [&](int r) {
-    Row x;
-    const float* k = A.k + (int64_t)r * A.ldk + g * DK;
-    const float* q = read ? A.q + (int64_t)r * A.ldq + g * DK : nullptr;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      x.k[i] = __ldg(k + lane + 32 * i);
-      x.q[i] = read ? __ldg(q + lane + 32 * i) : 0.f;
-    }
-    x.v = valid ? __ldg(A.v + (int64_t)r * A.ldv + h * dv + j) : 0.f;
-    x.e = lane < 2 ? __ldg((lane == 0 ? A.eg : A.beta) + (int64_t)r * A.nv + h) : 0.f;
-    return x;
-  };
-  auto stage = [&](int r, const Row& x) {
+  auto fetch = [&](int r) {  // warp 0: row r into its ring slot, one copy group
     const int slot = r % kDuoRing;
+    const float* k = A.k + (int64_t)r * A.ldk + g * DK;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-      kq[slot][0][lane + 32 * i] = x.k[i];
-      kq[slot][1][lane + 32 * i] = x.q[i];
+    for (int i = 0; i < 4; i++) copy4_async(&kq[slot][0][lane + 32 * i], k + lane + 32 * i);
+    if (read) {
+      const float* q = A.q + (int64_t)r * A.ldq + g * DK;
+#pragma unroll
+      for (int i = 0; i < 4; i++) copy4_async(&kq[slot][1][lane + 32 * i], q + lane + 32 * i);
     }
-    vr[slot][lane] = x.v;
-    if (lane < 2) gb[slot][lane] = x.e;
+    if (valid) copy4_async(&vr[slot][lane], A.v + (int64_t)r * A.ldv + h * dv + j);
+    if (lane < 2) copy4_async(&gb[slot][lane], (lane == 0 ? A.eg : A.beta) + (int64_t)r * A.nv + h);
+    copies_commit();
   };
   float* S0 = S + h * DK * dv;
   float* Sw = S_work ? S_work + h * DK * dv : nullptr;
-  float s[H], p[H];
+  float s[H];
 #pragma unroll
   for (int i = 0; i < H; i++) s[i] = valid ? S0[(a0 + i) * dv + j] : 0.f;
   float* Sc = S0;
@@ -456,79 +458,89 @@ __global__ void __launch_bounds__(64) k_dn_heads_duo(float* __restrict__ S, floa
       Sc = Sw;
     }
   };
-  Row nx{};
-  if (w == 0) {
-    stage(0, fetch(0));
-    if (T > 1) stage(1, fetch(1));
-    if (T > 2) nx = fetch(2);
+  if (w == 0) {  // rows 0, 1 and 2 in flight, then rows 0 and 1 complete
+    fetch(0);
+    if (T > 1) fetch(1);
+    if (T > 2) fetch(2);
+    if (T > 2) copies_wait<1>();
+    else copies_wait<0>();
   }
-  __syncthreads();
+  __syncthreads();  // rows 0 and 1 in shared memory (invalid lanes' v: never read)
   if (w == 0) {
     at_row(0);
-    part_m[lane] = duo_decay_m(s, kq[0][0] + a0, gb[0][0], 0.f);  // m_0's first half
+    float o = 0.f, m = 0.f;
+    duo_second<false, true>(s, nullptr, kq[0][0] + a0, gb[0][0], o, m);  // m_0's first half
+    part_m[lane] = m;
     bar_arrive2(kBarM1);
     for (int t = 0; t < T; t++) {
       const int cur = t % kDuoRing, nxt = (t + 1) % kDuoRing;
       bar_sync2(kBarM2);
       const float m = full_m[lane];
       const float *k = kq[cur][0] + a0, *q = kq[cur][1] + a0, *k1 = kq[nxt][0] + a0;
-      float m1 = 0.f;
+      float o = 0.f, m1 = 0.f;
       if (t + 1 == T) {
-        if (read) duo_update<true, false, false>(s, p, k, q, k1, m, 0.f, nullptr, 0, valid, m1);
-        else duo_update<false, false, false>(s, p, k, q, k1, m, 0.f, nullptr, 0, valid, m1);
+        if (read) duo_first<true, false, false>(s, k, q, k1, m, 0.f, nullptr, 0, valid, o, m1);
+        else duo_first<false, false, false>(s, k, q, k1, m, 0.f, nullptr, 0, valid, o, m1);
       } else {
         const float eg1 = gb[nxt][0];
         if (t + 1 == n_src) {
           float* col = S0 + a0 * dv + j;
           const int64_t d = opaque(dv);
           Sc = Sw;
-          if (read) duo_update<true, true, true>(s, p, k, q, k1, m, eg1, col, d, valid, m1);
-          else duo_update<false, true, true>(s, p, k, q, k1, m, eg1, col, d, valid, m1);
+          if (read) duo_first<true, true, true>(s, k, q, k1, m, eg1, col, d, valid, o, m1);
+          else duo_first<false, true, true>(s, k, q, k1, m, eg1, col, d, valid, o, m1);
         } else if (read) {
-          duo_update<true, true, false>(s, p, k, q, k1, m, eg1, nullptr, 0, valid, m1);
+          duo_first<true, true, false>(s, k, q, k1, m, eg1, nullptr, 0, valid, o, m1);
         } else {
-          duo_update<false, true, false>(s, p, k, q, k1, m, eg1, nullptr, 0, valid, m1);
+          duo_first<false, true, false>(s, k, q, k1, m, eg1, nullptr, 0, valid, o, m1);
         }
-        part_m[lane] = m1;
-        bar_arrive2(kBarM1);
       }
-      if (read) {  // o_t's first half, off the path
-        part_o[lane] = duo_sum(p, 0.f);
-        bar_arrive2(kBarO);
+      part_o[lane] = o;
+      part_m[lane] = m1;
+      // row t + 2 (copied since row t - 1) complete before warp 1 may read it (at M1 for row t + 2, after the arrival
+      // below for row t + 1) and before this warp reads it (after M2 for row t + 1)
+      if (t + 3 < T) {
+        copies_wait<0>();
+        fetch(t + 3);  // into row t - 1's slot: warp 1 read it last before its arrival at M2 for row t
+      } else {
+        copies_wait<0>();
       }
-      if (t + 2 < T) {  // row t + 2's slot was row t - 2's: warp 1 is past row t - 1 (it arrived at M2 for row t)
-        stage(t + 2, nx);
-        if (t + 3 < T) nx = fetch(t + 3);
-      }
+      bar_arrive2(kBarM1);  // m_{t+1}'s first half, or (t = T - 1) o_{T-1}'s
     }
   } else {
-    for (int t = 0; t < T; t++) {
-      const int cur = t % kDuoRing;
+    for (int t = 0; t <= T; t++) {
+      const int cur = t % kDuoRing, prev = (t + kDuoRing - 1) % kDuoRing;
       bar_sync2(kBarM1);
-      at_row(t);
-      float m = duo_decay_m(s, kq[cur][0] + a0, gb[cur][0], part_m[lane]);
-      m = __fmul_rn(__fsub_rn(vr[cur][lane], m), gb[cur][1]);
+      float o = part_o[lane], m = part_m[lane];
+      const float* q = kq[prev][1] + a0;
       const bool o_prev = read && t > 0;
-      float o = 0.f;
-      if (o_prev) {  // warp 0 arrived at O for row t - 1 before M1 for row t + 1: no arrival waits on this one
-        bar_sync2(kBarO);
-        o = part_o[lane];
+      if (t == T) {  // o_{T-1}'s second half
+        if (o_prev) {
+          duo_second<true, false>(s, q, nullptr, 0.f, o, m);
+          if (valid) A.o[(int64_t)(t - 1) * A.ldo + h * dv + j] = o;
+        }
+        break;
       }
+      if (o_prev && t != n_src) {  // o_{t-1}'s second half and m_t's, interleaved
+        duo_second<true, true>(s, q, kq[cur][0] + a0, gb[cur][0], o, m);
+      } else {  // (at n_src the half column between them)
+        if (o_prev) duo_second<true, false>(s, q, nullptr, 0.f, o, m);
+        at_row(t);
+        duo_second<false, true>(s, nullptr, kq[cur][0] + a0, gb[cur][0], o, m);
+      }
+      m = __fmul_rn(__fsub_rn(vr[cur][lane], m), gb[cur][1]);
       full_m[lane] = m;
       bar_arrive2(kBarM2);
-      if (o_prev) {  // o_{t-1}'s second half, off the path
-        o = duo_sum(p, o);
-        if (valid) A.o[(int64_t)(t - 1) * A.ldo + h * dv + j] = o;
-      }
+      if (o_prev && valid) A.o[(int64_t)(t - 1) * A.ldo + h * dv + j] = o;
       const float* k = kq[cur][0] + a0;
-      float m1 = 0.f;
-      if (read) duo_update<true, false, false>(s, p, k, kq[cur][1] + a0, nullptr, m, 0.f, nullptr, 0, valid, m1);
-      else duo_update<false, false, false>(s, p, k, nullptr, nullptr, m, 0.f, nullptr, 0, valid, m1);
-    }
-    if (read) {  // o_{T-1}'s second half
-      bar_sync2(kBarO);
-      const float o = duo_sum(p, part_o[lane]);
-      if (valid) A.o[(int64_t)(T - 1) * A.ldo + h * dv + j] = o;
+#pragma unroll
+      for (int i = 0; i < H; i += 4) {
+        const float4 kk = *reinterpret_cast<const float4*>(k + i);
+        s[i] = __fadd_rn(s[i], __fmul_rn(kk.x, m));
+        s[i + 1] = __fadd_rn(s[i + 1], __fmul_rn(kk.y, m));
+        s[i + 2] = __fadd_rn(s[i + 2], __fmul_rn(kk.z, m));
+        s[i + 3] = __fadd_rn(s[i + 3], __fmul_rn(kk.w, m));
+      }
     }
   }
   const int64_t d = opaque(dv);
