@@ -12,11 +12,15 @@ k_dn_heads_split gave the same bits.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from strata_py import _core
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from strata_py import _core  # noqa: E402
+from test_cuda_forward import _dn_case  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -31,15 +35,8 @@ def main(argv=None) -> int:
         ap.error("needs a CUDA build and a GPU (_core.cuda_available() is False)")
     if a.nv % a.nk:
         ap.error(f"bad option --nv {a.nv}: not a multiple of --nk {a.nk}")
-    rng = np.random.default_rng(0)
     T, nk, nv, dk, dv = a.rows, a.nk, a.nv, a.dk, a.dv
-    k = rng.standard_normal((T, nk, dk)).astype(np.float32)
-    k /= np.linalg.norm(k, axis=2, keepdims=True)
-    q = (rng.standard_normal((T, nk, dk)) / np.sqrt(dk)).astype(np.float32)
-    v = rng.standard_normal((T, nv, dv)).astype(np.float32)
-    eg = rng.uniform(0.6, 1.0, (T, nv)).astype(np.float32)
-    beta = rng.uniform(0.0, 1.0, (T, nv)).astype(np.float32)
-    S = (rng.standard_normal((nv, dk, dv)) * 0.3).astype(np.float32)
+    S, k, v, q, eg, beta = _dn_case(np.random.default_rng(0), T, nk, nv // nk, dk, dv)  # the tests' inputs
     f = [x.ravel() for x in (S, np.full(1, np.nan, np.float32), k, v, q, eg, beta,
                              np.full((T, nv, dv), np.nan, np.float32))]
     n = [nk * dk, nv * dv, nk * dk, nv * dv, nk, nv, dk, dv, T, T, 1, 0]  # in place, o read, no S_work
