@@ -157,7 +157,7 @@ def _dn_case(rng, T, nk, r, dk, dv):
 
 
 @pytest.mark.parametrize("dk,dv", [(128, 128), (128, 80), (64, 64), (32, 48)])
-@pytest.mark.parametrize("mode", ["in_place", "window", "partial", "replay"])
+@pytest.mark.parametrize("mode", ["in_place", "window", "partial", "partial-mid", "replay"])
 @pytest.mark.parametrize("rows", ["short", "long"])
 def test_dn_heads_equal_cpu_and_rows(dk, dv, mode, rows):
     """For dk = 128 over 2+ rows both kernels (deltanet.cu k_dn_heads_duo, the default, and k_dn_heads_split): the
@@ -166,7 +166,7 @@ def test_dn_heads_equal_cpu_and_rows(dk, dv, mode, rows):
     T, nk, r = int(rng.integers(1, 8) if rows == "short" else rng.integers(8, 41)), 2, 2
     nv = nk * r
     S, k, v, q, eg, beta = _dn_case(rng, T, nk, r, dk, dv)
-    n_src = {"in_place": T, "window": 0, "partial": 1, "replay": T}[mode]
+    n_src = {"in_place": T, "window": 0, "partial": 1, "partial-mid": T // 2 + 1, "replay": T}[mode]
     has_o = mode != "replay"
     f = [S, nan(nv, dk, dv), k, v, q, eg, beta, nan(T, nv, dv)]
     n = [nk * dk, nv * dv, nk * dk, nv * dv, nk, nv, dk, dv, T, n_src, int(has_o), int(n_src < T)]
