@@ -375,8 +375,8 @@ void init_cuda(nb::module_& m) {
         "to 16 rows run as one kernel (default on) or as the sequence of copies and kernels; the same bits either way.");
   m.def("cuda_prefer_dn_duo", &cuda_prefer_dn_duo, nb::arg("on"),
         "Tests and benches: whether DeltaNet heads (dk = 128) over 2+ rows take the kernel with a column's two halves "
-        "on two warps, a row's o sum interleaved with the next row's m (default off until measured); the same bits "
-        "either way.");
+        "on two warps, a row's o sum interleaved with the next row's m (default on) or k_dn_heads_split; the same "
+        "bits either way.");
   m.def("cuda_prefer_row_groups", &cuda_prefer_row_groups, nb::arg("on"),
         "Tests and benches: whether small float matrices (the routers) over 17+ rows take blocks of 16 activation rows "
         "or a block per row (the default); the same bits either way.");
