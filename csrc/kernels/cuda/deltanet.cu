@@ -363,8 +363,8 @@ __device__ __forceinline__ void copies_wait() {  // all but the N most recent gr
 
 // The per-row loops of k_dn_heads_duo, each case an instance without a branch inside (the compiler interleaves the
 // two chains and loads the rows' values from shared memory 4 at a time ahead of their use).
-// Warp 0 after m_t: s += k m (the update by row t); O: o += s q (row t's first half); M: [SRC: the half column to
-// S] s *= eg1, m1 += s k1 (row t + 1's first half).
+// After m_t: s += k m (the update by row t; warp 1's, alone); warp 0's also O: o += s q (row t's first half), M:
+// [SRC: the half column to S] s *= eg1, m1 += s k1 (row t + 1's first half).
 template <bool O, bool M, bool SRC>
 __device__ __forceinline__ void duo_first(float (&s)[kDuoH], const float* k, const float* q, const float* k1,
                                           float m, float eg1, float* col, int64_t dv, bool valid, float& o,
@@ -499,12 +499,8 @@ __global__ void __launch_bounds__(64) k_dn_heads_duo(float* __restrict__ S, floa
       part_m[lane] = m1;
       // row t + 2 (copied since row t - 1) complete before warp 1 may read it (at M1 for row t + 2, after the arrival
       // below for row t + 1) and before this warp reads it (after M2 for row t + 1)
-      if (t + 3 < T) {
-        copies_wait<0>();
-        fetch(t + 3);  // into row t - 1's slot: warp 1 read it last before its arrival at M2 for row t
-      } else {
-        copies_wait<0>();
-      }
+      copies_wait<0>();
+      if (t + 3 < T) fetch(t + 3);  // into row t - 1's slot: warp 1 read it last before its arrival at M2 for row t
       bar_arrive2(kBarM1);  // m_{t+1}'s first half, or (t = T - 1) o_{T-1}'s
     }
   } else {
@@ -532,15 +528,8 @@ __global__ void __launch_bounds__(64) k_dn_heads_duo(float* __restrict__ S, floa
       full_m[lane] = m;
       bar_arrive2(kBarM2);
       if (o_prev && valid) A.o[(int64_t)(t - 1) * A.ldo + h * dv + j] = o;
-      const float* k = kq[cur][0] + a0;
-#pragma unroll
-      for (int i = 0; i < H; i += 4) {
-        const float4 kk = *reinterpret_cast<const float4*>(k + i);
-        s[i] = __fadd_rn(s[i], __fmul_rn(kk.x, m));
-        s[i + 1] = __fadd_rn(s[i + 1], __fmul_rn(kk.y, m));
-        s[i + 2] = __fadd_rn(s[i + 2], __fmul_rn(kk.z, m));
-        s[i + 3] = __fadd_rn(s[i + 3], __fmul_rn(kk.w, m));
-      }
+      float unused = 0.f;  // the update by m_t alone: no o, no next row
+      duo_first<false, false, false>(s, kq[cur][0] + a0, nullptr, nullptr, m, 0.f, nullptr, 0, valid, unused, unused);
     }
   }
   const int64_t d = opaque(dv);
