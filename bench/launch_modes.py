@@ -11,8 +11,10 @@ the small float matrices (routers) of prompt pieces in blocks of 16 activation r
 (cuda_prefer_row_groups(True)); "noattntiles" = "on" with the prompt pieces' attention a block per (row, head), not
 the tiled kernels (cuda_prefer_attn_tiles(False)); "notileahead" = "on" without the IQ2_XXS expert tiles' L2
 prefetch of each block's next tile (cuda_prefer_tile_prefetch(False)); "nofloattiles" = "on" with the float
-products (routers) of prompt pieces on k_float, not k_float_tiles (cuda_prefer_float_tiles(False)); "tilestage" =
-"on" with the IQ2_XXS expert tiles' activation rows staged in shared memory a tile (cuda_prefer_tile_stage(True));
+products (routers) of prompt pieces on k_float, not k_float_tiles (cuda_prefer_float_tiles(False)); "notilestage" =
+"on" with the IQ2_XXS expert tiles' activation rows read from L2 word by word, not staged in shared memory a tile
+(cuda_prefer_tile_stage(False)); "nopanelstage" = "on" with the prompt pieces' dense IQ2_XXS panel reading its
+activation rows from L2 word by word, 8 a warp, not staged by cp.async, 16 a warp (cuda_prefer_iq2_panel_staged(False));
 "iq2-wu4" = "on" with the dense IQ2_XXS windows of 2..4 rows taking 4 blocks of a weight row a step, not 2
 (cuda_prefer_iq2_window_u4(True)); "iq2-pair2" / "iq2-pair4" = "on" with the experts' fused gate / up alone taking 2 or 4
 weight rows a warp; "nodnconv" = "on" with DeltaNet's conv, gates and conv-state copies of windows of up to 16 rows as the
@@ -27,7 +29,7 @@ it was recorded in, so a mode applies to the sessions made after it is set."""
 from __future__ import annotations
 
 LAUNCH_MODES = ("on", "all", "no-prefetch", "off", "unfused", "iq2-rows1", "iq2-rows2", "iq2-rows4", "pieces64",
-                "nopanel", "rowgroups", "noattntiles", "notileahead", "nofloattiles", "tilestage", "iq2-wu4",
+                "nopanel", "rowgroups", "noattntiles", "notileahead", "nofloattiles", "notilestage", "nopanelstage", "iq2-wu4",
                 "iq2-pair2", "iq2-pair4", "nodnconv", "nofloatsplit", "nob32qsplit", "nodnduo")
 
 
@@ -47,7 +49,8 @@ def set_launches(mode: str) -> None:
     _core.cuda_prefer_attn_tiles(mode != "noattntiles", 1024)
     _core.cuda_prefer_tile_prefetch(mode != "notileahead")
     _core.cuda_prefer_float_tiles(mode != "nofloattiles")
-    _core.cuda_prefer_tile_stage(mode == "tilestage")
+    _core.cuda_prefer_tile_stage(mode != "notilestage")
+    _core.cuda_prefer_iq2_panel_staged(mode != "nopanelstage")
     _core.cuda_prefer_iq2_window_u4(mode == "iq2-wu4")
     _core.cuda_prefer_dn_conv_fused(mode != "nodnconv")
     _core.cuda_prefer_float_split(0 if mode == "nofloatsplit" else 8 << 20)

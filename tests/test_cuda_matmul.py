@@ -153,18 +153,22 @@ def test_iq2xxs_tensor_cores_from_two_rows():
         _core.cuda_prefer_mma(True, 1)
 
 
-def test_iq2xxs_panel_equals_tensor_cores_and_cpu_ref():
+@pytest.mark.parametrize("staged", [True, False])
+def test_iq2xxs_panel_equals_tensor_cores_and_cpu_ref(staged):
     """Dense IQ2_XXS products of 32+ rows (prompt pieces) decode a block's 16 weight rows once into shared memory
-    (iq2_mma.cuh k_iq2xxs_panel): the CPU's scalar kernel and k_iq2xxs_mma bit for bit, for rows across the 16-row
-    blocks, the activation rows split in y (few weight rows) or not, tiles of 8 cut by T, 1..16 blocks a row (the 80B
-    file's 2048 and 4096 columns), past the panel's shared memory (5120 columns: k_iq2xxs_mma), and the largest lane
-    sums (every sub-block scale 15, all signs +, activations +-127)."""
+    (iq2_mma.cuh k_iq2xxs_panel; staged, the default: k_iq2xxs_panel_staged, each warp's 16 activation rows copied
+    into shared memory by cp.async and read by ldmatrix): the CPU's scalar kernel and k_iq2xxs_mma bit for bit, for
+    rows across the 16-row blocks, the activation rows split in y (few weight rows) or not, tiles of 8 / 16 cut by T
+    (T = 33, 37, 45: a partial last tile; 40: a partial 16-row tile of whole 8-row halves), 1..16 blocks a row (the
+    80B file's 2048 and 4096 columns), past the panel's shared memory (5120 columns: k_iq2xxs_mma), and the largest
+    lane sums (every sub-block scale 15, all signs +, activations +-127)."""
     rng = np.random.default_rng()
     cases = [(int(rng.integers(1, 40)), 2048, 32), (300, 256, 100), (2100, 2048, 37), (17, 4096, 513),
-             (33, 5120, 45), (40, 1024, 40)]
-    for rows, cols, T in cases:  # the last: the largest |P|
-        _iq2xxs_both_ways(rng, rows, cols, T, (rows, cols, T) == (40, 1024, 40),
-                          lambda: switched(_core.cuda_prefer_iq2_panel, False, True))
+             (33, 5120, 45), (40, 1024, 40), (2048, 4096, 200)]
+    with switched(_core.cuda_prefer_iq2_panel_staged, staged, True):
+        for rows, cols, T in cases:  # (40, 1024, 40): the largest |P|
+            _iq2xxs_both_ways(rng, rows, cols, T, (rows, cols, T) == (40, 1024, 40),
+                              lambda: switched(_core.cuda_prefer_iq2_panel, False, True))
 
 
 @pytest.mark.parametrize("typ", ["F32", "F16", "BF16"])

@@ -629,6 +629,7 @@ bool cuda_pdl_used() { return cuda::pdl_on(); }
 void cuda_prefer_norm_quant(bool on) { cuda::prefer_norm_quant(on); }
 void cuda_prefer_iq2_rows(int dense, int sel, int pair) { cuda::prefer_iq2_rows(dense, sel, pair); }
 void cuda_prefer_iq2_panel(bool on) { cuda::prefer_iq2_panel(on); }
+void cuda_prefer_iq2_panel_staged(bool on) { cuda::prefer_iq2_panel_staged(on); }
 void cuda_prefer_iq2_window_u4(bool on) { cuda::prefer_iq2_window_u4(on); }
 void cuda_prefer_dn_duo(bool on) { cuda::prefer_dn_duo(on); }
 void cuda_prefer_dn_conv_fused(bool on) { g_dn_conv_fused = on; }

@@ -38,6 +38,8 @@ void cuda_prefer_norm_quant(bool on);
 void cuda_prefer_iq2_rows(int dense, int sel, int pair);
 // Tests and benches: cuda::prefer_iq2_panel (prompt pieces' dense IQ2_XXS products from shared memory, default on).
 void cuda_prefer_iq2_panel(bool on);
+// Tests and benches: cuda::prefer_iq2_panel_staged (that panel's activation rows staged in shared memory, default on).
+void cuda_prefer_iq2_panel_staged(bool on);
 // Tests and benches: cuda::prefer_iq2_window_u4 (dense IQ2_XXS windows of 2..4 rows 4 blocks a step, default off).
 void cuda_prefer_iq2_window_u4(bool on);
 // Tests and benches: cuda::prefer_dn_duo (dn_heads' kernel with a column's halves on two warps, pipelined, for 2+ rows;

@@ -28,6 +28,7 @@ bool cuda_pdl_used() { return false; }
 void cuda_prefer_norm_quant(bool) { no_cuda(); }
 void cuda_prefer_iq2_rows(int, int, int) { no_cuda(); }
 void cuda_prefer_iq2_panel(bool) { no_cuda(); }
+void cuda_prefer_iq2_panel_staged(bool) { no_cuda(); }
 void cuda_prefer_iq2_window_u4(bool) { no_cuda(); }
 void cuda_prefer_dn_duo(bool) { no_cuda(); }
 void cuda_prefer_dn_conv_fused(bool) { no_cuda(); }

@@ -370,6 +370,9 @@ void init_cuda(nb::module_& m) {
   m.def("cuda_prefer_iq2_panel", &cuda_prefer_iq2_panel, nb::arg("on"),
         "Tests and benches: whether the dense IQ2_XXS products of 32+ rows (prompt pieces) decode a block's 16 weight "
         "rows once into shared memory (default on) or per 16 activation rows; the same bits either way.");
+  m.def("cuda_prefer_iq2_panel_staged", &cuda_prefer_iq2_panel_staged, nb::arg("on"),
+        "Tests and benches: whether that panel's activation rows are staged in shared memory by cp.async, 16 rows a "
+        "warp (default on), or read from L2 word by word, 8 rows a warp; the same bits either way.");
   m.def("cuda_prefer_dn_conv_fused", &cuda_prefer_dn_conv_fused, nb::arg("on"),
         "Tests and benches: whether DeltaNet's causal conv, gates and conv-state (or replay-row) copies of windows of up "
         "to 16 rows run as one kernel (default on) or as the sequence of copies and kernels; the same bits either way.");
@@ -398,7 +401,7 @@ void init_cuda(nb::module_& m) {
         "32 rows x 32 weight rows staged in shared memory (default on) or k_float; the same bits either way.");
   m.def("cuda_prefer_tile_stage", &cuda_prefer_tile_stage, nb::arg("on"),
         "Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores copy each tile's activation rows into "
-        "shared memory first (default off: not yet measured); the same bits either way.");
+        "shared memory first (default on); the same bits either way.");
   m.def("cuda_prefer_prompt_rows", &cuda_prefer_prompt_rows, nb::arg("rows"),
         "Tests and benches: the rows of a prompt piece on the card (1..4096, default 512), for the sessions made after "
         "the call; the same bits for any value.");

@@ -650,6 +650,11 @@ def cuda_prefer_iq2_panel(on: bool) -> None:
     Tests and benches: whether the dense IQ2_XXS products of 32+ rows (prompt pieces) decode a block's 16 weight rows once into shared memory (default on) or per 16 activation rows; the same bits either way.
     """
 
+def cuda_prefer_iq2_panel_staged(on: bool) -> None:
+    """
+    Tests and benches: whether that panel's activation rows are staged in shared memory by cp.async, 16 rows a warp (default on), or read from L2 word by word, 8 rows a warp; the same bits either way.
+    """
+
 def cuda_prefer_dn_duo(on: bool) -> None:
     """
     Tests and benches: whether DeltaNet heads (dk = 128) over 2+ rows take the kernel with a column's two halves on two warps, a row's o sum interleaved with the next row's m (default on) or k_dn_heads_split; the same bits either way.
@@ -687,7 +692,7 @@ def cuda_prefer_float_tiles(on: bool) -> None:
 
 def cuda_prefer_tile_stage(on: bool) -> None:
     """
-    Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores copy each tile's activation rows into shared memory first (default off: not yet measured); the same bits either way.
+    Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores copy each tile's activation rows into shared memory first (default on); the same bits either way.
     """
 
 def cuda_prefer_prompt_rows(rows: int) -> None:

@@ -238,6 +238,31 @@ __host__ __device__ constexpr size_t panel_smem_bytes(int64_t nb) {
   return (size_t)nb * (16 * 32 * sizeof(uint4) + 16 * sizeof(float));
 }
 
+// The panel's decode: warp w takes blocks w, w + kPanelWarps, ...; thread (g, c4) rows r0 + g and r0 + g + 8,
+// sub-blocks 2 c4 + h, into frag[b][k][lane] and dsm[b][row] (k_iq2xxs_panel's layout).
+__device__ __forceinline__ void panel_decode(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows, int64_t nb,
+                                             int64_t r0, const uint64_t* grid, const uint64_t* smask, uint4* frag,
+                                             float* dsm) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c4 = lane & 3;
+  const uint8_t* row0 = W + (r0 + g < rows ? r0 + g : rows - 1) * row_bytes;
+  const uint8_t* row1 = W + (r0 + g + 8 < rows ? r0 + g + 8 : rows - 1) * row_bytes;
+  for (int64_t b = warp; b < nb; b += kPanelWarps) {
+    Iq2MmaPart cur;
+    cur.load(row0 + b * IQ2_XXS::kBytes, row1 + b * IQ2_XXS::kBytes, c4);
+    if (c4 == 0) {
+      dsm[b * 16 + g] = cur.d(0);
+      dsm[b * 16 + g + 8] = cur.d(1);
+    }
+#pragma unroll
+    for (int l = 0; l < 4; l++) {
+      uint4 a[4];
+      iq2_mma_frags(cur, l, grid, smask, a);
+#pragma unroll
+      for (int m = 0; m < 4; m++) frag[(b * 16 + 4 * l + m) * 32 + lane] = a[m];
+    }
+  }
+}
+
 __global__ void __launch_bounds__(32 * kPanelWarps) k_iq2xxs_panel(const uint8_t* __restrict__ W, size_t row_bytes,
                                                                    int64_t rows, int64_t nb,
                                                                    const int8_t* __restrict__ q,
@@ -254,26 +279,7 @@ __global__ void __launch_bounds__(32 * kPanelWarps) k_iq2xxs_panel(const uint8_t
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c4 = lane & 3;
   const int64_t r0 = (int64_t)blockIdx.x * 16;
-  // the decode: warp w takes blocks w, w + kPanelWarps, ...; thread (g, c4) rows g and g + 8, sub-blocks 2 c4 + h
-  {
-    const uint8_t* row0 = W + (r0 + g < rows ? r0 + g : rows - 1) * row_bytes;
-    const uint8_t* row1 = W + (r0 + g + 8 < rows ? r0 + g + 8 : rows - 1) * row_bytes;
-    for (int64_t b = warp; b < nb; b += kPanelWarps) {
-      Iq2MmaPart cur;
-      cur.load(row0 + b * IQ2_XXS::kBytes, row1 + b * IQ2_XXS::kBytes, c4);
-      if (c4 == 0) {
-        dsm[b * 16 + g] = cur.d(0);
-        dsm[b * 16 + g + 8] = cur.d(1);
-      }
-#pragma unroll
-      for (int l = 0; l < 4; l++) {
-        uint4 a[4];
-        iq2_mma_frags(cur, l, grid, smask, a);
-#pragma unroll
-        for (int m = 0; m < 4; m++) frag[(b * 16 + 4 * l + m) * 32 + lane] = a[m];
-      }
-    }
-  }
+  panel_decode(W, row_bytes, rows, nb, r0, grid, smask, frag, dsm);
   __syncthreads();
   // the activation rows: tiles of 8 (tile_0 .. tile_0 + tiles_per_y of this block y), warp w taking every
   // kPanelWarps-th
@@ -323,6 +329,156 @@ __global__ void __launch_bounds__(32 * kPanelWarps) k_iq2xxs_panel(const uint8_t
       const int t = t0 + 2 * c4 + (e & 1);
       if (r < rows && t < T) y[(int64_t)t * ldy + r] = v;
     }
+  }
+}
+
+// k_iq2xxs_panel with each warp's activation rows staged: a warp takes tiles of 16 activation rows (two MMA column
+// groups, so that each A fragment read from shared memory serves 16 rows, not 8) and copies each 256-value block of
+// its 16 rows, with their scales, into a ring of kPanelStages buffers in shared memory by cp.async one block ahead
+// (16-byte copies, whole sectors: k_iq2xxs_panel's 4-byte loads of 8 rows used half of each sector, and the L1 was
+// its limit: 97 % busy in ncu, H100), then reads the MMAs' B words from there with ldmatrix (rows padded to 272
+// bytes: the 8 rows of a matrix fall in distinct banks). The same A fragments, B words and scales as
+// k_iq2xxs_panel, the same P_k, fma chains over the blocks in order and reduce16's tree: the same bits.
+constexpr int kPanelStages = 2;
+constexpr int kPanelActLd = QK_K + 16;  // bytes a staged activation row
+constexpr size_t kPanelStageBytes = 16 * kPanelActLd + 16 * sizeof(float);  // 16 rows of one block, then their dx
+constexpr size_t kPanelStagedMaxSmem = 220 * 1024;
+__host__ __device__ constexpr size_t panel_staged_smem_bytes(int64_t nb) {
+  return panel_smem_bytes(nb) + (size_t)kPanelWarps * kPanelStages * kPanelStageBytes;
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+// Four 8 x 8 matrices of 16-bit words (ldmatrix .x4): thread t gives the address of row t % 8 of matrix t / 8 and
+// gets in r[i] the 32-bit word (t % 4) of row t / 4 of matrix i.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"((uint32_t)__cvta_generic_to_shared(row)));
+#else
+  r[0] = r[1] = r[2] = r[3] = 0;
+  __trap();
+#endif
+}
+
+__global__ void __launch_bounds__(32 * kPanelWarps, 1) k_iq2xxs_panel_staged(
+    const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows, int64_t nb, const int8_t* __restrict__ q,
+    const float* __restrict__ dx, int T, int tiles_per_y, float* __restrict__ y, int64_t ldy) {
+  prefetch_rows(W, row_bytes, rows, (int64_t)blockIdx.x * 16, 16);
+  pdl_wait();
+  __shared__ uint64_t grid[256];
+  __shared__ uint64_t smask[128];
+  extern __shared__ uint4 frag[];  // [nb][16][32], then dsm [nb][16], then the warps' rings
+  float* dsm = reinterpret_cast<float*>(frag + nb * 16 * 32);
+  iq2_tables(grid, smask);
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c4 = lane & 3;
+  const int64_t r0 = (int64_t)blockIdx.x * 16;
+  panel_decode(W, row_bytes, rows, nb, r0, grid, smask, frag, dsm);
+  __syncthreads();
+  uint8_t* ring = reinterpret_cast<uint8_t*>(dsm + nb * 16) + (size_t)warp * kPanelStages * kPanelStageBytes;
+  const int tile0 = (int)blockIdx.y * tiles_per_y, tiles = (T + 15) / 16;
+  const int tile1 = tile0 + tiles_per_y < tiles ? tile0 + tiles_per_y : tiles;
+  for (int tile = tile0 + warp; tile < tile1; tile += kPanelWarps) {
+    const int t0 = tile * 16;
+    auto src = [&](int j) { return (int64_t)(t0 + j < T ? t0 + j : T - 1); };  // past T: row T - 1, unused
+    // block b of the 16 rows into buffer s: 256 copies of 16 bytes (lane + 32 i: row c / 16, bytes 16 (c % 16)),
+    // and lanes 0..15 the rows' dx
+    auto fetch = [&](int64_t b, int s) {
+      uint8_t* buf = ring + s * kPanelStageBytes;
+#pragma unroll
+      for (int i = 0; i < 8; i++) {
+        const int c = lane + 32 * i, row = c >> 4, off = (c & 15) * 16;
+        cp_async16(buf + row * kPanelActLd + off, q + (src(row) * nb + b) * QK_K + off);
+      }
+      if (lane < 16) cp_async4(buf + 16 * kPanelActLd + 4 * lane, dx + src(lane) * nb + b);
+      cp_async_commit();
+    };
+    float L[2][4][16];
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+#pragma unroll
+        for (int k = 0; k < 16; k++) L[n][e][k] = 0.f;
+    fetch(0, 0);
+    for (int64_t b = 0; b < nb; b++) {
+      if (b + 1 < nb) {
+        fetch(b + 1, (int)((b + 1) % kPanelStages));
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncwarp();  // every lane's copies of block b are in
+      const uint8_t* buf = ring + (b % kPanelStages) * kPanelStageBytes;
+      const float* dxs = reinterpret_cast<const float*>(buf + 16 * kPanelActLd);
+      float dd[2][4];
+      {
+        const float d0 = dsm[b * 16 + g], d1 = dsm[b * 16 + g + 8];
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+          const float x0 = dxs[8 * n + 2 * c4], x1 = dxs[8 * n + 2 * c4 + 1];
+          dd[n][0] = __fmul_rn(d0, x0);
+          dd[n][1] = __fmul_rn(d0, x1);
+          dd[n][2] = __fmul_rn(d1, x0);
+          dd[n][3] = __fmul_rn(d1, x1);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 4; j++) {  // lanes k = 4 j .. 4 j + 3
+        uint32_t bq[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; n++) ldmatrix_x4(bq[n], buf + (8 * n + (lane & 7)) * kPanelActLd + 16 * (4 * j + (lane >> 3)));
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int k = 4 * j + i;
+          const uint4 a = frag[(b * 16 + k) * 32 + lane];
+#pragma unroll
+          for (int n = 0; n < 2; n++) {
+            int plo[4], phi[4];
+            mma_k16<true>(plo, a.x, a.y, bq[n][i], kMmaBias);
+            mma_k16<false>(phi, a.z, a.w, bq[n][i], 0);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+              const float p = __fsub_rn(__int_as_float(phi[e] * 256 + plo[e]), kMmaBiasF);  // (float)P, exact
+              L[n][e][k] = fmaf(dd[n][e], p, L[n][e][k]);
+            }
+          }
+        }
+      }
+      __syncwarp();  // every lane's reads of buffer b % kPanelStages are done before it is filled again
+    }
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {  // reduce16's tree, then k_int's y = s - Lm with Lm = 0
+        const float v = __fsub_rn(tree16(L[n][e]), 0.f);
+        const int64_t r = r0 + g + 8 * (e >> 1);
+        const int t = t0 + 8 * n + 2 * c4 + (e & 1);
+        if (r < rows && t < T) y[(int64_t)t * ldy + r] = v;
+      }
   }
 }
 

@@ -1,4 +1,5 @@
 // CUDA T-row products and norms: see matmul_cuda.h for the contract, decode.cuh for the block formats.
+#include <cub/block/block_radix_sort.cuh>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -222,37 +223,44 @@ __device__ __forceinline__ int block_exclusive_scan(int v, Op op, int* wsum) {
 
 // Slots [base, base + m) of sel (m <= kTileMaxSlots) grouped by expert, sorted by (expert, slot): tile j has tile_e[j]
 // (the expert), tile_n[j] (its slot count) and tile_slot[16 j + p] (its slots, 0 past the count); ntiles[0] = the
-// tile count. The keys (expert << 13 | slot - base) are unique, so the bitonic sort in shared memory has one
-// result: the order, the tiles and their numbering never depend on the schedule. Each expert's sorted run is cut
-// into tiles at 0, 16, 32, ... places from its start (the run starts by a max-scan, the tiles numbered by a sum
-// scan); a launch of kSelThreads threads, thread i holding the sorted places kSelPer i .. kSelPer i + kSelPer - 1.
+// tile count. The keys (expert << 13 | slot - base) are unique, so CUB's block radix sort has one result whatever
+// the schedule: the order, the tiles and their numbering never depend on it. The sort takes the keys' low 13 + b
+// bits, b the bits of the largest expert id present (the padding keys, all ones, sort last: a real key's slot
+// field is below m <= 8191 wherever there is padding). Each expert's sorted run is cut into tiles at 0, 16, 32, ...
+// places from its start (the run starts by a max-scan, the tiles numbered by a sum scan); a launch of kSelThreads
+// threads, thread i holding the sorted places kSelPer i .. kSelPer i + kSelPer - 1 (CUB's blocked arrangement).
+// A bitonic sort of the same keys in shared memory took 93 us a call (H100, a 512-row piece of top-10 routing).
+using SelSort = cub::BlockRadixSort<uint32_t, kSelThreads, kSelPer>;
 __global__ void __launch_bounds__(kSelThreads) k_sel_tiles(const int32_t* __restrict__ sel, int base, int m,
                                                           int32_t* __restrict__ tile_e, int32_t* __restrict__ tile_n,
                                                           int32_t* __restrict__ tile_slot,
                                                           int32_t* __restrict__ ntiles) {
   pdl_wait();
-  __shared__ uint32_t key[kTileMaxSlots];
+  __shared__ union {
+    typename SelSort::TempStorage sort;
+    uint32_t key[kTileMaxSlots];
+  } sm;
   __shared__ int wsum[32];
-  int n2 = 64;  // m padded to a power of two with keys above every real one
-  while (n2 < m) n2 <<= 1;
-  for (int i = threadIdx.x; i < n2; i += blockDim.x)
-    key[i] = i < m ? (uint32_t)sel[base + i] << kSelSlotBits | (uint32_t)i : 0xffffffffu;
-  __syncthreads();
-  for (int k = 2; k <= n2; k <<= 1)  // bitonic sort, ascending
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = threadIdx.x; i < n2; i += blockDim.x) {
-        const int p = i ^ j;
-        if (p > i) {
-          const uint32_t a = key[i], b = key[p];
-          if ((a > b) == ((i & k) == 0)) {
-            key[i] = b;
-            key[p] = a;
-          }
-        }
-      }
-      __syncthreads();
-    }
   const int i0 = threadIdx.x * kSelPer;
+  uint32_t k8[kSelPer], emax = 0;
+#pragma unroll
+  for (int u = 0; u < kSelPer; u++) {
+    const int i = i0 + u;
+    const uint32_t e = i < m ? (uint32_t)sel[base + i] : 0u;
+    emax = e > emax ? e : emax;
+    k8[u] = i < m ? e << kSelSlotBits | (uint32_t)i : 0xffffffffu;
+  }
+  const int emax_all = block_exclusive_scan((int)emax, [](int a, int b) { return a > b ? a : b; }, wsum);
+  __shared__ int top;  // the largest expert id: the last thread's exclusive max and its own
+  if (threadIdx.x == kSelThreads - 1) top = emax_all > (int)emax ? emax_all : (int)emax;
+  __syncthreads();
+  const int ebits = 32 - __clz(top | 1);
+  SelSort(sm.sort).Sort(k8, 0, kSelSlotBits + ebits);
+  __syncthreads();  // the sort's storage is free: the keys go where it was
+#pragma unroll
+  for (int u = 0; u < kSelPer; u++) sm.key[i0 + u] = k8[u];
+  __syncthreads();
+  uint32_t* key = sm.key;
   auto expert = [&](int i) { return key[i] >> kSelSlotBits; };
   // each place's run start: the max over earlier places of the heads' places
   int start[kSelPer], run = 0;
@@ -521,6 +529,9 @@ __global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __r
 bool g_mma_card = false;
 bool g_mma_on = true;
 bool g_iq2_panel = true;  // prompt pieces' dense IQ2_XXS products by k_iq2xxs_panel (prefer_iq2_panel: the A/B)
+// ... with each warp's 16 activation rows staged in shared memory by cp.async (k_iq2xxs_panel_staged;
+// prefer_iq2_panel_staged: the A/B)
+bool g_iq2_panel_staged = true;
 // small float matrices past 16 rows in blocks of 16 rows (prefer_row_groups): off, a block per row measured faster
 bool g_row_groups = false;
 // float matrices of at most this many bytes take windows of 2..kFloatSplitMaxT rows as a block per (rows, activation
@@ -538,8 +549,8 @@ bool g_b32q_split = true;
 // the IQ2_XXS expert tiles on the tensor cores prefetch the block's rows of its next tile into L2 (prefer_tile_prefetch)
 bool g_tile_prefetch = true;
 // the IQ2_XXS expert tiles on the tensor cores stage each tile's activation rows in shared memory (prefer_tile_stage):
-// off until measured on a card
-bool g_tile_stage = false;
+// one MoE layer of a 512-row piece of the 80B's shapes 1423 -> 1335 us (ncu, H100, docs/BENCHMARKS.md session 32)
+bool g_tile_stage = true;
 bool mma_available() { return g_mma_card && g_mma_on; }
 int g_mma_min_t = 5;  // rows from which the dense IQ2_XXS products take k_iq2xxs_mma (2..4: k_iq2xxs_warp)
 
@@ -1353,6 +1364,19 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
   const int64_t groups = (W.rows + threads / 16 - 1) / (threads / 16);  // at most 4096 blocks, each over several
   if constexpr (std::is_same_v<D, IQ2_XXS>) {
     const size_t psm = panel_smem_bytes(nb);
+    const size_t ssm = panel_staged_smem_bytes(nb);
+    if (T >= kPanelMinT && g_iq2_panel && g_iq2_panel_staged && ssm <= kPanelStagedMaxSmem && mma_available() &&
+        reinterpret_cast<uintptr_t>(q) % 16 == 0) {
+      // as below, each warp's 16 activation rows staged in shared memory (iq2_mma.cuh k_iq2xxs_panel_staged: one
+      // block an SM); a block's tile range a multiple of its warps where it holds more than one round of them
+      const int64_t tiles = (T + 15) / 16;
+      const int64_t gy0 = std::min<int64_t>(tiles, std::max<int64_t>(1, (2 * 132 + g16 - 1) / g16));
+      int64_t per_y = (tiles + gy0 - 1) / gy0;
+      if (per_y > kPanelWarps) per_y = (per_y + kPanelWarps - 1) / kPanelWarps * kPanelWarps;
+      launch(k_iq2xxs_panel_staged, dim3((unsigned)g16, (unsigned)((tiles + per_y - 1) / per_y)), 32 * kPanelWarps,
+             ssm, st, W.data, W.row_bytes, W.rows, nb, q, dx, T, (int)per_y, y, ldy);
+      return;
+    }
     if (T >= kPanelMinT && g_iq2_panel && psm <= kPanelMaxSmem && mma_available()) {
       // prompt pieces: 16 weight rows a block decoded once into shared memory (iq2_mma.cuh k_iq2xxs_panel); the
       // activation rows split in y where the weight rows alone give under two blocks an SM
@@ -1519,6 +1543,9 @@ void init_tables() {
   check(cudaMemcpyToSymbol(g_mxfp4_values, kMxfp4Values, sizeof(kMxfp4Values)), "copy the MXFP4 values");
   check(cudaFuncSetAttribute(k_iq2xxs_panel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kPanelMaxSmem),
         "allow the IQ2_XXS panel kernel its shared memory");
+  check(cudaFuncSetAttribute(k_iq2xxs_panel_staged, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)kPanelStagedMaxSmem),
+        "allow the staged IQ2_XXS panel kernel its shared memory");
   auto allow_stage = [](auto kern) {
     check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kTileStageMax),
           "allow the IQ2_XXS expert tiles their staged activations");
@@ -1534,6 +1561,7 @@ void init_tables() {
 }
 
 void prefer_iq2_panel(bool on) { g_iq2_panel = on; }
+void prefer_iq2_panel_staged(bool on) { g_iq2_panel_staged = on; }
 void prefer_row_groups(bool on) { g_row_groups = on; }
 void prefer_float_split(int64_t bytes) { g_float_split_bytes = bytes; }
 void prefer_b32q_split(bool on) { g_b32q_split = on; }

@@ -89,6 +89,9 @@ void prefer_iq2_window_u4(bool on);
 // Tests and benches: whether the dense IQ2_XXS products of 32+ rows (prompt pieces) decode a block's weight rows once
 // into shared memory (k_iq2xxs_panel, default on) or take k_iq2xxs_mma; the same bits either way.
 void prefer_iq2_panel(bool on);
+// Tests and benches: whether that panel's activation rows are staged in shared memory, 16 a warp (k_iq2xxs_panel_staged,
+// default on) or read from L2 word by word, 8 a warp; the same bits either way.
+void prefer_iq2_panel_staged(bool on);
 // Tests and benches: whether small float matrices (the routers) over 17+ rows take blocks of 16 activation rows
 // or a block per activation row (the default: faster); the same bits either way.
 void prefer_row_groups(bool on);
@@ -105,7 +108,7 @@ void prefer_tile_prefetch(bool on);
 // 32 rows x 32 weight rows, default on) or k_float; the same bits either way.
 void prefer_float_tiles(bool on);
 // Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores copy each tile's activation rows into shared
-// memory first (default off: not yet measured) or read them from L2 word by word; the same bits either way.
+// memory first (default on) or read them from L2 word by word; the same bits either way.
 void prefer_tile_stage(bool on);
 bool matmul_supported(uint32_t type);
 // backend.h embed_rows: out[t] = row ids[t] of table, dequantized as types.h does (the decoders' value(): F32, F16,
