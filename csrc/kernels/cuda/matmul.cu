@@ -223,13 +223,17 @@ __device__ __forceinline__ int block_exclusive_scan(int v, Op op, int* wsum) {
 
 // Slots [base, base + m) of sel (m <= kTileMaxSlots) grouped by expert, sorted by (expert, slot): tile j has tile_e[j]
 // (the expert), tile_n[j] (its slot count) and tile_slot[16 j + p] (its slots, 0 past the count); ntiles[0] = the
-// tile count. The keys (expert << 13 | slot - base) are unique, so CUB's block radix sort has one result whatever
-// the schedule: the order, the tiles and their numbering never depend on it. The sort takes the keys' low 13 + b
-// bits, b the bits of the largest expert id present (the padding keys, all ones, sort last: a real key's slot
-// field is below m <= 8191 wherever there is padding). Each expert's sorted run is cut into tiles at 0, 16, 32, ...
+// tile count. The keys (expert << 13 | slot - base) are unique, so any correct sort has one result whatever the
+// schedule: the order, the tiles and their numbering never depend on it. Up to kSelBitonicMax slots a bitonic sort in
+// shared memory (its passes grow with m: a verify window's 128 slots take a few of them), past it CUB's block radix
+// sort over the keys' low 13 + b bits, b the bits of the largest expert id present (the padding keys, all ones, sort
+// last: a real key's slot field is below m <= 8191 wherever there is padding). On a 512-row piece of top-10 routing
+// (5120 slots, H100 ncu) the bitonic sort took 93 us, the radix sort 27 us; the radix sort's cost hardly depends on m
+// (it ranks all 8192 places), so a default-model window of 16 rows (128 slots) took ~20 us more with it: C(16) / C(1)
+// 2.41 -> 2.52-2.67 (docs/BENCHMARKS.md session 32). Each expert's sorted run is cut into tiles at 0, 16, 32, ...
 // places from its start (the run starts by a max-scan, the tiles numbered by a sum scan); a launch of kSelThreads
 // threads, thread i holding the sorted places kSelPer i .. kSelPer i + kSelPer - 1 (CUB's blocked arrangement).
-// A bitonic sort of the same keys in shared memory took 93 us a call (H100, a 512-row piece of top-10 routing).
+constexpr int kSelBitonicMax = 1024;
 using SelSort = cub::BlockRadixSort<uint32_t, kSelThreads, kSelPer>;
 __global__ void __launch_bounds__(kSelThreads) k_sel_tiles(const int32_t* __restrict__ sel, int base, int m,
                                                           int32_t* __restrict__ tile_e, int32_t* __restrict__ tile_n,
@@ -242,25 +246,47 @@ __global__ void __launch_bounds__(kSelThreads) k_sel_tiles(const int32_t* __rest
   } sm;
   __shared__ int wsum[32];
   const int i0 = threadIdx.x * kSelPer;
-  uint32_t k8[kSelPer], emax = 0;
-#pragma unroll
-  for (int u = 0; u < kSelPer; u++) {
-    const int i = i0 + u;
-    const uint32_t e = i < m ? (uint32_t)sel[base + i] : 0u;
-    emax = e > emax ? e : emax;
-    k8[u] = i < m ? e << kSelSlotBits | (uint32_t)i : 0xffffffffu;
-  }
-  const int emax_all = block_exclusive_scan((int)emax, [](int a, int b) { return a > b ? a : b; }, wsum);
-  __shared__ int top;  // the largest expert id: the last thread's exclusive max and its own
-  if (threadIdx.x == kSelThreads - 1) top = emax_all > (int)emax ? emax_all : (int)emax;
-  __syncthreads();
-  const int ebits = 32 - __clz(top | 1);
-  SelSort(sm.sort).Sort(k8, 0, kSelSlotBits + ebits);
-  __syncthreads();  // the sort's storage is free: the keys go where it was
-#pragma unroll
-  for (int u = 0; u < kSelPer; u++) sm.key[i0 + u] = k8[u];
-  __syncthreads();
   uint32_t* key = sm.key;
+  if (m <= kSelBitonicMax) {
+    int n2 = 64;  // m padded to a power of two with keys above every real one
+    while (n2 < m) n2 <<= 1;
+    for (int i = threadIdx.x; i < n2; i += blockDim.x)
+      key[i] = i < m ? (uint32_t)sel[base + i] << kSelSlotBits | (uint32_t)i : 0xffffffffu;
+    __syncthreads();
+    for (int k = 2; k <= n2; k <<= 1)  // bitonic sort, ascending
+      for (int j = k >> 1; j > 0; j >>= 1) {
+        for (int i = threadIdx.x; i < n2; i += blockDim.x) {
+          const int p = i ^ j;
+          if (p > i) {
+            const uint32_t a = key[i], b = key[p];
+            if ((a > b) == ((i & k) == 0)) {
+              key[i] = b;
+              key[p] = a;
+            }
+          }
+        }
+        __syncthreads();
+      }
+  } else {
+    uint32_t k8[kSelPer], emax = 0;
+#pragma unroll
+    for (int u = 0; u < kSelPer; u++) {
+      const int i = i0 + u;
+      const uint32_t e = i < m ? (uint32_t)sel[base + i] : 0u;
+      emax = e > emax ? e : emax;
+      k8[u] = i < m ? e << kSelSlotBits | (uint32_t)i : 0xffffffffu;
+    }
+    const int emax_all = block_exclusive_scan((int)emax, [](int a, int b) { return a > b ? a : b; }, wsum);
+    __shared__ int top;  // the largest expert id: the last thread's exclusive max and its own
+    if (threadIdx.x == kSelThreads - 1) top = emax_all > (int)emax ? emax_all : (int)emax;
+    __syncthreads();
+    const int ebits = 32 - __clz(top | 1);
+    SelSort(sm.sort).Sort(k8, 0, kSelSlotBits + ebits);
+    __syncthreads();  // the sort's storage is free: the keys go where it was
+#pragma unroll
+    for (int u = 0; u < kSelPer; u++) key[i0 + u] = k8[u];
+    __syncthreads();
+  }
   auto expert = [&](int i) { return key[i] >> kSelSlotBits; };
   // each place's run start: the max over earlier places of the heads' places
   int start[kSelPer], run = 0;
