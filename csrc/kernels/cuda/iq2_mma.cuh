@@ -238,11 +238,14 @@ __host__ __device__ constexpr size_t panel_smem_bytes(int64_t nb) {
   return (size_t)nb * (16 * 32 * sizeof(uint4) + 16 * sizeof(float));
 }
 
-// The panel's decode: warp w takes blocks w, w + kPanelWarps, ...; thread (g, c4) rows r0 + g and r0 + g + 8,
-// sub-blocks 2 c4 + h, into frag[b][k][lane] and dsm[b][row] (k_iq2xxs_panel's layout).
+// The panels' prologue: the IQ2_XXS tables into grid / smask, then the decode of rows r0 .. r0 + 15 (warp w takes
+// blocks w, w + kPanelWarps, ...; thread (g, c4) rows r0 + g and r0 + g + 8, sub-blocks 2 c4 + h) into
+// frag[b][k][lane] and dsm[b][row] (k_iq2xxs_panel's layout). Every thread of the block calls it (it has barriers:
+// the panel is whole when it returns).
 __device__ __forceinline__ void panel_decode(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows, int64_t nb,
-                                             int64_t r0, const uint64_t* grid, const uint64_t* smask, uint4* frag,
-                                             float* dsm) {
+                                             int64_t r0, uint64_t* grid, uint64_t* smask, uint4* frag, float* dsm) {
+  iq2_tables(grid, smask);
+  __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c4 = lane & 3;
   const uint8_t* row0 = W + (r0 + g < rows ? r0 + g : rows - 1) * row_bytes;
   const uint8_t* row1 = W + (r0 + g + 8 < rows ? r0 + g + 8 : rows - 1) * row_bytes;
@@ -261,6 +264,7 @@ __device__ __forceinline__ void panel_decode(const uint8_t* __restrict__ W, size
       for (int m = 0; m < 4; m++) frag[(b * 16 + 4 * l + m) * 32 + lane] = a[m];
     }
   }
+  __syncthreads();
 }
 
 __global__ void __launch_bounds__(32 * kPanelWarps) k_iq2xxs_panel(const uint8_t* __restrict__ W, size_t row_bytes,
@@ -275,12 +279,9 @@ __global__ void __launch_bounds__(32 * kPanelWarps) k_iq2xxs_panel(const uint8_t
   __shared__ uint64_t smask[128];
   extern __shared__ uint4 frag[];  // [nb][16][32]
   float* dsm = reinterpret_cast<float*>(frag + nb * 16 * 32);  // [nb][16]
-  iq2_tables(grid, smask);
-  __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c4 = lane & 3;
   const int64_t r0 = (int64_t)blockIdx.x * 16;
   panel_decode(W, row_bytes, rows, nb, r0, grid, smask, frag, dsm);
-  __syncthreads();
   // the activation rows: tiles of 8 (tile_0 .. tile_0 + tiles_per_y of this block y), warp w taking every
   // kPanelWarps-th
   const int tile0 = (int)blockIdx.y * tiles_per_y, tiles = (T + 7) / 8;
@@ -347,6 +348,7 @@ __host__ __device__ constexpr size_t panel_staged_smem_bytes(int64_t nb) {
   return panel_smem_bytes(nb) + (size_t)kPanelWarps * kPanelStages * kPanelStageBytes;
 }
 
+// cp.async and ldmatrix (sm_80 and later: the host launches their kernels only where mma_available()).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
@@ -392,12 +394,9 @@ __global__ void __launch_bounds__(32 * kPanelWarps, 1) k_iq2xxs_panel_staged(
   __shared__ uint64_t smask[128];
   extern __shared__ uint4 frag[];  // [nb][16][32], then dsm [nb][16], then the warps' rings
   float* dsm = reinterpret_cast<float*>(frag + nb * 16 * 32);
-  iq2_tables(grid, smask);
-  __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c4 = lane & 3;
   const int64_t r0 = (int64_t)blockIdx.x * 16;
   panel_decode(W, row_bytes, rows, nb, r0, grid, smask, frag, dsm);
-  __syncthreads();
   uint8_t* ring = reinterpret_cast<uint8_t*>(dsm + nb * 16) + (size_t)warp * kPanelStages * kPanelStageBytes;
   const int tile0 = (int)blockIdx.y * tiles_per_y, tiles = (T + 15) / 16;
   const int tile1 = tile0 + tiles_per_y < tiles ? tile0 + tiles_per_y : tiles;
