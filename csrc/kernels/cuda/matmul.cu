@@ -1001,6 +1001,24 @@ __global__ void __launch_bounds__(256, 2) k_iq2xxs_tiles(const uint8_t* __restri
 
 #include "kernels/cuda/iq2_mma.cuh"  // needs iq2_tables, over_tiles (above)
 
+// The card's limit on the shared memory a block may opt in to (init_tables: 227 KB on the H100 / H200, 163 KB on the
+// A100, 99 KB on sm_86 / 89 / 120 cards), and the dynamic shared memory each staging kernel was allowed under it
+// (allow_dyn_smem): a staging kernel is launched only where its bytes fit that, else its unstaged form is.
+size_t g_smem_optin = 48 * 1024;
+size_t g_panel_smem_max = kPanelMaxSmem, g_panel_staged_smem_max = kPanelStagedMaxSmem;
+size_t g_tile_stage_max = kTileStageMax;
+// Allows kern up to `want` bytes of dynamic shared memory, or what the card leaves beside its static shared memory
+// if that is less; returns the bytes allowed.
+template <class K>
+size_t allow_dyn_smem(K kern, size_t want, const char* what) {
+  cudaFuncAttributes fa{};
+  check(cudaFuncGetAttributes(&fa, kern), what);
+  const size_t room = g_smem_optin > fa.sharedSizeBytes ? g_smem_optin - fa.sharedSizeBytes : 0;
+  const size_t cap = std::min(want, room);
+  check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cap), what);
+  return cap;
+}
+
 // Scratch of the tiles after the activations: tile_e, tile_n (kTileMaxSlots each), tile_slot (kTileRows a tile), the
 // tile count.
 constexpr size_t kTileScratch = ((2 + kTileRows) * kTileMaxSlots + 4) * sizeof(int32_t);
@@ -1046,7 +1064,7 @@ void launch_iq2_sel(const MatView& W, const uint8_t* W2, size_t eb, size_t eb2, 
         launch(kern, grid, 32 * kMmaWarps, smem, st, W.data, W2, W.row_bytes, W.rows, nb, q, dx, y, y2, ldy, eb, eb2,
                xdiv, tb.e, tb.n, tb.slot, tb.count, g_tile_prefetch);
       };
-      if (g_tile_stage && tile_stage_bytes(2, nb) <= kTileStageMax) {  // the activations staged a tile
+      if (g_tile_stage && tile_stage_bytes(2, nb) <= g_tile_stage_max) {  // the activations staged a tile
         go(k_iq2xxs_tiles_mma<1, kPair, true>, tile_stage_bytes(1, nb));
         go(k_iq2xxs_tiles_mma<2, kPair, true>, tile_stage_bytes(2, nb));
       } else {
@@ -1241,18 +1259,19 @@ __global__ void __launch_bounds__(256) k_rmsnorm(const float* __restrict__ x, in
 int threads_for(int64_t units) { return units < 2 * 132 ? 64 : 256; }
 
 // k_int's full staging for T rows of `cols` columns (quantized: a byte a value, a float a 256-block), or 0 where it is
-// over kFullStageMax (2 blocks an SM: with k_int's static shared memory, under the SM's 228 KB).
+// over kFullStageMax (2 blocks an SM: with k_int's static shared memory, under the SM's 228 KB) or over what the card
+// allowed (g_full_stage_max).
 constexpr size_t kFullStageMax = 72 * 1024;
+size_t g_full_stage_max = kFullStageMax;
 size_t full_stage_bytes(int T, int64_t cols) {
   const size_t b = (size_t)T * cols + (size_t)T * (cols / QK_K) * sizeof(float);
-  return b <= kFullStageMax ? b : 0;
+  return b <= g_full_stage_max ? b : 0;
 }
 // Dynamic shared memory up to kFullStageMax for kern: static and dynamic together over 48 KB need it. Set once per
 // device, for every k_int that stages its rows (allow_int_smem, from init_tables).
 template <class K>
 void allow_smem(K kern) {
-  check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kFullStageMax),
-        "allow k_int's shared memory");
+  g_full_stage_max = std::min(g_full_stage_max, allow_dyn_smem(kern, kFullStageMax, "allow k_int's shared memory"));
 }
 template <class D>
 void allow_int_smem() {
@@ -1391,7 +1410,7 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
   if constexpr (std::is_same_v<D, IQ2_XXS>) {
     const size_t psm = panel_smem_bytes(nb);
     const size_t ssm = panel_staged_smem_bytes(nb);
-    if (T >= kPanelMinT && g_iq2_panel && g_iq2_panel_staged && ssm <= kPanelStagedMaxSmem && mma_available() &&
+    if (T >= kPanelMinT && g_iq2_panel && g_iq2_panel_staged && ssm <= g_panel_staged_smem_max && mma_available() &&
         reinterpret_cast<uintptr_t>(q) % 16 == 0) {
       // as below, each warp's 16 activation rows staged in shared memory (iq2_mma.cuh k_iq2xxs_panel_staged: one
       // block an SM); a block's tile range a multiple of its warps where it holds more than one round of them
@@ -1403,7 +1422,7 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
              ssm, st, W.data, W.row_bytes, W.rows, nb, q, dx, T, (int)per_y, y, ldy);
       return;
     }
-    if (T >= kPanelMinT && g_iq2_panel && psm <= kPanelMaxSmem && mma_available()) {
+    if (T >= kPanelMinT && g_iq2_panel && psm <= g_panel_smem_max && mma_available()) {
       // prompt pieces: 16 weight rows a block decoded once into shared memory (iq2_mma.cuh k_iq2xxs_panel); the
       // activation rows split in y where the weight rows alone give under two blocks an SM
       const int64_t tiles = (T + 7) / 8;
@@ -1567,14 +1586,18 @@ void init_tables() {
   check(cudaMemcpyToSymbol(g_ksigns, kKsigns, sizeof(kKsigns)), "copy the IQ sign table");
   check(cudaMemcpyToSymbol(g_iq4_values, kIq4Values, sizeof(kIq4Values)), "copy the IQ4 values");
   check(cudaMemcpyToSymbol(g_mxfp4_values, kMxfp4Values, sizeof(kMxfp4Values)), "copy the MXFP4 values");
-  check(cudaFuncSetAttribute(k_iq2xxs_panel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kPanelMaxSmem),
-        "allow the IQ2_XXS panel kernel its shared memory");
-  check(cudaFuncSetAttribute(k_iq2xxs_panel_staged, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)kPanelStagedMaxSmem),
-        "allow the staged IQ2_XXS panel kernel its shared memory");
+  int optin = 0;
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+        "read the shared memory a block may opt in to");
+  g_smem_optin = (size_t)optin;
+  g_full_stage_max = kFullStageMax;
+  g_panel_smem_max = allow_dyn_smem(k_iq2xxs_panel, kPanelMaxSmem, "allow the IQ2_XXS panel kernel its shared memory");
+  g_panel_staged_smem_max = allow_dyn_smem(k_iq2xxs_panel_staged, kPanelStagedMaxSmem,
+                                           "allow the staged IQ2_XXS panel kernel its shared memory");
+  g_tile_stage_max = kTileStageMax;
   auto allow_stage = [](auto kern) {
-    check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kTileStageMax),
-          "allow the IQ2_XXS expert tiles their staged activations");
+    g_tile_stage_max = std::min(g_tile_stage_max, allow_dyn_smem(kern, kTileStageMax,
+                                                                 "allow the IQ2_XXS expert tiles their staged activations"));
   };
   allow_stage(k_iq2xxs_tiles_mma<1, false, true>);
   allow_stage(k_iq2xxs_tiles_mma<2, false, true>);
