@@ -11,7 +11,9 @@ the small float matrices (routers) of prompt pieces in blocks of 16 activation r
 (cuda_prefer_row_groups(True)); "noattntiles" = "on" with the prompt pieces' attention a block per (row, head), not
 the tiled kernels (cuda_prefer_attn_tiles(False)); "notileahead" = "on" without the IQ2_XXS expert tiles' L2
 prefetch of each block's next tile (cuda_prefer_tile_prefetch(False)); "nofloattiles" = "on" with the float
-products (routers) of prompt pieces on k_float, not k_float_tiles (cuda_prefer_float_tiles(False)); "notilestage" =
+products (routers) of prompt pieces on k_float, not k_float_tiles (cuda_prefer_float_tiles(False)); "floattiles16" = "on"
+with the float products (the routers, the default model's Q8_0 head) taking k_float_tiles from 16 activation rows, not 32
+(cuda_prefer_float_tiles(True, 16): a 16-row verify window's head); "notilestage" =
 "on" with the IQ2_XXS expert tiles' activation rows read from L2 word by word, not staged in shared memory a tile
 (cuda_prefer_tile_stage(False)); "nopanelstage" = "on" with the prompt pieces' dense IQ2_XXS panel reading its
 activation rows from L2 word by word, 8 a warp, not staged by cp.async, 16 a warp (cuda_prefer_iq2_panel_staged(False));
@@ -29,7 +31,7 @@ it was recorded in, so a mode applies to the sessions made after it is set."""
 from __future__ import annotations
 
 LAUNCH_MODES = ("on", "all", "no-prefetch", "off", "unfused", "iq2-rows1", "iq2-rows2", "iq2-rows4", "pieces64",
-                "nopanel", "rowgroups", "noattntiles", "notileahead", "nofloattiles", "notilestage", "nopanelstage", "iq2-wu4",
+                "nopanel", "rowgroups", "noattntiles", "notileahead", "nofloattiles", "floattiles16", "notilestage", "nopanelstage", "iq2-wu4",
                 "iq2-pair2", "iq2-pair4", "nodnconv", "nofloatsplit", "nob32qsplit", "nodnduo")
 
 
@@ -48,7 +50,7 @@ def set_launches(mode: str) -> None:
     _core.cuda_prefer_row_groups(mode == "rowgroups")
     _core.cuda_prefer_attn_tiles(mode != "noattntiles", 1024)
     _core.cuda_prefer_tile_prefetch(mode != "notileahead")
-    _core.cuda_prefer_float_tiles(mode != "nofloattiles")
+    _core.cuda_prefer_float_tiles(mode != "nofloattiles", 16 if mode == "floattiles16" else 32)
     _core.cuda_prefer_tile_stage(mode != "notilestage")
     _core.cuda_prefer_iq2_panel_staged(mode != "nopanelstage")
     _core.cuda_prefer_iq2_window_u4(mode == "iq2-wu4")

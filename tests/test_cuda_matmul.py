@@ -171,6 +171,26 @@ def test_iq2xxs_panel_equals_tensor_cores_and_cpu_ref(staged):
                               lambda: switched(_core.cuda_prefer_iq2_panel, False, True))
 
 
+@pytest.mark.parametrize("typ", ["F32", "Q8_0"])
+def test_float_tiles_from_fewer_rows_equal_cpu_ref(typ):
+    """k_float_tiles from 16 activation rows (cuda_prefer_float_tiles(True, 16): launch mode "floattiles16", a 16-row
+    verify window's head and routers) and from 2: the CPU's scalar kernel's bits for windows of 2..31 rows (a 32-row
+    tile mostly empty), as k_float's; min_rows under 2 is refused by name."""
+    rng = np.random.default_rng()
+    for rows, cols, T in ((8192, 256, 16), (512, 2048, 16), (37, 1000, 17), (70, 64, 31), (33, 2048, 2)):
+        w = weights(rng, typ, rows, cols)
+        x = rng.standard_normal((T, cols)).astype(np.float32)
+        want = _core.matmul(w, typ, rows, cols, x, isa="scalar")
+        try:
+            _core.cuda_prefer_float_tiles(True, 2 if T < 16 else 16)
+            got = _core.backend_matmul("cuda", w, typ, rows, cols, x)
+        finally:
+            _core.cuda_prefer_float_tiles(True)
+        np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{typ} {rows}x{cols} T={T}")
+    with pytest.raises(ValueError, match="min_rows"):
+        _core.cuda_prefer_float_tiles(True, 1)
+
+
 @pytest.mark.parametrize("typ", ["F32", "F16", "BF16"])
 def test_router_row_groups_equal_rows_and_cpu_ref(typ):
     """Small float matrices (the F32 routers: 512 x 2048) over a prompt piece's rows: blocks of 32 rows x 32 weight

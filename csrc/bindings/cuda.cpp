@@ -396,9 +396,10 @@ void init_cuda(nb::module_& m) {
   m.def("cuda_prefer_tile_prefetch", &cuda_prefer_tile_prefetch, nb::arg("on"),
         "Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores prefetch each block's next tile's "
         "weights into L2 (default on); a hint, the same bits either way.");
-  m.def("cuda_prefer_float_tiles", &cuda_prefer_float_tiles, nb::arg("on"),
-        "Tests and benches: whether float products (F32 / F16 / BF16: the routers) of 32+ activation rows take blocks of "
-        "32 rows x 32 weight rows staged in shared memory (default on) or k_float; the same bits either way.");
+  m.def("cuda_prefer_float_tiles", &cuda_prefer_float_tiles, nb::arg("on"), nb::arg("min_rows") = 32,
+        "Tests and benches: whether float products (F32 / F16 / BF16 / Q8_0: the routers, the default model's head) of "
+        "min_rows+ activation rows (default 32, at least 2) take blocks of 32 rows x 32 weight rows staged in shared "
+        "memory (default on) or k_float; the same bits either way.");
   m.def("cuda_prefer_tile_stage", &cuda_prefer_tile_stage, nb::arg("on"),
         "Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores copy each tile's activation rows into "
         "shared memory first (default on); the same bits either way.");

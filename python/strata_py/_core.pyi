@@ -685,9 +685,9 @@ def cuda_prefer_tile_prefetch(on: bool) -> None:
     Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores prefetch each block's next tile's weights into L2 (default on); a hint, the same bits either way.
     """
 
-def cuda_prefer_float_tiles(on: bool) -> None:
+def cuda_prefer_float_tiles(on: bool, min_rows: int = 32) -> None:
     """
-    Tests and benches: whether float products (F32 / F16 / BF16: the routers) of 32+ activation rows take blocks of 32 rows x 32 weight rows staged in shared memory (default on) or k_float; the same bits either way.
+    Tests and benches: whether float products (F32 / F16 / BF16 / Q8_0: the routers, the default model's head) of min_rows+ activation rows (default 32, at least 2) take blocks of 32 rows x 32 weight rows staged in shared memory (default on) or k_float; the same bits either way.
     """
 
 def cuda_prefer_tile_stage(on: bool) -> None:

@@ -126,8 +126,9 @@ __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, si
 // each output is k_float's, bit for bit.
 constexpr int kFloatTile = 32;      // activation rows and weight rows a block
 constexpr int kFloatTileCols = 64;  // columns staged a pass
-constexpr int kFloatTileMinT = 32;  // fewer activation rows: k_float
-bool g_float_tiles = true;          // prefer_float_tiles
+constexpr int kFloatTileMinT = 32;          // fewer activation rows: k_float (the default of prefer_float_tiles)
+bool g_float_tiles = true;                  // prefer_float_tiles
+int g_float_tiles_min_t = kFloatTileMinT;
 
 template <class D>
 __global__ void __launch_bounds__(256, 2) k_float_tiles(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
@@ -1389,7 +1390,7 @@ void launch_float_r(const MatView& W, const float* x, int64_t ldx, int T, float*
 }
 template <class D>
 void launch_float(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, cudaStream_t st) {
-  if (T >= kFloatTileMinT && g_float_tiles) {  // prompt pieces
+  if (T >= g_float_tiles_min_t && g_float_tiles) {  // prompt pieces
     const dim3 grid((unsigned)((W.rows + kFloatTile - 1) / kFloatTile), (unsigned)((T + kFloatTile - 1) / kFloatTile));
     launch(k_float_tiles<D>, grid, 256, 0, st, W.data, W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy);
     return;
@@ -1615,7 +1616,11 @@ void prefer_row_groups(bool on) { g_row_groups = on; }
 void prefer_float_split(int64_t bytes) { g_float_split_bytes = bytes; }
 void prefer_b32q_split(bool on) { g_b32q_split = on; }
 void prefer_tile_prefetch(bool on) { g_tile_prefetch = on; }
-void prefer_float_tiles(bool on) { g_float_tiles = on; }
+void prefer_float_tiles(bool on, int min_rows) {
+  STRATA_CHECK(min_rows >= 2, "cuda prefer_float_tiles: min_rows = ", min_rows, " (at least 2: one row is k_float's)");
+  g_float_tiles = on;
+  g_float_tiles_min_t = min_rows;
+}
 void prefer_tile_stage(bool on) { g_tile_stage = on; }
 
 void prefer_mma(bool on, int min_rows) {

@@ -104,9 +104,9 @@ void prefer_b32q_split(bool on);
 // Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores prefetch each block's next tile's weights
 // into L2 (default on); a hint, the same bits either way.
 void prefer_tile_prefetch(bool on);
-// Tests and benches: whether float products (F32 / F16 / BF16) of 32+ activation rows take k_float_tiles (blocks of
-// 32 rows x 32 weight rows, default on) or k_float; the same bits either way.
-void prefer_float_tiles(bool on);
+// Tests and benches: whether float products (F32 / F16 / BF16 / Q8_0) of min_rows+ activation rows (default 32) take
+// k_float_tiles (blocks of 32 rows x 32 weight rows, default on) or k_float; the same bits either way.
+void prefer_float_tiles(bool on, int min_rows);
 // Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores copy each tile's activation rows into shared
 // memory first (default on) or read them from L2 word by word; the same bits either way.
 void prefer_tile_stage(bool on);
