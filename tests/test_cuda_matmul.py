@@ -181,11 +181,8 @@ def test_float_tiles_from_fewer_rows_equal_cpu_ref(typ):
         w = weights(rng, typ, rows, cols)
         x = rng.standard_normal((T, cols)).astype(np.float32)
         want = _core.matmul(w, typ, rows, cols, x, isa="scalar")
-        try:
-            _core.cuda_prefer_float_tiles(True, 2 if T < 16 else 16)
+        with switched(lambda m: _core.cuda_prefer_float_tiles(True, m), 2 if T < 16 else 16, 32):
             got = _core.backend_matmul("cuda", w, typ, rows, cols, x)
-        finally:
-            _core.cuda_prefer_float_tiles(True)
         np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{typ} {rows}x{cols} T={T}")
     with pytest.raises(ValueError, match="min_rows"):
         _core.cuda_prefer_float_tiles(True, 1)

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "backend/backend.h"
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_cuda.h"
 #include "util/common.h"
@@ -350,17 +351,6 @@ __device__ __forceinline__ int64_t opaque(int64_t x) {
   return x;
 }
 
-// Shared-memory copies of a row's values (cp.async: no register holds them, so no later instruction waits on them).
-__device__ __forceinline__ void copy4_async(float* dst, const float* src) {
-  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void copies_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void copies_wait() {  // all but the N most recent groups complete
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 // The per-row loops of k_dn_heads_duo, each case an instance without a branch inside (the compiler interleaves the
 // two chains and loads the rows' values from shared memory 4 at a time ahead of their use).
 // After m_t: s += k m (the update by row t; warp 1's, alone); warp 0's also O: o += s q (row t's first half), M:
@@ -432,15 +422,15 @@ __global__ void __launch_bounds__(64) k_dn_heads_duo(float* __restrict__ S, floa
     const int slot = r % kDuoRing;
     const float* k = A.k + (int64_t)r * A.ldk + g * DK;
 #pragma unroll
-    for (int i = 0; i < 4; i++) copy4_async(&kq[slot][0][lane + 32 * i], k + lane + 32 * i);
+    for (int i = 0; i < 4; i++) cp_async4(&kq[slot][0][lane + 32 * i], k + lane + 32 * i);
     if (read) {
       const float* q = A.q + (int64_t)r * A.ldq + g * DK;
 #pragma unroll
-      for (int i = 0; i < 4; i++) copy4_async(&kq[slot][1][lane + 32 * i], q + lane + 32 * i);
+      for (int i = 0; i < 4; i++) cp_async4(&kq[slot][1][lane + 32 * i], q + lane + 32 * i);
     }
-    if (valid) copy4_async(&vr[slot][lane], A.v + (int64_t)r * A.ldv + h * dv + j);
-    if (lane < 2) copy4_async(&gb[slot][lane], (lane == 0 ? A.eg : A.beta) + (int64_t)r * A.nv + h);
-    copies_commit();
+    if (valid) cp_async4(&vr[slot][lane], A.v + (int64_t)r * A.ldv + h * dv + j);
+    if (lane < 2) cp_async4(&gb[slot][lane], (lane == 0 ? A.eg : A.beta) + (int64_t)r * A.nv + h);
+    cp_async_commit();
   };
   float* S0 = S + h * DK * dv;
   float* Sw = S_work ? S_work + h * DK * dv : nullptr;
@@ -462,8 +452,8 @@ __global__ void __launch_bounds__(64) k_dn_heads_duo(float* __restrict__ S, floa
     fetch(0);
     if (T > 1) fetch(1);
     if (T > 2) fetch(2);
-    if (T > 2) copies_wait<1>();
-    else copies_wait<0>();
+    if (T > 2) cp_async_wait<1>();
+    else cp_async_wait<0>();
   }
   __syncthreads();  // rows 0 and 1 in shared memory (invalid lanes' v: never read)
   if (w == 0) {
@@ -499,7 +489,7 @@ __global__ void __launch_bounds__(64) k_dn_heads_duo(float* __restrict__ S, floa
       part_m[lane] = m1;
       // row t + 2 (copied since row t - 1) complete before warp 1 may read it (at M1 for row t + 2, after the arrival
       // below for row t + 1) and before this warp reads it (after M2 for row t + 1)
-      copies_wait<0>();
+      cp_async_wait<0>();
       if (t + 3 < T) fetch(t + 3);  // into row t - 1's slot: warp 1 read it last before its arrival at M2 for row t
       bar_arrive2(kBarM1);  // m_{t+1}'s first half, or (t = T - 1) o_{T-1}'s
     }

@@ -348,30 +348,8 @@ __host__ __device__ constexpr size_t panel_staged_smem_bytes(int64_t nb) {
   return panel_smem_bytes(nb) + (size_t)kPanelWarps * kPanelStages * kPanelStageBytes;
 }
 
-// cp.async and ldmatrix (sm_80 and later: the host launches their kernels only where mma_available()).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
+// ldmatrix (sm_80 and later: the host launches its kernel only where mma_available()); the cp.async copies are
+// async_copy.cuh's.
 // Four 8 x 8 matrices of 16-bit words (ldmatrix .x4): thread t gives the address of row t % 8 of matrix t / 8 and
 // gets in r[i] the 32-bit word (t % 4) of row t / 4 of matrix i.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/decode.cuh"
 #include "kernels/cuda/exp_inl.cuh"
 #include "kernels/cuda/lanes16.cuh"
