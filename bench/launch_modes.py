@@ -13,7 +13,9 @@ the tiled kernels (cuda_prefer_attn_tiles(False)); "notileahead" = "on" without 
 prefetch of each block's next tile (cuda_prefer_tile_prefetch(False)); "nofloattiles" = "on" with the float
 products (routers) of prompt pieces on k_float, not k_float_tiles (cuda_prefer_float_tiles(False)); "floattiles16" = "on"
 with the float products (the routers, the default model's Q8_0 head) taking k_float_tiles from 16 activation rows, not 32
-(cuda_prefer_float_tiles(True, 16): a 16-row verify window's head); "notilestage" =
+(cuda_prefer_float_tiles(True, 16, 0): a 16-row verify window's head and also its small in-layer products: measured
+slower, session 33); "noheadtiles" = "on" with windows under 32 rows on k_float, the default model's 8192-row head too
+(cuda_prefer_float_tiles(True, 32, 0); the default takes the tiles from 16 rows over matrices of 4096+ rows); "notilestage" =
 "on" with the IQ2_XXS expert tiles' activation rows read from L2 word by word, not staged in shared memory a tile
 (cuda_prefer_tile_stage(False)); "nopanelstage" = "on" with the prompt pieces' dense IQ2_XXS panel reading its
 activation rows from L2 word by word, 8 a warp, not staged by cp.async, 16 a warp (cuda_prefer_iq2_panel_staged(False));
@@ -31,7 +33,8 @@ it was recorded in, so a mode applies to the sessions made after it is set."""
 from __future__ import annotations
 
 LAUNCH_MODES = ("on", "all", "no-prefetch", "off", "unfused", "iq2-rows1", "iq2-rows2", "iq2-rows4", "pieces64",
-                "nopanel", "rowgroups", "noattntiles", "notileahead", "nofloattiles", "floattiles16", "notilestage", "nopanelstage", "iq2-wu4",
+                "nopanel", "rowgroups", "noattntiles", "notileahead", "nofloattiles", "floattiles16", "noheadtiles",
+                "notilestage", "nopanelstage", "iq2-wu4",
                 "iq2-pair2", "iq2-pair4", "nodnconv", "nofloatsplit", "nob32qsplit", "nodnduo")
 
 
@@ -50,7 +53,8 @@ def set_launches(mode: str) -> None:
     _core.cuda_prefer_row_groups(mode == "rowgroups")
     _core.cuda_prefer_attn_tiles(mode != "noattntiles", 1024)
     _core.cuda_prefer_tile_prefetch(mode != "notileahead")
-    _core.cuda_prefer_float_tiles(mode != "nofloattiles", 16 if mode == "floattiles16" else 32)
+    min_t, min_w = {"floattiles16": (16, 0), "noheadtiles": (32, 0)}.get(mode, (16, 4096))
+    _core.cuda_prefer_float_tiles(mode != "nofloattiles", min_t, min_w)
     _core.cuda_prefer_tile_stage(mode != "notilestage")
     _core.cuda_prefer_iq2_panel_staged(mode != "nopanelstage")
     _core.cuda_prefer_iq2_window_u4(mode == "iq2-wu4")

@@ -173,19 +173,24 @@ def test_iq2xxs_panel_equals_tensor_cores_and_cpu_ref(staged):
 
 @pytest.mark.parametrize("typ", ["F32", "Q8_0"])
 def test_float_tiles_from_fewer_rows_equal_cpu_ref(typ):
-    """k_float_tiles from 16 activation rows (cuda_prefer_float_tiles(True, 16): launch mode "floattiles16", a 16-row
-    verify window's head and routers) and from 2: the CPU's scalar kernel's bits for windows of 2..31 rows (a 32-row
-    tile mostly empty), as k_float's; min_rows under 2 is refused by name."""
+    """k_float_tiles from 16 activation rows (cuda_prefer_float_tiles(True, 16, 0): launch mode "floattiles16", a
+    16-row verify window's head and routers; with min_weight_rows 4096, the default: the head alone) and from 2: the CPU's
+    scalar kernel's bits for windows of 2..31 rows (a 32-row tile mostly empty), as k_float's; min_rows under 2 and a
+    negative min_weight_rows are refused by name."""
     rng = np.random.default_rng()
     for rows, cols, T in ((8192, 256, 16), (512, 2048, 16), (37, 1000, 17), (70, 64, 31), (33, 2048, 2)):
+        cols = cols if typ == "F32" else cols // 32 * 32  # Q8_0: whole 32-value blocks
         w = weights(rng, typ, rows, cols)
         x = rng.standard_normal((T, cols)).astype(np.float32)
         want = _core.matmul(w, typ, rows, cols, x, isa="scalar")
-        with switched(lambda m: _core.cuda_prefer_float_tiles(True, m), 2 if T < 16 else 16, 32):
-            got = _core.backend_matmul("cuda", w, typ, rows, cols, x)
-        np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{typ} {rows}x{cols} T={T}")
+        for min_w in (0, 4096):
+            with switched(lambda m: _core.cuda_prefer_float_tiles(True, *m), (2 if T < 16 else 16, min_w), (16, 4096)):
+                got = _core.backend_matmul("cuda", w, typ, rows, cols, x)
+            np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{typ} {rows}x{cols} T={T} min_w={min_w}")
     with pytest.raises(ValueError, match="min_rows"):
         _core.cuda_prefer_float_tiles(True, 1)
+    with pytest.raises(ValueError, match="min_weight_rows"):
+        _core.cuda_prefer_float_tiles(True, 16, -1)
 
 
 @pytest.mark.parametrize("typ", ["F32", "F16", "BF16"])

@@ -638,7 +638,9 @@ void cuda_prefer_float_split(int64_t bytes) { cuda::prefer_float_split(bytes); }
 void cuda_prefer_b32q_split(bool on) { cuda::prefer_b32q_split(on); }
 void cuda_prefer_attn_tiles(bool on, int64_t min_queries) { cuda::prefer_attn_tiles(on, min_queries); }
 void cuda_prefer_tile_prefetch(bool on) { cuda::prefer_tile_prefetch(on); }
-void cuda_prefer_float_tiles(bool on, int min_rows) { cuda::prefer_float_tiles(on, min_rows); }
+void cuda_prefer_float_tiles(bool on, int min_rows, int64_t min_weight_rows) {
+  cuda::prefer_float_tiles(on, min_rows, min_weight_rows);
+}
 void cuda_prefer_tile_stage(bool on) { cuda::prefer_tile_stage(on); }
 void cuda_prefer_prompt_rows(int rows) {
   STRATA_CHECK(rows >= 1 && rows <= 4096, "cuda_prefer_prompt_rows: rows = ", rows, " (1..4096)");

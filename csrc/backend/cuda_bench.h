@@ -59,7 +59,7 @@ void cuda_prefer_float_split(int64_t bytes);
 void cuda_prefer_b32q_split(bool on);
 void cuda_prefer_attn_tiles(bool on, int64_t min_queries);
 void cuda_prefer_tile_prefetch(bool on);
-void cuda_prefer_float_tiles(bool on, int min_rows);
+void cuda_prefer_float_tiles(bool on, int min_rows, int64_t min_weight_rows);
 void cuda_prefer_tile_stage(bool on);
 // Tests and benches: the rows of a prompt piece on the card (Backend::prompt_rows, default 512; sessions made
 // after the call), and the current setting.

@@ -37,7 +37,7 @@ void cuda_prefer_float_split(int64_t) { no_cuda(); }
 void cuda_prefer_b32q_split(bool) { no_cuda(); }
 void cuda_prefer_attn_tiles(bool, int64_t) { no_cuda(); }
 void cuda_prefer_tile_prefetch(bool) { no_cuda(); }
-void cuda_prefer_float_tiles(bool, int) { no_cuda(); }
+void cuda_prefer_float_tiles(bool, int, int64_t) { no_cuda(); }
 void cuda_prefer_tile_stage(bool) { no_cuda(); }
 void cuda_prefer_prompt_rows(int) { no_cuda(); }
 int cuda_prompt_rows() { no_cuda(); }

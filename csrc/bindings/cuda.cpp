@@ -396,10 +396,12 @@ void init_cuda(nb::module_& m) {
   m.def("cuda_prefer_tile_prefetch", &cuda_prefer_tile_prefetch, nb::arg("on"),
         "Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores prefetch each block's next tile's "
         "weights into L2 (default on); a hint, the same bits either way.");
-  m.def("cuda_prefer_float_tiles", &cuda_prefer_float_tiles, nb::arg("on"), nb::arg("min_rows") = 32,
+  m.def("cuda_prefer_float_tiles", &cuda_prefer_float_tiles, nb::arg("on"), nb::arg("min_rows") = 16,
+        nb::arg("min_weight_rows") = 4096,
         "Tests and benches: whether float products (F32 / F16 / BF16 / Q8_0: the routers, the default model's head) of "
-        "min_rows+ activation rows (default 32, at least 2) take blocks of 32 rows x 32 weight rows staged in shared "
-        "memory (default on) or k_float; the same bits either way.");
+        "min_rows+ activation rows (default 16, at least 2) take blocks of 32 rows x 32 weight rows staged in shared "
+        "memory (default on) or k_float; windows under 32 rows only for matrices of min_weight_rows+ rows (default "
+        "4096: the default model's head); the same bits either way.");
   m.def("cuda_prefer_tile_stage", &cuda_prefer_tile_stage, nb::arg("on"),
         "Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores copy each tile's activation rows into "
         "shared memory first (default on); the same bits either way.");

@@ -685,9 +685,9 @@ def cuda_prefer_tile_prefetch(on: bool) -> None:
     Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores prefetch each block's next tile's weights into L2 (default on); a hint, the same bits either way.
     """
 
-def cuda_prefer_float_tiles(on: bool, min_rows: int = 32) -> None:
+def cuda_prefer_float_tiles(on: bool, min_rows: int = 16, min_weight_rows: int = 4096) -> None:
     """
-    Tests and benches: whether float products (F32 / F16 / BF16 / Q8_0: the routers, the default model's head) of min_rows+ activation rows (default 32, at least 2) take blocks of 32 rows x 32 weight rows staged in shared memory (default on) or k_float; the same bits either way.
+    Tests and benches: whether float products (F32 / F16 / BF16 / Q8_0: the routers, the default model's head) of min_rows+ activation rows (default 16, at least 2) take blocks of 32 rows x 32 weight rows staged in shared memory (default on) or k_float; windows under 32 rows only for matrices of min_weight_rows+ rows (default 4096: the default model's head); the same bits either way.
     """
 
 def cuda_prefer_tile_stage(on: bool) -> None:

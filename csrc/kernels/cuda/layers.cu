@@ -5,6 +5,7 @@
 // lanes and tree (one warp per row, lanes 0..15 hold the lanes) or the CPU's running order (one thread).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "backend/backend.h"
@@ -85,14 +86,20 @@ __global__ void k_dn_gates(float* __restrict__ conv, int64_t ld, const float* __
 
 // backend.h dn_conv_gates in one kernel (windows of T <= kDnConvMaxT rows): k_conv_silu's and k_dn_gates' operations
 // in their order, hist's rows read where they lie (state row j < K - 1, else raw row j - (K - 1)), so no copies.
-// Block b < nk: key head b, its 2 dk channels (q at b dk, k at key_dim + b dk) over all T rows, a thread per (row,
-// channel) (strided), into shared memory [T][2 dk]; then a warp per (row, q or k) forms the norm's 1 / sqrt(dot16 +
-// 1e-6) (dot16_warp over the staged values: the same sum), the block scales and writes the rows, and lanes j < r of
-// warp 0 the gates of value heads b r + j. Blocks from nk: kDnConvThreads / T v channels each, a thread per (row,
-// channel). A channel's rows all lie in one block, so in place its new state rows are written after a
-// __syncthreads, once every row has read the old ones (state row j = hist row T + j: read before row j is written).
-// (A thread per channel over all T rows, as before, took 4.6 -> 15.4 us from T = 1 to 16 on the default model.)
+// Block b < nk nc: key head g = b % nk, its 2 dk channels (q at g dk, k at key_dim + g dk) over rows [c rb, c rb + rb)
+// of chunk c = b / nk (nc = ceil(T / rb) chunks), a thread per (row, channel) (strided), into shared memory [rb][2 dk];
+// then a warp per (row, q or k) forms the norm's 1 / sqrt(dot16 + 1e-6) (dot16_warp over the staged values: the same
+// sum), the block scales and writes the rows, and the gates of value heads g r + j for those rows. Blocks from nk nc:
+// kDnConvThreads / T v channels each, a thread per (row, channel). In place, a channel's new state rows (state row j
+// = hist row T + j) are written after a __syncthreads, once every row that reads the old ones has: the v blocks hold
+// all T rows of their channels; the key chunks are then rb = max(K - 1, 1) rows, so that only rows t < K - 1 (chunk 0)
+// read the old state, and chunk 0 writes it. A window to verify (not in place) writes no state: a row a chunk.
+// (A thread per channel over all T rows took 4.6 -> 15.4 us from T = 1 to 16 on the default model; all T rows of a
+// key head a block, 18.2 us at T = 16: H100 profile, docs/BENCHMARKS.md session 33.)
 constexpr int kDnConvMaxT = 16;
+__host__ __device__ __forceinline__ int dn_key_rows(const DnConv& a) {
+  return a.in_place ? (a.K > 2 ? a.K - 1 : 1) : 1;
+}
 constexpr int kDnConvThreads = 256;
 __device__ __forceinline__ float dn_hist(const DnConv& a, int64_t c, int j) {
   return j < a.K - 1 ? a.state[(int64_t)j * a.cd + c] : a.raw[(int64_t)(j - (a.K - 1)) * a.cd + c];
@@ -109,13 +116,15 @@ __device__ __forceinline__ void dn_conv_state(const DnConv& a, int64_t c) {
 }
 __global__ void __launch_bounds__(kDnConvThreads) k_dn_conv_gates(const __grid_constant__ DnConv a, float qscale) {
   pdl_wait();
-  extern __shared__ float xs[];  // key head blocks: [T][2 dk]
+  extern __shared__ float xs[];  // key head blocks: [rb][2 dk]
   __shared__ float rr[2 * kDnConvMaxT];
   const int64_t key_dim = a.nk * a.dk, T = a.T;
-  if (blockIdx.x >= a.nk) {  // v channels: kv a block, thread = t kv + channel
+  const int rb = dn_key_rows(a), nc = (a.T + rb - 1) / rb;
+  const int64_t key_blocks = a.nk * nc;
+  if (blockIdx.x >= key_blocks) {  // v channels: kv a block, thread = t kv + channel
     const int64_t kv = kDnConvThreads / T, ci = threadIdx.x % kv;
     const int t = (int)(threadIdx.x / kv);
-    const int64_t c = 2 * key_dim + (int64_t)(blockIdx.x - a.nk) * kv + ci;
+    const int64_t c = 2 * key_dim + (int64_t)(blockIdx.x - key_blocks) * kv + ci;
     if (t < T && c < a.cd) {
       const float o = dn_conv_at(a, c, t);
       a.out[t * a.cd + c] = o;
@@ -125,16 +134,18 @@ __global__ void __launch_bounds__(kDnConvThreads) k_dn_conv_gates(const __grid_c
     if (t == 0 && c < a.cd) dn_conv_state(a, c);
     return;
   }
-  const int64_t g = blockIdx.x, w = 2 * a.dk;
+  const int64_t g = blockIdx.x % a.nk, w = 2 * a.dk;
+  const int t0 = (int)(blockIdx.x / a.nk) * rb, nt = min(rb, a.T - t0);  // rows t0 .. t0 + nt - 1
   auto chan = [&](int64_t i) { return i < a.dk ? g * a.dk + i : key_dim + g * a.dk + (i - a.dk); };
-  for (int64_t p = threadIdx.x; p < w * T; p += blockDim.x) {  // p = t w + i
+  for (int64_t p = threadIdx.x; p < w * nt; p += blockDim.x) {  // p = (t - t0) w + i
     const int64_t i = p % w;
-    xs[p] = dn_conv_at(a, chan(i), (int)(p / w));
+    xs[p] = dn_conv_at(a, chan(i), t0 + (int)(p / w));
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < w; i += blockDim.x) dn_conv_state(a, chan(i));
+  if (t0 == 0)
+    for (int64_t i = threadIdx.x; i < w; i += blockDim.x) dn_conv_state(a, chan(i));
   const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int p = warp; p < 2 * T; p += nw) {  // p = 2 t + (0: q, 1: k)
+  for (int p = warp; p < 2 * nt; p += nw) {  // p = 2 (t - t0) + (0: q, 1: k)
     const float* v = xs + (p >> 1) * w + (p & 1) * a.dk;
     const float s = l2_scale_warp(v, a.dk);
     if ((threadIdx.x & 31) == 0) rr[p] = s;
@@ -142,16 +153,17 @@ __global__ void __launch_bounds__(kDnConvThreads) k_dn_conv_gates(const __grid_c
   __syncthreads();
   for (int64_t i = threadIdx.x; i < w; i += blockDim.x) {
     const int64_t c = chan(i);
-    for (int t = 0; t < T; t++) {
-      const float x = xs[t * w + i];
-      const float y = i < a.dk ? __fmul_rn(__fmul_rn(x, rr[2 * t]), qscale) : __fmul_rn(x, rr[2 * t + 1]);
+    for (int u = 0; u < nt; u++) {
+      const int64_t t = t0 + u;
+      const float x = xs[u * w + i];
+      const float y = i < a.dk ? __fmul_rn(__fmul_rn(x, rr[2 * u]), qscale) : __fmul_rn(x, rr[2 * u + 1]);
       a.out[t * a.cd + c] = y;
       if (!a.in_place) a.conv_rows[t * a.cd + c] = y;
     }
   }
   const int64_t r = a.nv / a.nk;
-  for (int64_t q = threadIdx.x; q < r * T; q += blockDim.x) {  // (row t, value head g r + j)
-    const int64_t t = q / r, j = q % r, h = g * r + j;
+  for (int64_t q = threadIdx.x; q < r * nt; q += blockDim.x) {  // (row t, value head g r + j)
+    const int64_t t = t0 + q / r, j = q % r, h = g * r + j;
     float be, e;
     dn_gate(a.ba[t * 2 * a.nv + g * 2 * r + j], a.ba[t * 2 * a.nv + g * 2 * r + r + j], a.ssm_a[h], a.dt_bias[h], be, e);
     a.beta[t * a.nv + h] = be;
@@ -309,10 +321,12 @@ void dn_gates(float* conv, int64_t ld, const float* ba, const float* ssm_a, cons
 
 bool dn_conv_gates(const DnConv& a, float qscale, void* stream) {
   if (a.T < 1 || a.T > kDnConvMaxT || a.K < 1 || a.nk < 1 || a.nv % a.nk != 0 || a.cd < 2 * a.nk * a.dk) return false;
-  const size_t smem = (size_t)a.T * 2 * a.dk * sizeof(float);
+  const int rb = std::min(dn_key_rows(a), a.T), nc = (a.T + rb - 1) / rb;
+  const size_t smem = (size_t)rb * 2 * a.dk * sizeof(float);
   if (smem > 48 * 1024) return false;
   const unsigned nvb = blocks(a.cd - 2 * a.nk * a.dk, kDnConvThreads / a.T);
-  launch(k_dn_conv_gates, (unsigned)a.nk + nvb, kDnConvThreads, smem, static_cast<cudaStream_t>(stream), a, qscale);
+  launch(k_dn_conv_gates, (unsigned)(a.nk * nc) + nvb, kDnConvThreads, smem, static_cast<cudaStream_t>(stream), a,
+         qscale);
   launched("dn_conv_gates");
   return true;
 }

@@ -127,9 +127,16 @@ __global__ void __launch_bounds__(256) k_float(const uint8_t* __restrict__ W, si
 // each output is k_float's, bit for bit.
 constexpr int kFloatTile = 32;      // activation rows and weight rows a block
 constexpr int kFloatTileCols = 64;  // columns staged a pass
-constexpr int kFloatTileMinT = 32;          // fewer activation rows: k_float (the default of prefer_float_tiles)
-bool g_float_tiles = true;                  // prefer_float_tiles
-int g_float_tiles_min_t = kFloatTileMinT;
+constexpr int kFloatTileMinT = 32;  // from this many activation rows every float product takes the tiles
+// Windows of 16..31 rows take them only over matrices of 4096+ rows (the default model's 8192 x 256 Q8_0 head: a
+// 16-row window on k_float<Q8_0, 16> 53.8 us against ~3.5 at T = 1; C(16) / C(1) 2.38-2.54 -> 2.33-2.35 on an H100,
+// docs/BENCHMARKS.md session 33); its small in-layer products stay on k_float (all of them on the tiles from 16 rows:
+// C(16) / C(1) 3.36). prefer_float_tiles sets both bounds.
+constexpr int kFloatTileWindowT = 16;
+constexpr int64_t kFloatTileWindowRows = 4096;
+bool g_float_tiles = true;  // prefer_float_tiles
+int g_float_tiles_min_t = kFloatTileWindowT;
+int64_t g_float_tiles_min_w = kFloatTileWindowRows;
 
 template <class D>
 __global__ void __launch_bounds__(256, 2) k_float_tiles(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
@@ -1391,7 +1398,8 @@ void launch_float_r(const MatView& W, const float* x, int64_t ldx, int T, float*
 }
 template <class D>
 void launch_float(const MatView& W, const float* x, int64_t ldx, int T, float* y, int64_t ldy, cudaStream_t st) {
-  if (T >= g_float_tiles_min_t && g_float_tiles) {  // prompt pieces
+  // prompt pieces; windows of fewer rows over wide matrices (the default model's head)
+  if (g_float_tiles && T >= g_float_tiles_min_t && (T >= kFloatTileMinT || W.rows >= g_float_tiles_min_w)) {
     const dim3 grid((unsigned)((W.rows + kFloatTile - 1) / kFloatTile), (unsigned)((T + kFloatTile - 1) / kFloatTile));
     launch(k_float_tiles<D>, grid, 256, 0, st, W.data, W.row_bytes, W.rows, W.cols, x, ldx, T, y, ldy);
     return;
@@ -1617,10 +1625,12 @@ void prefer_row_groups(bool on) { g_row_groups = on; }
 void prefer_float_split(int64_t bytes) { g_float_split_bytes = bytes; }
 void prefer_b32q_split(bool on) { g_b32q_split = on; }
 void prefer_tile_prefetch(bool on) { g_tile_prefetch = on; }
-void prefer_float_tiles(bool on, int min_rows) {
+void prefer_float_tiles(bool on, int min_rows, int64_t min_weight_rows) {
   STRATA_CHECK(min_rows >= 2, "cuda prefer_float_tiles: min_rows = ", min_rows, " (at least 2: one row is k_float's)");
+  STRATA_CHECK(min_weight_rows >= 0, "cuda prefer_float_tiles: min_weight_rows = ", min_weight_rows);
   g_float_tiles = on;
   g_float_tiles_min_t = min_rows;
+  g_float_tiles_min_w = min_weight_rows;
 }
 void prefer_tile_stage(bool on) { g_tile_stage = on; }
 

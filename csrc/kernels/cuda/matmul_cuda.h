@@ -104,9 +104,11 @@ void prefer_b32q_split(bool on);
 // Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores prefetch each block's next tile's weights
 // into L2 (default on); a hint, the same bits either way.
 void prefer_tile_prefetch(bool on);
-// Tests and benches: whether float products (F32 / F16 / BF16 / Q8_0) of min_rows+ activation rows (default 32) take
-// k_float_tiles (blocks of 32 rows x 32 weight rows, default on) or k_float; the same bits either way.
-void prefer_float_tiles(bool on, int min_rows);
+// Tests and benches: whether float products (F32 / F16 / BF16 / Q8_0) of min_rows+ activation rows (default 16) take
+// k_float_tiles (blocks of 32 rows x 32 weight rows, default on) or k_float; under 32 rows only matrices of
+// min_weight_rows+ rows (default 4096: the default model's 8192-row head, not its small in-layer products); the same
+// bits either way.
+void prefer_float_tiles(bool on, int min_rows, int64_t min_weight_rows);
 // Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores copy each tile's activation rows into shared
 // memory first (default on) or read them from L2 word by word; the same bits either way.
 void prefer_tile_stage(bool on);
