@@ -15,8 +15,10 @@
 # (a hung kernel must not eat the whole call).
 # FORWARD: the model files for bench/bench_gpu_forward.py (the whole forward on the GPU: decode tok/s, C(T)), a comma
 # list of "default" (the shipped model), "bench" (`synth bench --type q4_k`, written here), "80b" (`synth 80b --type
-# iq2_xxs`, 19.3 GiB, written here alongside the build; also run with a GPU expert budget of 25 %: stream25); ""
-# skips the step. Default: "default,bench". Then the edit workload of
+# iq2_xxs`, 19.3 GiB, written here alongside the build; also run with a GPU expert budget of 25 %: stream25),
+# "80bq4km" (`synth 80b --type q4_k_m`, the issue's Q4_K_M-like mix, ~45 GiB, written alongside the build: not with
+# "80b", the two do not fit the lent machine's 64 GiB disk together; the *_80b_q4km keys); "" skips the step.
+# Default: "default,bench". Then the edit workload of
 # bench/bench_spec.py on the GPU (the shipped model, suffix-drafted vs plain: edit_speedup) and its free-form code
 # workload MTP-drafted vs plain (mtp_speedup).
 # LLAMA_SRC: the llama.cpp source tarball of tools/llama_cuda_src.sh (e.g. scratch/dev/llama-cuda-src.tgz; "" or
@@ -88,6 +90,10 @@ fi
 # the 80B file (pure Python: no strata build needed) is written while strata builds and tests
 FORWARD=${6-default,bench}
 SYNTH80=/tmp/synth-80b-iq2_xxs.gguf
+SYNTHQ=/tmp/synth-80b-q4_k_m.gguf
+if [[ ",$FORWARD," == *",80b,"* && ",$FORWARD," == *",80bq4km,"* ]]; then
+  echo "FORWARD: 80b and 80bq4km together (19.3 + ~45 GiB) do not fit the lent machine's disk: one a call"; exit 1
+fi
 if [[ ",$FORWARD," == *",80b,"* ]] && [ -f $SYNTH80 ]; then
   echo "synth 80b: $SYNTH80 is there already (an earlier call on this machine), not written again" >"$OUT/synth80b.log"
   SYNTH_PID=
@@ -95,6 +101,15 @@ elif [[ ",$FORWARD," == *",80b,"* ]]; then
   ( t=$(date +%s); PYTHONPATH="$SITE:$ROOT/python" nice -n 5 $PY -m strata_py.synth 80b $SYNTH80 --type iq2_xxs \
       >"$OUT/synth80b.log" 2>&1 && echo "synth 80b: $(( $(date +%s) - t )) s (alongside the build)" >>"$OUT/synth80b.log" ) &
   SYNTH_PID=$!
+fi
+if [[ ",$FORWARD," == *",80bq4km,"* ]] && [ -f $SYNTHQ ]; then
+  echo "synth 80b q4_k_m: $SYNTHQ is there already (an earlier call on this machine), not written again" >"$OUT/synth80bq.log"
+  SYNTHQ_PID=
+elif [[ ",$FORWARD," == *",80bq4km,"* ]]; then
+  rm -f $SYNTH80  # an earlier call's IQ2_XXS file: the disk holds one of the two
+  ( t=$(date +%s); PYTHONPATH="$SITE:$ROOT/python" nice -n 5 $PY -m strata_py.synth 80b $SYNTHQ --type q4_k_m \
+      >"$OUT/synth80bq.log" 2>&1 && echo "synth 80b q4_k_m: $(( $(date +%s) - t )) s (alongside the build)" >>"$OUT/synth80bq.log" ) &
+  SYNTHQ_PID=$!
 fi
 
 t0=$(date +%s)
@@ -145,6 +160,7 @@ for f in ${FORWARD//,/ }; do
     default) models+=("$ROOT/python/strata_py/data/strata-default-q8_0.gguf") ;;
     bench) $PY -m strata_py.synth bench /tmp/synth-bench-q4_k.gguf --type q4_k >/dev/null && models+=(/tmp/synth-bench-q4_k.gguf) ;;
     80b) { [ -z "$SYNTH_PID" ] || wait $SYNTH_PID; } && models+=($SYNTH80) && streams+=(--stream $SYNTH80:0.25:on); tail -1 "$OUT/synth80b.log" ;;
+    80bq4km) { [ -z "$SYNTHQ_PID" ] || wait $SYNTHQ_PID; } && models+=($SYNTHQ); tail -1 "$OUT/synth80bq.log" ;;
   esac
 done
 
@@ -178,7 +194,8 @@ if [ -n "$LLAMA_SRC" ]; then
   [ -f "$LLAMA_DIR/status" ] && echo "llama.cpp build: rc $(cut -d' ' -f1 "$LLAMA_DIR/status") in $(cut -d' ' -f2 "$LLAMA_DIR/status") s"
   lm=(); ot=()  # the 80B file first (the issue's main figures), then the others; its experts-on-CPU run last
   for m in "${models[@]}"; do
-    if [[ $m == *synth-80b* ]]; then lm=("$m" "${lm[@]}"); ot=(--experts-on-cpu "$m"); else lm+=("$m"); fi
+    if [[ $m == *synth-80b* ]]; then lm=("$m" "${lm[@]}"); else lm+=("$m"); fi
+    [[ $m == *synth-80b-iq2_xxs* ]] && ot=(--experts-on-cpu "$m")
   done
   PYTHONUNBUFFERED=1 $PY bench/bench_llama_cuda.py --bin "$LLAMA_DIR/llama.cpp/build-cuda/bin/llama-bench" \
     --build-status "$LLAMA_DIR/status" --build-paused-s "$paused_s" --deadline-s $(( LLAMA_END_S - ($(date +%s) - T0) )) \
@@ -237,6 +254,7 @@ def fwd_key(model, key, t=None):
         return None
     return r[key] if t is None else r[key][str(t)]
 R80, RB, RD = "synth-80b-iq2_xxs.gguf", "synth-bench-q4_k.gguf", "strata-default-q8_0.gguf"
+RQ = "synth-80b-q4_k_m.gguf"  # FORWARD 80bq4km: the issue's Q4_K_M-like mix of the 80B
 # llama.cpp CUDA on the same files: this call's llama-bench (bench/bench_llama_cuda.py) where it ran; else, labelled,
 # issue 19's figures from an earlier run on this machine kind (2026-12-01)
 # the fallback where this call ran no llama.cpp: its figures from the 345e6b1 call (2026-12-02 05:48 UTC, the same
@@ -286,6 +304,13 @@ res = {
     # strata's 512-token prompt (one prompt window) over llama-bench's pp512, on the 80B file
     "prefill_ratio_vs_llamacpp": ratio("prefill_ratio_vs_llamacpp", fwd_key(R80, "prefill_tok_s"), R80, "pp512"),
     "hbm_floor_fraction": fwd_key(R80, "hbm_floor_fraction"), "c4_over_c1_real80b": fwd_key(R80, "c_over_c1", 4),
+    # the same for the Q4_K_M-like 80B file (FORWARD 80bq4km; null where it did not run)
+    "decode_ratio_vs_llamacpp_80b_q4km": ratio("decode_ratio_vs_llamacpp_80b_q4km", fwd_key(RQ, "decode_tok_s"), RQ,
+                                               "tg128"),
+    "prefill_ratio_vs_llamacpp_80b_q4km": ratio("prefill_ratio_vs_llamacpp_80b_q4km", fwd_key(RQ, "prefill_tok_s"), RQ,
+                                                "pp512"),
+    "hbm_floor_fraction_80b_q4km": fwd_key(RQ, "hbm_floor_fraction"),
+    "c4_over_c1_80b_q4km": fwd_key(RQ, "c_over_c1", 4),
     "c4_over_c1_default": fwd_key(RD, "c_over_c1", 4), "c16_over_c1_default": fwd_key(RD, "c_over_c1", 16),
     # the shipped model on the GPU, bench_spec.py's edit workload: suffix-drafted over plain tok/s (the same output:
     # edit_identical); MTP does not run on the GPU backend yet
