@@ -21,8 +21,9 @@ namespace {
 // One expert's SwiGLU over its rows (the routed experts' gathered rows, or every row for the shared expert).
 struct ExpertJob {
   MatView gate, up, down;
-  const float* x;  // [n][H] (one row: read in place)
+  const float* x;  // [n][H]; with rows, every row of the layer's input and the job's are x[rows[i]]
   int n;
+  const int32_t* rows = nullptr;  // (routed experts of several rows) gathered when the job is prepared
   float* act;      // [n][F], F = gate.rows
   float* out;      // [n][H]
   bool split = false;  // rows divided among the threads (the shared expert); else the job goes to one thread
@@ -87,8 +88,20 @@ void run_experts(ThreadPool& pool, std::vector<ExpertJob>& jobs, int64_t H) {
     const ExpertJob& J = jobs[q];
     const int64_t F = J.gate.rows;
     thread_local ActRows ax, ax2;
-    const ActRows& a = J.split ? *sx : prepared(ax, J.gate, J.x, H, J.n, nullptr, 0);
-    const ActRows& a2 = J.split ? *sx2 : prepared(ax2, J.up, J.x, H, J.n, &a, J.gate.type);
+    // a routed job's rows copied together here, by the thread that runs it (a few rows: they stay in its cache
+    // for the quantization), not all T k slots' rows into one buffer of T k H floats first (a 512-row window of
+    // the 80B: 42 MB a layer). The same rows, so the same bits; no speed change measured on a 480 MB-L3 Xeon
+    // (docs/BENCHMARKS.md session 33)
+    thread_local FBuf stage;
+    const float* xj = J.x;
+    if (J.rows) {
+      stage.resize((size_t)J.n * H);
+      for (int t = 0; t < J.n; t++)
+        std::memcpy(stage.data() + (size_t)t * H, J.x + (size_t)J.rows[t] * H, H * sizeof(float));
+      xj = stage.data();
+    }
+    const ActRows& a = J.split ? *sx : prepared(ax, J.gate, xj, H, J.n, nullptr, 0);
+    const ActRows& a2 = J.split ? *sx2 : prepared(ax2, J.up, xj, H, J.n, &a, J.gate.type);
     matmul_rows(J.gate, a, J.act, F, r0, r1);
     matmul_rows(J.up, a2, ups[q], F, r0, r1);
     for (int t = 0; t < J.n; t++) silu_mul(J.act + t * F + r0, ups[q] + t * F + r0, r1 - r0);
@@ -159,7 +172,7 @@ void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float
   ThreadPool& pool = m.pool();
   ExpertStream* es = m.experts();                 // null: every expert is in the mapping
   const int layer = es ? es->layer_of(&w) : -1;  // -1: not streamed (also the MTP block)
-  thread_local FBuf logits, xg, yg, sh;
+  thread_local FBuf logits, yg, sh;
   logits.resize((size_t)T * E);
   MatView router{reinterpret_cast<const uint8_t*>(w.gate_inp.data()), GGML_F32, E, H, (size_t)H * sizeof(float)};
   matmul(pool, router, x, H, T, logits.data(), E);  // [T][E]
@@ -205,12 +218,13 @@ void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float
 
   // experts: the union over rows, each expert run once over the rows that chose it (+ the shared expert
   // over all rows), as one job list. The slots (row t, rank j) = t * k + j sorted by expert, stably (a
-  // counting sort); a job with several rows gathers them into xg, a job with one reads it in place; each
-  // job's outputs land contiguously in ygather, slot i's at row pos[i].
+  // counting sort); a job with several rows gathers them when it runs (ExpertJob::rows), a job with one reads it
+  // in place; each job's outputs land contiguously in ygather, slot i's at row pos[i].
   const int64_t F = hp.n_ff_exp, S = (int64_t)T * k;
-  thread_local std::vector<int32_t> order, pos, first;
+  thread_local std::vector<int32_t> order, pos, first, src;
   order.resize(S);
   pos.resize(S);
+  src.resize(S);
   first.assign(E + 1, 0);
   for (int64_t i = 0; i < S; i++) first[sel[i] + 1]++;
   for (int64_t e = 0; e < E; e++) first[e + 1] += first[e];
@@ -218,45 +232,37 @@ void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float
     pos[i] = first[sel[i]]++;
     order[pos[i]] = (int32_t)i;
   }
+  for (int64_t i = 0; i < S; i++) src[i] = (int32_t)(order[i] / k);  // sorted slot i's input row
   thread_local FBuf ygather, sh_act;
-  xg.resize((size_t)S * H);
   yg.resize((size_t)S * F);
   ygather.resize((size_t)S * H);
   thread_local std::vector<ExpertJob> jobs;
   thread_local std::vector<int32_t> uni;  // the union, ascending; jobs[q] runs expert uni[q]
   jobs.clear();
   uni.clear();
-  bool gather = false;
   for (int64_t i = 0; i < S;) {
     const int32_t e = sel[order[i]];
     int64_t j = i + 1;
     while (j < S && sel[order[j]] == e) j++;
-    const float* xj = x + (size_t)(order[i] / k) * H;
-    if (j - i > 1) {
-      gather = true;
-      xj = xg.data() + i * H;
-    }
-    jobs.push_back({{}, {}, {}, xj, (int)(j - i), yg.data() + i * F, ygather.data() + i * H});
+    const bool one = j - i == 1;
+    jobs.push_back({{}, {}, {}, one ? x + (size_t)src[i] * H : x, (int)(j - i), one ? nullptr : src.data() + i,
+                    yg.data() + i * F, ygather.data() + i * H});
     uni.push_back(e);
     i = j;
   }
-  // A prompt window's gather (every slot's row, T * k rows) and combine below are memory-bound loops over
-  // megabytes: split over the pool (each row is one copy / one fixed sequence of axpy, whoever runs it). Decode
-  // steps and verify windows keep them on the caller: two more regions a layer would cost more than they save.
+  // A prompt window's combine below is a memory-bound loop over megabytes: split over the pool (each row is one
+  // fixed sequence of axpy, whoever runs it). Decode steps and verify windows keep it on the caller: another
+  // region a layer would cost more than it saves.
   const bool wide = T >= 64;
   auto rows = [&](int64_t n, auto&& fn) {
     if (wide) pool.parallel_for(n, [&](int64_t b, int64_t e, int) { for (int64_t r = b; r < e; r++) fn(r); });
     else for (int64_t r = 0; r < n; r++) fn(r);
   };
-  // (the buffers are the caller's thread_locals: the workers get plain pointers)
-  float* const xgp = xg.data();
-  const int32_t* const ord = order.data();
-  if (gather) rows(S, [&](int64_t r) { std::memcpy(xgp + r * H, x + (size_t)(ord[r] / k) * H, H * sizeof(float)); });
   ExpertJob shared{};  // the shared expert (all T rows) joins the first batch
   if (w.has_shexp) {
     sh.resize((size_t)T * H);
     sh_act.resize((size_t)T * hp.n_ff_shexp);
-    shared = {w.gate_shexp, w.up_shexp, w.down_shexp, x, T, sh_act.data(), sh.data(), true};
+    shared = {w.gate_shexp, w.up_shexp, w.down_shexp, x, T, nullptr, sh_act.data(), sh.data(), true};
   }
   if (layer < 0) {
     for (size_t q = 0; q < jobs.size(); q++) {
@@ -295,6 +301,7 @@ void moe_layer(const Model& m, const MoeWeights& w, const float* x, int T, float
       }
     }
   }
+  // (the buffers are the caller's thread_locals: the workers get plain pointers)
   const float* const ygp = ygather.data();
   const float* const shp = w.has_shexp ? sh.data() : nullptr;
   const int32_t* const posp = pos.data();
