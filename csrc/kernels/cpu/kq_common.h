@@ -208,6 +208,19 @@ inline void k4_head_simd(const uint8_t* b, __m128& ddm, __m128i& sc16, __m128i& 
 // qwen35moe bench Q4_K decode step (1 thread) from 36.3 to 27.8 ms, 2 KB to 26.4 ms (512 B: 30.1 ms); the
 // block after next (the old distance) is too close for DRAM latency.
 constexpr int kAheadBytes = 2048;
+// d * dx[t] for the 8 rows of a pass (dx: a pass's 8 row scales of one block), stored and read back from memory so
+// that each row's factor is the fma's own broadcast operand ({1to16}) instead of a scalar multiply and a shuffle
+// port's register broadcast beside the multiplies (the AVX-512 panels: 4k prefill +1.7 %, docs/BENCHMARKS.md
+// session 34). The same float product d * dx[t], so the same bits; lanes past a pass's T read as mins_fma does.
+struct RowFactors {
+  alignas(32) float v[8];
+  RowFactors(float d, const float* dx) {
+    _mm256_store_ps(v, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_loadu_ps(dx)));
+    __asm__("" : "+m"(v));  // read back from memory: else the compiler broadcasts the register's lanes (shuffles)
+  }
+  float operator[](int t) const { return v[t]; }
+};
+
 template <int kBytes>
 inline void prefetch_ahead(const uint8_t* blk) {
   for (int o = 0; o < kBytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(blk + kAheadBytes + o), _MM_HINT_T0);

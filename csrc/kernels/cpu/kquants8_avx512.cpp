@@ -134,6 +134,7 @@ void panel_row8(const Panel8* pb, int64_t nb, const Act& a, const int8_t* xi, fl
     const __m512i s45 = _mm512_set1_epi32(B.s2[2]), s67 = _mm512_set1_epi32(B.s2[3]);
     const float* dx = a.q.d + b * 8;
     const int16_t* bs = a.q.bsum + b * 64;
+    const RowFactors dd(B.d, dx);
     for (int t = 0; t < T; t++) {
       const int8_t* q = xi + t * cols + b * QK_K;
       // (signed weights: the bytes are the weights, the activations the unsigned operand q + 128)
@@ -145,7 +146,7 @@ void panel_row8(const Panel8* pb, int64_t nb, const Act& a, const int8_t* xi, fl
       acc = dot_pairs<kVnni>(acc, p1, s23);
       acc = dot_pairs<kVnni>(acc, p2, s45);
       acc = dot_pairs<kVnni>(acc, p3, s67);
-      L[t] = _mm512_fmadd_ps(_mm512_set1_ps(B.d * dx[t]), _mm512_cvtepi32_ps(acc), L[t]);
+      L[t] = _mm512_fmadd_ps(_mm512_set1_ps(dd[t]), _mm512_cvtepi32_ps(acc), L[t]);
     }
     if constexpr (!kSigned) Lm = mins_fma(B.m16, bs, B.dmin, dx, Lm);  // (signed weights: no mins)
   }
