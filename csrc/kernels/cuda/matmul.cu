@@ -559,6 +559,8 @@ __global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __r
   }
 }
 
+#include "kernels/cuda/q4k_lanes.cuh"  // needs reduce16, prefetch_rows (above)
+
 // Whether the IQ2_XXS products of many rows take the tensor cores (iq2_mma.cuh): the card is sm_80 or later (set
 // by init_tables) and tests / benches have not turned them off (cuda_prefer_mma). The same bits either way.
 bool g_mma_card = false;
@@ -1460,9 +1462,15 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
     if constexpr (std::is_same_v<D, IQ2_XXS>) {
       launch_iq2_warp1<false>(W, nullptr, 0, 0, nullptr, T, 1, q, dx, y, nullptr, ldy, st);
     } else {
-      const dim3 g1((unsigned)(groups < kMaxIntBlocks ? groups : kMaxIntBlocks), (unsigned)T);
-      launch(k_int<D, 1>, g1, threads, 0, st, W.data, W.row_bytes, W.rows, nb, q, dx, 1, y, ldy, nullptr, 0, 1, nullptr,
-             nullptr, nullptr, nullptr, 0);
+      const int64_t gx = groups < kMaxIntBlocks ? groups : kMaxIntBlocks;
+      if constexpr (std::is_same_v<D, Q4_K>) {
+        if (q4k_lanes_fit(W.data, W.row_bytes, 0)) {
+          launch_q4k_lanes(W, 0, nullptr, T, 1, q, dx, y, ldy, threads, gx, st);
+          return;
+        }
+      }
+      launch(k_int<D, 1>, dim3((unsigned)gx, (unsigned)T), threads, 0, st, W.data, W.row_bytes, W.rows, nb, q, dx, 1, y,
+             ldy, nullptr, 0, 1, nullptr, nullptr, nullptr, nullptr, 0);
     }
     return;
   }
@@ -1624,6 +1632,7 @@ void prefer_iq2_panel_staged(bool on) { g_iq2_panel_staged = on; }
 void prefer_row_groups(bool on) { g_row_groups = on; }
 void prefer_float_split(int64_t bytes) { g_float_split_bytes = bytes; }
 void prefer_b32q_split(bool on) { g_b32q_split = on; }
+void prefer_q4k_lanes(bool on) { g_q4k_lanes = on; }
 void prefer_tile_prefetch(bool on) { g_tile_prefetch = on; }
 void prefer_float_tiles(bool on, int min_rows, int64_t min_weight_rows) {
   STRATA_CHECK(min_rows >= 2, "cuda prefer_float_tiles: min_rows = ", min_rows, " (at least 2: one row is k_float's)");
@@ -1763,6 +1772,12 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
       const int threads = threads_for((W0.rows + kRowsPerBlock - 1) / kRowsPerBlock * n);
       const int64_t groups = (W0.rows + threads / 16 - 1) / (threads / 16);
       const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, kMaxIntBlocks / n));
+      if constexpr (std::is_same_v<D, Q4_K>) {
+        if (q4k_lanes_fit(W0.data, W0.row_bytes, ebytes)) {
+          launch_q4k_lanes(W0, ebytes, sel, n, xdiv, q, dx, y, ldy, threads, gx, st);
+          return;
+        }
+      }
       launch(k_int<D, 1>, dim3((unsigned)gx, (unsigned)n), threads, 0, st, W0.data, W0.row_bytes, W0.rows, nb, q, dx, 1,
              y, ldy, sel, ebytes, xdiv, nullptr, nullptr, nullptr, nullptr, 0);
     } else {
