@@ -174,9 +174,10 @@ def test_iq2xxs_panel_equals_tensor_cores_and_cpu_ref(staged):
 @pytest.mark.parametrize("lanes", [True, False])
 def test_q4k_one_row_products_equal_cpu_ref(lanes):
     """Q4_K's one-row products on the dp4a lane kernel (k_q4k_lanes, cuda_prefer_q4k_lanes(True)) and on k_int (the
-    default until the lane kernel has run on a card): the CPU's scalar kernel's bits for 1 and 2 blocks a row (2 a step), 3 (a partial step of 4) and 8; for
-    small matrices (64-thread blocks; a window of them is the 1-row kernel per activation row), 256-thread blocks, and
-    70001 rows (grid-stride over the row groups); codes, scales and mins at their extremes in some blocks."""
+    default until the lane kernel has run on a card): the CPU's scalar kernel's bits for 1 and 2 blocks a row (2 a
+    step), 3 (a partial step of 4) and 8; small matrices (64-thread blocks; a window of them is the 1-row kernel per
+    activation row), 256-thread blocks and 70001 rows (grid-stride over the row groups); codes, scales and mins at
+    their extremes in some blocks."""
     rng = np.random.default_rng()
     for rows, cols, T in ((37, 256, 1), (300, 512, 1), (1000, 768, 1), (4100, 2048, 1), (70001, 256, 1), (50, 768, 3)):
         w = weights(rng, "Q4_K", rows, cols).reshape(-1, 144)
