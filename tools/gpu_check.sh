@@ -16,8 +16,9 @@
 # FORWARD: the model files for bench/bench_gpu_forward.py (the whole forward on the GPU: decode tok/s, C(T)), a comma
 # list of "default" (the shipped model), "bench" (`synth bench --type q4_k`, written here), "80b" (`synth 80b --type
 # iq2_xxs`, 19.3 GiB, written here alongside the build; also run with a GPU expert budget of 25 %: stream25),
-# "80bq4km" (`synth 80b --type q4_k_m`, the issue's Q4_K_M-like mix, ~45 GiB, written alongside the build: not with
-# "80b", the two do not fit the lent machine's 64 GiB disk together; the *_80b_q4km keys); "" skips the step.
+# "80bq4km" (`synth 80b --type q4_k_m`, the issue's Q4_K_M-like mix, ~45 GiB, written alongside the build, also run at
+# a 25 % expert budget: not with "80b", the two do not fit the lent machine's 64 GiB disk together; the *_80b_q4km
+# keys); "" skips the step.
 # Default: "default,bench". Then the edit workload of
 # bench/bench_spec.py on the GPU (the shipped model, suffix-drafted vs plain: edit_speedup) and its free-form code
 # workload MTP-drafted vs plain (mtp_speedup).
@@ -160,7 +161,8 @@ for f in ${FORWARD//,/ }; do
     default) models+=("$ROOT/python/strata_py/data/strata-default-q8_0.gguf") ;;
     bench) $PY -m strata_py.synth bench /tmp/synth-bench-q4_k.gguf --type q4_k >/dev/null && models+=(/tmp/synth-bench-q4_k.gguf) ;;
     80b) { [ -z "$SYNTH_PID" ] || wait $SYNTH_PID; } && models+=($SYNTH80) && streams+=(--stream $SYNTH80:0.25:on); tail -1 "$OUT/synth80b.log" ;;
-    80bq4km) { [ -z "$SYNTHQ_PID" ] || wait $SYNTHQ_PID; } && models+=($SYNTHQ); tail -1 "$OUT/synth80bq.log" ;;
+    80bq4km) { [ -z "$SYNTHQ_PID" ] || wait $SYNTHQ_PID; } && models+=($SYNTHQ) && streams+=(--stream $SYNTHQ:0.25:on)
+             tail -1 "$OUT/synth80bq.log" ;;
   esac
 done
 
@@ -195,7 +197,7 @@ if [ -n "$LLAMA_SRC" ]; then
   lm=(); ot=()  # the 80B file first (the main figures), then the others; its experts-on-CPU run last
   for m in "${models[@]}"; do
     if [[ $m == *synth-80b* ]]; then lm=("$m" "${lm[@]}"); else lm+=("$m"); fi
-    [[ $m == *synth-80b-iq2_xxs* ]] && ot=(--experts-on-cpu "$m")
+    [[ $m == *synth-80b* ]] && ot=(--experts-on-cpu "$m")  # (80b and 80bq4km: one a call)
   done
   PYTHONUNBUFFERED=1 $PY bench/bench_llama_cuda.py --bin "$LLAMA_DIR/llama.cpp/build-cuda/bin/llama-bench" \
     --build-status "$LLAMA_DIR/status" --build-paused-s "$paused_s" --deadline-s $(( LLAMA_END_S - ($(date +%s) - T0) )) \
@@ -285,6 +287,7 @@ def ratio(name, strata, model, key):
     sources[name] = f"llama.cpp {key} on {model}: {src}"
     return strata / v
 s25 = stream25.get(R80, {}).get("decode_tok_s")
+s25q = stream25.get(RQ, {}).get("decode_tok_s")
 edit = {r["draft"]: r for r in spec.get("results", []) if r["workload"] == "edit"}
 prods = bench.get("products", [])
 def c_ratio(shape, typ, t):
@@ -321,6 +324,9 @@ res = {
     "mtp_identical": mtpb["mtp"]["identical"] if "mtp" in mtpb else None,
     # the 80B file with a GPU expert budget of 25 % (experts streamed from host memory) over llama.cpp -ot exps=CPU
     "stream25_ratio_vs_llamacpp": ratio("stream25_ratio_vs_llamacpp", s25, R80, "tg64_experts_on_cpu"),
+    # the same for the Q4_K_M-like 80B file (FORWARD 80bq4km)
+    "stream25_ratio_vs_llamacpp_80b_q4km": ratio("stream25_ratio_vs_llamacpp_80b_q4km", s25q, RQ,
+                                                 "tg64_experts_on_cpu"),
     # the GPU session's logits == the CPU session's bit for bit (T = 1, prompt and verify windows with random keeps,
     # 5 models), and suffix-drafted == plain decoding on the GPU (tests/test_cuda_forward.py)
     "windows_bit_identical": every(passed(p) for p in ("test_gpu_session_windows", "test_gpu_session_long_prompt",
@@ -333,6 +339,7 @@ res = {
                                                 "hbm_floor_fraction", "file_gib", "load_and_prompt_s",
                                                 "prefill_tokens", "prefill_tok_s") if k in r} for r in fm.values()},
     "stream25_decode_tok_s": s25,
+    "stream25_decode_tok_s_80b_q4km": s25q,
     "edit": {d: {k: r[k] for k in ("decode_tok_s", "speedup", "acceptance", "e_keep", "identical")}
              for d, r in edit.items()},
     # llama.cpp's figures: this call's llama-bench (runs) or, where it did not run, nothing here (the anchors above)
