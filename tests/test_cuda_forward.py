@@ -358,13 +358,13 @@ def test_dn_untile_retile_equal_cpu():
     np.testing.assert_array_equal(bits(back), bits(f[2].astype(np.float32).ravel()))  # z untiled, retiled = z
 
 
-@pytest.mark.parametrize("typ", CUDA_TYPES + ["Q4_K-lanes"])
+@pytest.mark.parametrize("typ", CUDA_TYPES + ["Q4_K-lanes", "Q6_K-lanes"])
 def test_matmul_sel_equals_cpu_and_one_row_products(typ):
-    """Expert products over a device selection equal the CPU backend's and each slot's one-row product ("Q4_K-lanes":
-    Q4_K on the dp4a lane kernel, cuda_prefer_q4k_lanes(True), slots and one-row products both)."""
-    if typ == "Q4_K-lanes":
-        with switched(_core.cuda_prefer_q4k_lanes, True, False):
-            return test_matmul_sel_equals_cpu_and_one_row_products("Q4_K")
+    """Expert products over a device selection equal the CPU backend's and each slot's one-row product ("-lanes": the
+    type on the dp4a lane kernel, cuda_prefer_kq_lanes(True), slots and one-row products both)."""
+    if typ.endswith("-lanes"):
+        with switched(_core.cuda_prefer_kq_lanes, True, False):
+            return test_matmul_sel_equals_cpu_and_one_row_products(typ.split("-")[0])
     rng = fresh_rng()
     E, rows, cols, k = 5, int(rng.integers(1, 40)), 512, 3
     T = int(rng.integers(1, 6))

@@ -57,8 +57,8 @@ void cuda_prefer_float_split(int64_t bytes);
 // Tests and benches: cuda::prefer_b32q_split (the int8-activation 32-value block types' small matrices take windows
 // as the 1-row kernel per activation row; default on).
 void cuda_prefer_b32q_split(bool on);
-// Tests and benches: cuda::prefer_q4k_lanes (Q4_K's one-row products on the dp4a lane kernel; default off).
-void cuda_prefer_q4k_lanes(bool on);
+// Tests and benches: cuda::prefer_kq_lanes (Q4_K's and Q6_K's one-row products on the dp4a lane kernel; default off).
+void cuda_prefer_kq_lanes(bool on);
 void cuda_prefer_attn_tiles(bool on, int64_t min_queries);
 void cuda_prefer_tile_prefetch(bool on);
 void cuda_prefer_float_tiles(bool on, int min_rows, int64_t min_weight_rows);

@@ -390,8 +390,8 @@ void init_cuda(nb::module_& m) {
         "Tests and benches: whether the int8-activation 32-value block types' (Q4_0, Q4_1, Q5_*, IQ4_NL, MXFP4) small "
         "matrices take windows as the 1-row kernel per activation row (default on) or the T-row kernels; the same bits "
         "either way.");
-  m.def("cuda_prefer_q4k_lanes", &cuda_prefer_q4k_lanes, nb::arg("on"),
-        "Tests and benches: whether Q4_K's one-row products (decode steps, the experts' slots, small matrices' row "
+  m.def("cuda_prefer_kq_lanes", &cuda_prefer_kq_lanes, nb::arg("on"),
+        "Tests and benches: whether Q4_K's and Q6_K's one-row products (decode steps, the experts' slots, small matrices' row "
         "split) take the dp4a lane kernel or the generic int8 kernel (the default until the lane kernel has run on a card); "
         "the same bits either way.");
   m.def("cuda_prefer_attn_tiles", &cuda_prefer_attn_tiles, nb::arg("on"), nb::arg("min_queries") = 1024,

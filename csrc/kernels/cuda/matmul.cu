@@ -559,7 +559,7 @@ __global__ void __launch_bounds__(256, TT >= 8 ? 2 : 3) k_int(const uint8_t* __r
   }
 }
 
-#include "kernels/cuda/q4k_lanes.cuh"  // needs reduce16, prefetch_rows (above)
+#include "kernels/cuda/kq_lanes.cuh"  // needs reduce16, prefetch_rows (above)
 
 // Whether the IQ2_XXS products of many rows take the tensor cores (iq2_mma.cuh): the card is sm_80 or later (set
 // by init_tables) and tests / benches have not turned them off (cuda_prefer_mma). The same bits either way.
@@ -1463,9 +1463,9 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
       launch_iq2_warp1<false>(W, nullptr, 0, 0, nullptr, T, 1, q, dx, y, nullptr, ldy, st);
     } else {
       const int64_t gx = groups < kMaxIntBlocks ? groups : kMaxIntBlocks;
-      if constexpr (std::is_same_v<D, Q4_K>) {
-        if (q4k_lanes_fit(W.data, W.row_bytes, 0)) {
-          launch_q4k_lanes(W, 0, nullptr, T, 1, q, dx, y, ldy, threads, gx, st);
+      if constexpr (std::is_same_v<D, Q4_K> || std::is_same_v<D, Q6_K>) {
+        if (kq_lanes_fit<D>(W.data, W.row_bytes, 0)) {
+          launch_kq_lanes<D>(W, 0, nullptr, T, 1, q, dx, y, ldy, threads, gx, st);
           return;
         }
       }
@@ -1632,7 +1632,7 @@ void prefer_iq2_panel_staged(bool on) { g_iq2_panel_staged = on; }
 void prefer_row_groups(bool on) { g_row_groups = on; }
 void prefer_float_split(int64_t bytes) { g_float_split_bytes = bytes; }
 void prefer_b32q_split(bool on) { g_b32q_split = on; }
-void prefer_q4k_lanes(bool on) { g_q4k_lanes = on; }
+void prefer_kq_lanes(bool on) { g_kq_lanes = on; }
 void prefer_tile_prefetch(bool on) { g_tile_prefetch = on; }
 void prefer_float_tiles(bool on, int min_rows, int64_t min_weight_rows) {
   STRATA_CHECK(min_rows >= 2, "cuda prefer_float_tiles: min_rows = ", min_rows, " (at least 2: one row is k_float's)");
@@ -1772,9 +1772,9 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
       const int threads = threads_for((W0.rows + kRowsPerBlock - 1) / kRowsPerBlock * n);
       const int64_t groups = (W0.rows + threads / 16 - 1) / (threads / 16);
       const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, kMaxIntBlocks / n));
-      if constexpr (std::is_same_v<D, Q4_K>) {
-        if (q4k_lanes_fit(W0.data, W0.row_bytes, ebytes)) {
-          launch_q4k_lanes(W0, ebytes, sel, n, xdiv, q, dx, y, ldy, threads, gx, st);
+      if constexpr (std::is_same_v<D, Q4_K> || std::is_same_v<D, Q6_K>) {
+        if (kq_lanes_fit<D>(W0.data, W0.row_bytes, ebytes)) {
+          launch_kq_lanes<D>(W0, ebytes, sel, n, xdiv, q, dx, y, ldy, threads, gx, st);
           return;
         }
       }

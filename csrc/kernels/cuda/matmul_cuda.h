@@ -101,9 +101,9 @@ void prefer_float_split(int64_t bytes);
 // Tests and benches: whether the int8-activation 32-value block types' small matrices take windows as the 1-row
 // kernel per activation row (default on) or the T-row kernels; the same bits either way.
 void prefer_b32q_split(bool on);
-// Tests and benches: whether Q4_K's one-row products (decode steps, the experts' slots, small matrices' row split)
-// take k_q4k_lanes (dp4a) or k_int<Q4_K, 1> (the default until k_q4k_lanes has run on a card); the same bits either way.
-void prefer_q4k_lanes(bool on);
+// Tests and benches: whether Q4_K's and Q6_K's one-row products (decode steps, the experts' slots, small matrices' row
+// split) take k_kq_lanes (dp4a) or k_int<D, 1> (the default until k_kq_lanes has run on a card); the same bits either way.
+void prefer_kq_lanes(bool on);
 // Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores prefetch each block's next tile's weights
 // into L2 (default on); a hint, the same bits either way.
 void prefer_tile_prefetch(bool on);

@@ -1,0 +1,198 @@
+// Q4_K and Q6_K products of one activation row (decode steps, the experts' slots, the row split of small matrices)
+// with each lane's integer sums on dp4a. Included by matmul.cu after reduce16, prefetch_rows and k_int (whose T = 1
+// path it replaces for these types when on). No namespace of its own: it is included inside matmul.cu's (anonymous,
+// in strata::cuda). Off by default (g_kq_lanes) until it has run on a card.
+//
+// Why this is exact. k_int<D, 1>'s lane k (16 lanes a weight row) holds the 16 values v of a block with v mod 32 in
+// {2k, 2k + 1}: per sub-block s the pair (2k, 2k + 1) with codes q and activations x. It forms the integer
+//   P = sum over s, i of w_{s,i} x_{s,i}   (Q4_K: w = sc_s q, q 4 bits; Q6_K: w = sc_{2s + k / 8} (q - 32), q 6 bits)
+//   M = sum over s, i of m_s x_{s,i}, summed over the 16 lanes (Q4_K's mins; Q6_K has none)
+// then L = fma(d dx, (float)P, L), Lm = fma(dmin dx, (float)M, Lm) per block in order, y = reduce16(L) - Lm. P and M
+// are integers, so any exact way of forming them gives the same P, M and the same float operations after them. Here
+// each sub-block's pair sum is one dp4a of its two codes (as bytes, the other two zero) against the lane's
+// activation word holding that pair (k_quantize's lane-major layout: value 32 s + 2 k + i at 16 k + 2 s + i, so
+// word c of the lane's 16 bytes holds sub-blocks 2c and 2c + 1), then times its scale:
+//   - Q4_K: sub-blocks 2c and 2c + 1's codes are the low and high nibbles of the same two bytes (16 + 32 c + 2 k, + 1);
+//     the mins by one dp4a a word against (m_2c, m_2c, m_2c+1, m_2c+1); the 8 scales and mins from the 12 scale bytes
+//     as 32-bit words (decode.cuh Q4_K::scale_min's bits);
+//   - Q6_K: sub-block s = 4 h + j's low 4 bits are nibble j / 2 of the two bytes at 64 h + 32 (j % 2) + 2 k, its high 2
+//     bits bits 2 j of the two bytes at 128 + 32 h + 2 k; q - 32 bytewise (__vsub4); scale byte 192 + 2 s + k / 8.
+// |P| and |M| as k_int's (int32). The integer steps were checked against k_int's decode on random and extreme blocks
+// (a numpy emulation, session 34); on the card, tests/test_cuda_matmul.py compares both ways of this switch with the
+// CPU's scalar kernel bit for bit.
+#pragma once
+
+// prefer_kq_lanes: Q4_K's and Q6_K's one-row products on k_kq_lanes, else k_int<D, 1> (the default until the kernel
+// has run on a card: written and built in session 34, whose device time ran out; docs/BENCHMARKS.md)
+bool g_kq_lanes = false;
+
+// One Q4_K block's share of lane k: the header (d, dmin, the 12 scale bytes), the lane's 4 code words, its 16
+// activation bytes and the block's activation scale.
+struct Q4kPart {
+  static constexpr int kBytes = 144;
+  static constexpr bool kMins = true;
+  uint4 h;
+  uint32_t c[4];
+  int4 x;
+  float dx;
+  __device__ __forceinline__ void load(const uint8_t* blk, const int8_t* q, const float* dxp, int k) {
+    h = __ldg(reinterpret_cast<const uint4*>(blk));  // 144-byte blocks of a 16-byte aligned matrix (kq_lanes_fit)
+    const uint16_t* codes = reinterpret_cast<const uint16_t*>(blk + 16) + k;
+#pragma unroll
+    for (int i = 0; i < 4; i++) c[i] = __ldg(codes + 16 * i);
+    x = __ldg(reinterpret_cast<const int4*>(q + 16 * k));
+    dx = __ldg(dxp);
+  }
+  // the lane's P and its share of M (summed over the 16 lanes by the caller)
+  __device__ __forceinline__ void sums(int& P, int& M) const {
+    const uint32_t s0 = h.y, s1 = h.z, s2 = h.w;
+    const uint32_t sc_lo = s0 & 0x3f3f3f3fu, m_lo = s1 & 0x3f3f3f3fu;  // sub-blocks 0..3
+    const uint32_t sc_hi = (s2 & 0x0f0f0f0fu) | ((s0 >> 2) & 0x30303030u);  // 4..7: bits 6, 7 of bytes 0..3 above
+    const uint32_t m_hi = ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u);
+    const int xw[4] = {x.x, x.y, x.z, x.w};
+    P = 0;
+    M = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {  // sub-blocks 2i, 2i + 1
+      const uint32_t scw = i < 2 ? sc_lo : sc_hi, mw = i < 2 ? m_lo : m_hi;
+      const int sh = 16 * (i & 1);  // their scales' bytes in scw / mw: 2 (i & 1), + 1
+      const int sa = (int)((scw >> sh) & 0xffu), sb = (int)((scw >> (sh + 8)) & 0xffu);
+      const int lo = __dp4a((int)(c[i] & 0x0f0fu), xw[i], 0);             // sub-block 2i's pair
+      const int hi = __dp4a((int)((c[i] << 12) & 0x0f0f0000u), xw[i], 0);  // 2i + 1's
+      P += sa * lo + sb * hi;
+      M = __dp4a((int)__byte_perm(mw, 0, (i & 1) ? 0x3322u : 0x1100u), xw[i], M);
+    }
+  }
+  __device__ __forceinline__ float d() const { return __half2float(__ushort_as_half((unsigned short)(h.x & 0xffffu))); }
+  __device__ __forceinline__ float dmin() const { return __half2float(__ushort_as_half((unsigned short)(h.x >> 16))); }
+};
+
+// One Q6_K block's share of lane k: its 4 low-bit words (h, j), 2 high-bit words (h), its 8 scales (sub-block s:
+// byte 2 s + k / 8 of the 16), d, its 16 activation bytes and the block's activation scale. 210-byte blocks: 16-bit
+// loads.
+struct Q6kPart {
+  static constexpr int kBytes = 210;
+  static constexpr bool kMins = false;
+  uint32_t ql[4], qh[2];
+  int sc[8];
+  uint16_t dh;
+  int4 x;
+  float dx;
+  __device__ __forceinline__ void load(const uint8_t* blk, const int8_t* q, const float* dxp, int k) {
+    const uint16_t* w = reinterpret_cast<const uint16_t*>(blk);
+#pragma unroll
+    for (int i = 0; i < 4; i++) ql[i] = __ldg(w + 32 * (i >> 1) + 16 * (i & 1) + k);  // bytes 64 h + 32 j + 2 k
+#pragma unroll
+    for (int i = 0; i < 2; i++) qh[i] = __ldg(w + 64 + 16 * i + k);  // bytes 128 + 32 h + 2 k
+    const int8_t* s = reinterpret_cast<const int8_t*>(blk + 192) + (k >> 3);
+#pragma unroll
+    for (int i = 0; i < 8; i++) sc[i] = __ldg(s + 2 * i);
+    dh = __ldg(w + 104);
+    x = __ldg(reinterpret_cast<const int4*>(q + 16 * k));
+    dx = __ldg(dxp);
+  }
+  __device__ __forceinline__ void sums(int& P, int& M) const {
+    const int xw[4] = {x.x, x.y, x.z, x.w};
+    P = 0;
+    M = 0;
+#pragma unroll
+    for (int s = 0; s < 8; s++) {
+      const int h = s >> 2, j = s & 3;  // sub-block s = 4 h + j
+      const uint32_t lo = (ql[2 * h + (j & 1)] >> (4 * (j >> 1))) & 0x0f0fu;
+      const uint32_t hb = ((qh[h] >> (2 * j)) & 0x0303u) << 4;
+      const uint32_t w2 = __vsub4(lo | hb, 0x2020u);  // bytes 0, 1: q - 32 (signed); bytes 2, 3: 0
+      P += sc[s] * __dp4a((int)((s & 1) ? w2 << 16 : w2), xw[s >> 1], 0);
+    }
+  }
+  __device__ __forceinline__ float d() const { return __half2float(__ushort_as_half(dh)); }
+  __device__ __forceinline__ float dmin() const { return 0.f; }
+};
+
+// k_int<D, 1>'s grid and its values: 16 lanes a weight row, blockDim.x / 16 rows a block, grid-stride over the row
+// groups; with sel, grid row y is slot y (its expert's matrix, activation row y / xdiv, output row y); without,
+// activation row y (the row split). kU blocks of a row in flight.
+template <class Part, int kU>
+__global__ void __launch_bounds__(256) k_kq_lanes(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
+                                                  int64_t nb, const int8_t* __restrict__ q, const float* __restrict__ dx,
+                                                  float* __restrict__ y, int64_t ldy, const int32_t* __restrict__ sel,
+                                                  size_t ebytes, int xdiv) {
+  if (!sel) prefetch_rows(W, row_bytes, rows, (int64_t)blockIdx.x * (blockDim.x >> 4), blockDim.x >> 4);
+  pdl_wait();
+  {
+    const int slot = blockIdx.y;
+    if (sel) W += (size_t)sel[slot] * ebytes;
+    const int64_t xr = sel ? slot / xdiv : slot;
+    q += xr * nb * QK_K;
+    dx += xr * nb;
+    y += (int64_t)slot * ldy;
+  }
+  const int k = threadIdx.x & 15, rpb = blockDim.x >> 4;
+  const int64_t groups = (rows + rpb - 1) / rpb;
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+    const int64_t r = g * rpb + (threadIdx.x >> 4);
+    const uint8_t* row = W + (r < rows ? r : rows - 1) * row_bytes;
+    Part p[kU];
+    auto load = [&](int64_t b0) {
+#pragma unroll
+      for (int u = 0; u < kU; u++) {
+        const int64_t b = b0 + u < nb ? b0 + u : nb - 1;
+        p[u].load(row + b * Part::kBytes, q + b * QK_K, dx + b, k);
+      }
+    };
+    load(0);
+    float L = 0.f, Lm = 0.f;
+    for (int64_t b0 = 0; b0 < nb; b0 += kU) {
+      int P[kU], M[kU];
+      float dd[kU], dm[kU];
+#pragma unroll
+      for (int u = 0; u < kU; u++) {
+        p[u].sums(P[u], M[u]);
+        dd[u] = __fmul_rn(p[u].d(), p[u].dx);
+        dm[u] = __fmul_rn(p[u].dmin(), p[u].dx);
+      }
+      if (b0 + kU < nb) load(b0 + kU);  // in flight while this step's sums finish
+#pragma unroll
+      for (int u = 0; u < kU; u++) {
+        if constexpr (Part::kMins) {  // the block's mins sum over the row's 16 lanes (k_int's shuffles: integers)
+          M[u] += __shfl_xor_sync(0xffffffffu, M[u], 8, 16);
+          M[u] += __shfl_xor_sync(0xffffffffu, M[u], 4, 16);
+          M[u] += __shfl_xor_sync(0xffffffffu, M[u], 2, 16);
+          M[u] += __shfl_xor_sync(0xffffffffu, M[u], 1, 16);
+        }
+        if (b0 + u < nb) {
+          L = fmaf(dd[u], (float)P[u], L);
+          if constexpr (Part::kMins) Lm = fmaf(dm[u], (float)M[u], Lm);
+        }
+      }
+    }
+    const float s = reduce16(L);
+    if (k == 0 && r < rows) y[r] = __fsub_rn(s, Lm);  // (Q6_K: Lm = 0, k_int's y = s - 0)
+  }
+}
+
+// Whether k_kq_lanes takes a product of type D: on (prefer_kq_lanes), a type it has (Q4_K, Q6_K), and Q4_K's 16-byte
+// header loads aligned (the matrix, its rows and, with sel, each expert's matrix on 16 bytes; a GGUF's tensors are at
+// its default alignment of 32; else k_int<Q4_K, 1>, which reads 16-bit words). Q6_K reads 16-bit words and bytes.
+template <class D>
+bool kq_lanes_fit(const uint8_t* W, size_t row_bytes, size_t ebytes) {
+  if (!g_kq_lanes) return false;
+  if constexpr (std::is_same_v<D, Q4_K>)
+    return reinterpret_cast<uintptr_t>(W) % 16 == 0 && row_bytes % 16 == 0 && ebytes % 16 == 0;
+  return std::is_same_v<D, Q6_K>;
+}
+
+// k_kq_lanes for type D over n grid rows (slots with sel, else activation rows) in k_int<D, 1>'s grid: gx blocks of
+// `threads` (16 lanes a weight row). Rows of at most 2 blocks (the experts' down products of 512 columns) 2 blocks a
+// step, else 4.
+template <class D>
+void launch_kq_lanes(const MatView& W, size_t ebytes, const int32_t* sel, int n, int xdiv, const int8_t* q,
+                     const float* dx, float* y, int64_t ldy, int threads, int64_t gx, cudaStream_t st) {
+  using Part = std::conditional_t<std::is_same_v<D, Q4_K>, Q4kPart, Q6kPart>;
+  const int64_t nb = W.cols / QK_K;
+  auto go = [&](auto kern) {
+    launch(kern, dim3((unsigned)gx, (unsigned)n), threads, 0, st, W.data, W.row_bytes, W.rows, nb, q, dx, y, ldy, sel,
+           ebytes, xdiv);
+  };
+  if (nb <= 2) go(k_kq_lanes<Part, 2>);
+  else go(k_kq_lanes<Part, 4>);
+}
