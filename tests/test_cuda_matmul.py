@@ -199,6 +199,22 @@ def test_kquant_one_row_products_equal_cpu_ref(typ, lanes):
         np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{typ} {rows}x{cols} T={T} lanes={lanes}")
 
 
+@pytest.mark.parametrize("typ", ["Q4_K", "Q5_K", "Q6_K"])
+def test_kquant_windows_equal_one_row(typ):
+    """Small K-quant matrices over prompt pieces on the 16-row kernel (cuda_prefer_kquant_windows(True)) give each row's
+    one-row product bit for bit, as the default's block per activation row does: 17..40 rows, 300 and 64 weight rows."""
+    rng = np.random.default_rng()
+    for rows in (300, 64):
+        w = weights(rng, typ, rows, 2048)
+        x = rng.standard_normal((40, 2048)).astype(np.float32)
+        one = np.stack([_core.backend_matmul("cuda", w, typ, rows, 2048, x[t:t + 1])[0] for t in range(40)])
+        for on in (True, False):
+            with switched(_core.cuda_prefer_kquant_windows, on, False):
+                for T in (17, 32, 40):
+                    got = _core.backend_matmul("cuda", w, typ, rows, 2048, x[:T])
+                    np.testing.assert_array_equal(bits(got), bits(one[:T]), err_msg=f"{typ} {rows} rows T={T} on={on}")
+
+
 @pytest.mark.parametrize("typ", ["F32", "Q8_0"])
 def test_float_tiles_from_fewer_rows_equal_cpu_ref(typ):
     """k_float_tiles from 16 activation rows (cuda_prefer_float_tiles(True, 16, 0): launch mode "floattiles16", a

@@ -59,6 +59,9 @@ void cuda_prefer_float_split(int64_t bytes);
 void cuda_prefer_b32q_split(bool on);
 // Tests and benches: cuda::prefer_kq_lanes (Q4_K's and Q6_K's one-row products on the dp4a lane kernel; default off).
 void cuda_prefer_kq_lanes(bool on);
+// Tests and benches: cuda::prefer_kquant_windows (small K-quant matrices over prompt pieces on the 16-row kernel;
+// default off).
+void cuda_prefer_kquant_windows(bool on);
 void cuda_prefer_attn_tiles(bool on, int64_t min_queries);
 void cuda_prefer_tile_prefetch(bool on);
 void cuda_prefer_float_tiles(bool on, int min_rows, int64_t min_weight_rows);

@@ -583,6 +583,12 @@ constexpr int kFloatSplitMaxT = 8;
 // matrices do, not all T rows summed in turn by 4-16 warps an SM (prefer_b32q_split; on a Q4_0 bench file C(16) /
 // C(1) 4.14 -> 3.76 on the H200, docs/BENCHMARKS.md session 29)
 bool g_b32q_split = true;
+// Q4_K / Q5_K / Q6_K matrices under 2 x 132 groups of 16 rows (the Q4_K_M 80B's attention, DeltaNet gates and shared
+// expert) over a prompt piece take k_int<D, 16> in 256-thread blocks, not the 1-row kernel per activation row, which
+// re-reads the weights for every row: k_int<Q4_K, 1> took 315 of a 512-row piece's 789 ms on an H100 (docs/BENCHMARKS.md
+// session 34). prefer_kquant_windows; off until measured on a card (the same bits either way: every T's value is the
+// T = 1 kernel's)
+bool g_kquant_windows = false;
 // the IQ2_XXS expert tiles on the tensor cores prefetch the block's rows of its next tile into L2 (prefer_tile_prefetch)
 bool g_tile_prefetch = true;
 // the IQ2_XXS expert tiles on the tensor cores stage each tile's activation rows in shared memory (prefer_tile_stage):
@@ -1417,7 +1423,11 @@ template <class D>
 void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, float* y, int64_t ldy, cudaStream_t st) {
   const int64_t nb = W.cols / QK_K;
   const int64_t g16 = (W.rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  const int threads = threads_for(g16);
+  // prefer_kquant_windows: a small K-quant matrix over a prompt piece (T > kMaxT) on k_int<D, kMaxT> in 256-thread
+  // blocks (16 weight rows sharing each staged activation tile), not a block per (row group, activation row)
+  const bool kq_windows = g_kquant_windows && T > kMaxT && (std::is_same_v<D, Q4_K> || std::is_same_v<D, Q5_K> ||
+                                                            std::is_same_v<D, Q6_K>);
+  const int threads = kq_windows ? 256 : threads_for(g16);
   const int64_t groups = (W.rows + threads / 16 - 1) / (threads / 16);  // at most 4096 blocks, each over several
   if constexpr (std::is_same_v<D, IQ2_XXS>) {
     const size_t psm = panel_smem_bytes(nb);
@@ -1633,6 +1643,7 @@ void prefer_row_groups(bool on) { g_row_groups = on; }
 void prefer_float_split(int64_t bytes) { g_float_split_bytes = bytes; }
 void prefer_b32q_split(bool on) { g_b32q_split = on; }
 void prefer_kq_lanes(bool on) { g_kq_lanes = on; }
+void prefer_kquant_windows(bool on) { g_kquant_windows = on; }
 void prefer_tile_prefetch(bool on) { g_tile_prefetch = on; }
 void prefer_float_tiles(bool on, int min_rows, int64_t min_weight_rows) {
   STRATA_CHECK(min_rows >= 2, "cuda prefer_float_tiles: min_rows = ", min_rows, " (at least 2: one row is k_float's)");

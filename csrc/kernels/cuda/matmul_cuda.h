@@ -104,6 +104,9 @@ void prefer_b32q_split(bool on);
 // Tests and benches: whether Q4_K's and Q6_K's one-row products (decode steps, the experts' slots, small matrices' row
 // split) take k_kq_lanes (dp4a) or k_int<D, 1> (the default until k_kq_lanes has run on a card); the same bits either way.
 void prefer_kq_lanes(bool on);
+// Tests and benches: whether small Q4_K / Q5_K / Q6_K matrices over a prompt piece (more than 16 rows) take the 16-row
+// kernel in 256-thread blocks or (default) the 1-row kernel per activation row; the same bits either way.
+void prefer_kquant_windows(bool on);
 // Tests and benches: whether the IQ2_XXS expert tiles on the tensor cores prefetch each block's next tile's weights
 // into L2 (default on); a hint, the same bits either way.
 void prefer_tile_prefetch(bool on);
