@@ -95,22 +95,23 @@ SYNTHQ=/tmp/synth-80b-q4_k_m.gguf
 if [[ ",$FORWARD," == *",80b,"* && ",$FORWARD," == *",80bq4km,"* ]]; then
   echo "FORWARD: 80b and 80bq4km together (19.3 + ~45 GiB) do not fit the lent machine's disk: one a call"; exit 1
 fi
-if [[ ",$FORWARD," == *",80b,"* ]] && [ -f $SYNTH80 ]; then
-  echo "synth 80b: $SYNTH80 is there already (an earlier call on this machine), not written again" >"$OUT/synth80b.log"
-  SYNTH_PID=
-elif [[ ",$FORWARD," == *",80b,"* ]]; then
-  ( t=$(date +%s); PYTHONPATH="$SITE:$ROOT/python" nice -n 5 $PY -m strata_py.synth 80b $SYNTH80 --type iq2_xxs \
-      >"$OUT/synth80b.log" 2>&1 && echo "synth 80b: $(( $(date +%s) - t )) s (alongside the build)" >>"$OUT/synth80b.log" ) &
+# synth_80b FILE TYPE LOG: the 80B file written in the background (SYNTH_PID) while strata builds and tests, unless an
+# earlier call on this machine left it (synth writes under a temporary name and renames the complete file)
+synth_80b() {
+  if [ -f "$1" ]; then
+    echo "synth 80b $2: $1 is there already (an earlier call on this machine), not written again" >"$OUT/$3"
+    return
+  fi
+  ( t=$(date +%s); PYTHONPATH="$SITE:$ROOT/python" nice -n 5 $PY -m strata_py.synth 80b "$1" --type "$2" \
+      >"$OUT/$3" 2>&1 && echo "synth 80b $2: $(( $(date +%s) - t )) s (alongside the build)" >>"$OUT/$3" ) &
   SYNTH_PID=$!
-fi
-if [[ ",$FORWARD," == *",80bq4km,"* ]] && [ -f $SYNTHQ ]; then
-  echo "synth 80b q4_k_m: $SYNTHQ is there already (an earlier call on this machine), not written again" >"$OUT/synth80bq.log"
-  SYNTHQ_PID=
+}
+SYNTH_PID=
+if [[ ",$FORWARD," == *",80b,"* ]]; then
+  synth_80b $SYNTH80 iq2_xxs synth80b.log
 elif [[ ",$FORWARD," == *",80bq4km,"* ]]; then
   rm -f $SYNTH80  # an earlier call's IQ2_XXS file: the disk holds one of the two
-  ( t=$(date +%s); PYTHONPATH="$SITE:$ROOT/python" nice -n 5 $PY -m strata_py.synth 80b $SYNTHQ --type q4_k_m \
-      >"$OUT/synth80bq.log" 2>&1 && echo "synth 80b q4_k_m: $(( $(date +%s) - t )) s (alongside the build)" >>"$OUT/synth80bq.log" ) &
-  SYNTHQ_PID=$!
+  synth_80b $SYNTHQ q4_k_m synth80bq.log
 fi
 
 t0=$(date +%s)
@@ -161,7 +162,7 @@ for f in ${FORWARD//,/ }; do
     default) models+=("$ROOT/python/strata_py/data/strata-default-q8_0.gguf") ;;
     bench) $PY -m strata_py.synth bench /tmp/synth-bench-q4_k.gguf --type q4_k >/dev/null && models+=(/tmp/synth-bench-q4_k.gguf) ;;
     80b) { [ -z "$SYNTH_PID" ] || wait $SYNTH_PID; } && models+=($SYNTH80) && streams+=(--stream $SYNTH80:0.25:on); tail -1 "$OUT/synth80b.log" ;;
-    80bq4km) { [ -z "$SYNTHQ_PID" ] || wait $SYNTHQ_PID; } && models+=($SYNTHQ) && streams+=(--stream $SYNTHQ:0.25:on)
+    80bq4km) { [ -z "$SYNTH_PID" ] || wait $SYNTH_PID; } && models+=($SYNTHQ) && streams+=(--stream $SYNTHQ:0.25:on)
              tail -1 "$OUT/synth80bq.log" ;;
   esac
 done
@@ -196,8 +197,7 @@ if [ -n "$LLAMA_SRC" ]; then
   [ -f "$LLAMA_DIR/status" ] && echo "llama.cpp build: rc $(cut -d' ' -f1 "$LLAMA_DIR/status") in $(cut -d' ' -f2 "$LLAMA_DIR/status") s"
   lm=(); ot=()  # the 80B file first (the issue's main figures), then the others; its experts-on-CPU run last
   for m in "${models[@]}"; do
-    if [[ $m == *synth-80b* ]]; then lm=("$m" "${lm[@]}"); else lm+=("$m"); fi
-    [[ $m == *synth-80b* ]] && ot=(--experts-on-cpu "$m")  # (80b and 80bq4km: one a call)
+    if [[ $m == *synth-80b* ]]; then lm=("$m" "${lm[@]}"); ot=(--experts-on-cpu "$m"); else lm+=("$m"); fi
   done
   PYTHONUNBUFFERED=1 $PY bench/bench_llama_cuda.py --bin "$LLAMA_DIR/llama.cpp/build-cuda/bin/llama-bench" \
     --build-status "$LLAMA_DIR/status" --build-paused-s "$paused_s" --deadline-s $(( LLAMA_END_S - ($(date +%s) - T0) )) \

@@ -105,7 +105,6 @@ struct Q6kPart {
     }
   }
   __device__ __forceinline__ float d() const { return __half2float(__ushort_as_half(dh)); }
-  __device__ __forceinline__ float dmin() const { return 0.f; }
 };
 
 // k_int<D, 1>'s grid and its values: 16 lanes a weight row, blockDim.x / 16 rows a block, grid-stride over the row
@@ -148,7 +147,7 @@ __global__ void __launch_bounds__(256) k_kq_lanes(const uint8_t* __restrict__ W,
       for (int u = 0; u < kU; u++) {
         p[u].sums(P[u], M[u]);
         dd[u] = __fmul_rn(p[u].d(), p[u].dx);
-        dm[u] = __fmul_rn(p[u].dmin(), p[u].dx);
+        if constexpr (Part::kMins) dm[u] = __fmul_rn(p[u].dmin(), p[u].dx);
       }
       if (b0 + kU < nb) load(b0 + kU);  // in flight while this step's sums finish
 #pragma unroll
@@ -170,15 +169,19 @@ __global__ void __launch_bounds__(256) k_kq_lanes(const uint8_t* __restrict__ W,
   }
 }
 
-// Whether k_kq_lanes takes a product of type D: on (prefer_kq_lanes), a type it has (Q4_K, Q6_K), and Q4_K's 16-byte
-// header loads aligned (the matrix, its rows and, with sel, each expert's matrix on 16 bytes; a GGUF's tensors are at
-// its default alignment of 32; else k_int<Q4_K, 1>, which reads 16-bit words). Q6_K reads 16-bit words and bytes.
+// The types k_kq_lanes has (the callers' launches are compiled for these alone).
+template <class D>
+constexpr bool kHasKqLanes = std::is_same_v<D, Q4_K> || std::is_same_v<D, Q6_K>;
+
+// Whether k_kq_lanes takes a product of type D (one of kHasKqLanes): on (prefer_kq_lanes), and Q4_K's 16-byte header
+// loads aligned (the matrix, its rows and, with sel, each expert's matrix on 16 bytes; a GGUF's tensors are at its
+// default alignment of 32; else k_int<Q4_K, 1>, which reads 16-bit words). Q6_K reads 16-bit words and bytes.
 template <class D>
 bool kq_lanes_fit(const uint8_t* W, size_t row_bytes, size_t ebytes) {
-  if (!g_kq_lanes) return false;
+  static_assert(kHasKqLanes<D>);
   if constexpr (std::is_same_v<D, Q4_K>)
-    return reinterpret_cast<uintptr_t>(W) % 16 == 0 && row_bytes % 16 == 0 && ebytes % 16 == 0;
-  return std::is_same_v<D, Q6_K>;
+    return g_kq_lanes && reinterpret_cast<uintptr_t>(W) % 16 == 0 && row_bytes % 16 == 0 && ebytes % 16 == 0;
+  return g_kq_lanes;
 }
 
 // k_kq_lanes for type D over n grid rows (slots with sel, else activation rows) in k_int<D, 1>'s grid: gx blocks of
@@ -187,6 +190,7 @@ bool kq_lanes_fit(const uint8_t* W, size_t row_bytes, size_t ebytes) {
 template <class D>
 void launch_kq_lanes(const MatView& W, size_t ebytes, const int32_t* sel, int n, int xdiv, const int8_t* q,
                      const float* dx, float* y, int64_t ldy, int threads, int64_t gx, cudaStream_t st) {
+  static_assert(kHasKqLanes<D>);
   using Part = std::conditional_t<std::is_same_v<D, Q4_K>, Q4kPart, Q6kPart>;
   const int64_t nb = W.cols / QK_K;
   auto go = [&](auto kern) {

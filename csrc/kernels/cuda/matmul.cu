@@ -1473,7 +1473,7 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
       launch_iq2_warp1<false>(W, nullptr, 0, 0, nullptr, T, 1, q, dx, y, nullptr, ldy, st);
     } else {
       const int64_t gx = groups < kMaxIntBlocks ? groups : kMaxIntBlocks;
-      if constexpr (std::is_same_v<D, Q4_K> || std::is_same_v<D, Q6_K>) {
+      if constexpr (kHasKqLanes<D>) {
         if (kq_lanes_fit<D>(W.data, W.row_bytes, 0)) {
           launch_kq_lanes<D>(W, 0, nullptr, T, 1, q, dx, y, ldy, threads, gx, st);
           return;
@@ -1783,7 +1783,7 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
       const int threads = threads_for((W0.rows + kRowsPerBlock - 1) / kRowsPerBlock * n);
       const int64_t groups = (W0.rows + threads / 16 - 1) / (threads / 16);
       const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, kMaxIntBlocks / n));
-      if constexpr (std::is_same_v<D, Q4_K> || std::is_same_v<D, Q6_K>) {
+      if constexpr (kHasKqLanes<D>) {
         if (kq_lanes_fit<D>(W0.data, W0.row_bytes, ebytes)) {
           launch_kq_lanes<D>(W0, ebytes, sel, n, xdiv, q, dx, y, ldy, threads, gx, st);
           return;
