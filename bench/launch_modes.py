@@ -28,10 +28,9 @@ activation row (cuda_prefer_float_split(0)); "nob32qsplit" = "on" with the 32-va
 model's in-layer Q8_0 products) on the T-row kernels for windows, not the 1-row kernel per activation row
 (cuda_prefer_b32q_split(False)); "nodnduo" = "on" with the DeltaNet heads of 2+ rows on k_dn_heads_split (a warp per 16 columns,
 its halves' sums in turn), not the kernel with a column's two halves on two warps, pipelined (cuda_prefer_dn_duo(False));
-"kqlanes" = "on" with Q4_K's and Q6_K's one-row products on the dp4a lane kernel, not the generic int8 kernel k_int
-(cuda_prefer_kq_lanes(True); off by default until it has run on a card); "kqwindows" = "on" with small Q4_K / Q5_K / Q6_K
-matrices over prompt pieces on the 16-row kernel, not the 1-row kernel per activation row (cuda_prefer_kquant_windows(True);
-off until measured).
+"nokqlanes" = "on" with Q4_K's and Q6_K's one-row products on the generic int8 kernel k_int, not the dp4a lane kernel
+(cuda_prefer_kq_lanes(False)); "nokqwindows" = "on" with small Q4_K / Q5_K / Q6_K matrices over prompt pieces as the
+1-row kernel per activation row, not the 16-row kernel (cuda_prefer_kquant_windows(False)).
 Shared by bench_gpu_forward.py, bench_spec.py and profile_gpu_forward.py. A recorded step keeps the mode
 it was recorded in, so a mode applies to the sessions made after it is set."""
 from __future__ import annotations
@@ -39,7 +38,7 @@ from __future__ import annotations
 LAUNCH_MODES = ("on", "all", "no-prefetch", "off", "unfused", "iq2-rows1", "iq2-rows2", "iq2-rows4", "pieces64",
                 "nopanel", "rowgroups", "noattntiles", "notileahead", "nofloattiles", "floattiles16", "noheadtiles",
                 "notilestage", "nopanelstage", "iq2-wu4",
-                "iq2-pair2", "iq2-pair4", "nodnconv", "nofloatsplit", "nob32qsplit", "nodnduo", "kqlanes", "kqwindows")
+                "iq2-pair2", "iq2-pair4", "nodnconv", "nofloatsplit", "nob32qsplit", "nodnduo", "nokqlanes", "nokqwindows")
 
 
 def set_launches(mode: str) -> None:
@@ -65,5 +64,5 @@ def set_launches(mode: str) -> None:
     _core.cuda_prefer_dn_conv_fused(mode != "nodnconv")
     _core.cuda_prefer_float_split(0 if mode == "nofloatsplit" else 8 << 20)
     _core.cuda_prefer_b32q_split(mode != "nob32qsplit")
-    _core.cuda_prefer_kq_lanes(mode == "kqlanes")
-    _core.cuda_prefer_kquant_windows(mode == "kqwindows")
+    _core.cuda_prefer_kq_lanes(mode != "nokqlanes")
+    _core.cuda_prefer_kquant_windows(mode != "nokqwindows")

@@ -358,12 +358,13 @@ def test_dn_untile_retile_equal_cpu():
     np.testing.assert_array_equal(bits(back), bits(f[2].astype(np.float32).ravel()))  # z untiled, retiled = z
 
 
-@pytest.mark.parametrize("typ", CUDA_TYPES + ["Q4_K-lanes", "Q6_K-lanes"])
+@pytest.mark.parametrize("typ", CUDA_TYPES + ["Q4_K-generic", "Q6_K-generic"])
 def test_matmul_sel_equals_cpu_and_one_row_products(typ):
-    """Expert products over a device selection equal the CPU backend's and each slot's one-row product ("-lanes": the
-    type on the dp4a lane kernel, cuda_prefer_kq_lanes(True), slots and one-row products both)."""
-    if typ.endswith("-lanes"):
-        with switched(_core.cuda_prefer_kq_lanes, True, False):
+    """Expert products over a device selection equal the CPU backend's and each slot's one-row product ("-generic": the
+    type on the generic int8 kernel k_int, cuda_prefer_kq_lanes(False), not the default dp4a lane kernel, slots and
+    one-row products both)."""
+    if typ.endswith("-generic"):
+        with switched(_core.cuda_prefer_kq_lanes, False, True):
             return test_matmul_sel_equals_cpu_and_one_row_products(typ.split("-")[0])
     rng = fresh_rng()
     E, rows, cols, k = 5, int(rng.integers(1, 40)), 512, 3

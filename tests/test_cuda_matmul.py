@@ -174,8 +174,8 @@ def test_iq2xxs_panel_equals_tensor_cores_and_cpu_ref(staged):
 @pytest.mark.parametrize("typ", ["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("lanes", [True, False])
 def test_kquant_one_row_products_equal_cpu_ref(typ, lanes):
-    """Q4_K's and Q6_K's one-row products on the dp4a lane kernel (k_kq_lanes, cuda_prefer_kq_lanes(True)) and on k_int
-    (the default until the lane kernel has run on a card): the CPU's scalar kernel's bits for 1 and 2 blocks a row (2
+    """Q4_K's and Q6_K's one-row products on the dp4a lane kernel (k_kq_lanes, the default) and on k_int
+    (cuda_prefer_kq_lanes(False)): the CPU's scalar kernel's bits for 1 and 2 blocks a row (2
     a step), 3 (a partial step of 4) and 8; small matrices (64-thread blocks; a window of them is the 1-row kernel per
     activation row), 256-thread blocks and 70001 rows (grid-stride over the row groups); codes and scales (Q4_K: and
     mins) at their extremes in some blocks."""
@@ -194,22 +194,22 @@ def test_kquant_one_row_products_equal_cpu_ref(typ, lanes):
         x = (rng.standard_normal((T, cols)) * rng.uniform(0.01, 100)).astype(np.float32)
         x[0, :256] = 0.0  # an all-zero block (dx = 0)
         want = _core.matmul(w, typ, rows, cols, x, isa="scalar")
-        with switched(_core.cuda_prefer_kq_lanes, lanes, False):
+        with switched(_core.cuda_prefer_kq_lanes, lanes, True):
             got = _core.backend_matmul("cuda", w, typ, rows, cols, x)
         np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{typ} {rows}x{cols} T={T} lanes={lanes}")
 
 
 @pytest.mark.parametrize("typ", ["Q4_K", "Q5_K", "Q6_K"])
 def test_kquant_windows_equal_one_row(typ):
-    """Small K-quant matrices over prompt pieces on the 16-row kernel (cuda_prefer_kquant_windows(True)) give each row's
-    one-row product bit for bit, as the default's block per activation row does: 17..40 rows, 300 and 64 weight rows."""
+    """Small K-quant matrices over prompt pieces on the 16-row kernel (the default) give each row's
+    one-row product bit for bit, as a block per activation row does (cuda_prefer_kquant_windows(False)): 17..40 rows, 300 and 64 weight rows."""
     rng = np.random.default_rng()
     for rows in (300, 64):
         w = weights(rng, typ, rows, 2048)
         x = rng.standard_normal((40, 2048)).astype(np.float32)
         one = np.stack([_core.backend_matmul("cuda", w, typ, rows, 2048, x[t:t + 1])[0] for t in range(40)])
         for on in (True, False):
-            with switched(_core.cuda_prefer_kquant_windows, on, False):
+            with switched(_core.cuda_prefer_kquant_windows, on, True):
                 for T in (17, 32, 40):
                     got = _core.backend_matmul("cuda", w, typ, rows, 2048, x[:T])
                     np.testing.assert_array_equal(bits(got), bits(one[:T]), err_msg=f"{typ} {rows} rows T={T} on={on}")

@@ -392,11 +392,10 @@ void init_cuda(nb::module_& m) {
         "either way.");
   m.def("cuda_prefer_kq_lanes", &cuda_prefer_kq_lanes, nb::arg("on"),
         "Tests and benches: whether Q4_K's and Q6_K's one-row products (decode steps, the experts' slots, small "
-        "matrices' row split) take the dp4a lane kernel or the generic int8 kernel (the default until the lane kernel "
-        "has run on a card); the same bits either way.");
+        "matrices' row split) take the dp4a lane kernel (default) or the generic int8 kernel; the same bits either way.");
   m.def("cuda_prefer_kquant_windows", &cuda_prefer_kquant_windows, nb::arg("on"),
         "Tests and benches: whether small Q4_K / Q5_K / Q6_K matrices over a prompt piece (more than 16 rows) take the "
-        "16-row kernel in 256-thread blocks or (default) the 1-row kernel per activation row; the same bits either way.");
+        "16-row kernel in 256-thread blocks (default) or the 1-row kernel per activation row; the same bits either way.");
   m.def("cuda_prefer_attn_tiles", &cuda_prefer_attn_tiles, nb::arg("on"), nb::arg("min_queries") = 1024,
         "Tests and benches: whether attention over min_queries+ queries (rows x heads of a KV head) takes the tiled "
         "kernels (default on from 1024: prompt pieces) or a block per (row, head); the same bits either way.");

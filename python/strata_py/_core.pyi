@@ -667,12 +667,12 @@ def cuda_prefer_b32q_split(on: bool) -> None:
 
 def cuda_prefer_kq_lanes(on: bool) -> None:
     """
-    Tests and benches: whether Q4_K's and Q6_K's one-row products (decode steps, the experts' slots, small matrices' row split) take the dp4a lane kernel or the generic int8 kernel (the default until the lane kernel has run on a card); the same bits either way.
+    Tests and benches: whether Q4_K's and Q6_K's one-row products (decode steps, the experts' slots, small matrices' row split) take the dp4a lane kernel (default) or the generic int8 kernel; the same bits either way.
     """
 
 def cuda_prefer_kquant_windows(on: bool) -> None:
     """
-    Tests and benches: whether small Q4_K / Q5_K / Q6_K matrices over a prompt piece (more than 16 rows) take the 16-row kernel in 256-thread blocks or (default) the 1-row kernel per activation row; the same bits either way.
+    Tests and benches: whether small Q4_K / Q5_K / Q6_K matrices over a prompt piece (more than 16 rows) take the 16-row kernel in 256-thread blocks (default) or the 1-row kernel per activation row; the same bits either way.
     """
 
 def cuda_prefer_float_split(bytes: int) -> None:

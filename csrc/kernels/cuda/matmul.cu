@@ -586,9 +586,9 @@ bool g_b32q_split = true;
 // Q4_K / Q5_K / Q6_K matrices under 2 x 132 groups of 16 rows (the Q4_K_M 80B's attention, DeltaNet gates and shared
 // expert) over a prompt piece take k_int<D, 16> in 256-thread blocks, not the 1-row kernel per activation row, which
 // re-reads the weights for every row: k_int<Q4_K, 1> took 315 of a 512-row piece's 789 ms on an H100 (docs/BENCHMARKS.md
-// session 34). prefer_kquant_windows; off until measured on a card (the same bits either way: every T's value is the
-// T = 1 kernel's)
-bool g_kquant_windows = false;
+// session 34; the 512-row piece 668 -> 868 tok/s with this, session 35). prefer_kquant_windows (default on; the same
+// bits either way: every T's value is the T = 1 kernel's)
+bool g_kquant_windows = true;
 // the IQ2_XXS expert tiles on the tensor cores prefetch the block's rows of its next tile into L2 (prefer_tile_prefetch)
 bool g_tile_prefetch = true;
 // the IQ2_XXS expert tiles on the tensor cores stage each tile's activation rows in shared memory (prefer_tile_stage):
