@@ -455,13 +455,13 @@ def test_iq2_dense_windows_give_the_same_bits(u4):
                 assert np.array_equal(bits(want), bits(got)), f"dense {rows} x {cols}, T = {T}, u4 = {u4}"
 
 
-@pytest.mark.parametrize("typ", ["IQ2_XXS", "IQ2_XXS-dp4a", "IQ2_XXS-l2", "Q4_K"])
+@pytest.mark.parametrize("typ", ["IQ2_XXS", "IQ2_XXS-dp4a", "IQ2_XXS-l2", "Q4_K", "Q4_K-dp4a", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("shape", ["few", "tiles-long-runs", "tiles-many-experts", "tiles-prompt-piece",
                                    "tiles-pieces"])
 def test_moe_experts_union_equals_cpu_and_slots(typ, shape):
-    """The IQ2_XXS tiles on the tensor cores (iq2_mma.cuh, the default: each tile's activation rows staged in shared
-    memory first), with those rows read from L2 ("-l2": cuda_prefer_tile_stage(False)) and on the dp4a kernels
-    ("-dp4a")."""
+    """The IQ2_XXS and K-quant tiles on the tensor cores (mma.cuh k_tiles_mma, the default: each tile's activation
+    rows staged in shared memory first; gate and up in one kernel), with those rows read from L2 ("-l2":
+    cuda_prefer_tile_stage(False)) and on the dp4a kernels ("-dp4a")."""
     typ, _, how = typ.partition("-")
     with tensor_cores(how != "dp4a"), switched(_core.cuda_prefer_tile_stage, how != "l2", True):
         _moe_experts_case(typ, shape)

@@ -200,16 +200,46 @@ def test_kquant_one_row_products_equal_cpu_ref(typ, lanes):
 
 
 @pytest.mark.parametrize("typ", ["Q4_K", "Q5_K", "Q6_K"])
+def test_kquant_tensor_cores_equal_cpu_ref(typ):
+    """Q4_K / Q5_K / Q6_K products over prompt pieces (17+ rows) take the int8 tensor cores (kq_mma.cuh's sources over
+    mma.cuh's k_mma: w's two bytes by two MMAs, Q4_K's mins by m16n8k32 MMAs): the CPU's scalar kernel's bits for
+    weight rows across the 16-row groups, T = 17..513 (partial 8- and 16-row groups), 1..16 blocks a row, and blocks at
+    the largest sums against activations at +127: Q4_K / Q5_K every scale, min and code at its top (|P| up to
+    16 * 1953 * 127, |M| = 256 * 63 * 127: the bias conversions), Q6_K every scale -128 and code 0 (|P| = 16 * 4096 * 127 > 2^22: the
+    int to float conversion)."""
+    assert _core.cuda_mma_used(), "the card has int8 tensor cores: the products must take them"
+    rng = np.random.default_rng()
+    nbytes = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[typ]
+    for rows, cols, T in ((int(rng.integers(1, 40)), 2048, 17), (300, 256, 100), (37, 4096, 33), (2100, 512, 40),
+                          (17, 1024, 513)):
+        w = weights(rng, typ, rows, cols).reshape(-1, nbytes)
+        top = np.arange(len(w)) // (cols // 256) % 4 == 0  # every block of every 4th row
+        if typ != "Q6_K":
+            w[top, 4:] = 0xFF      # scales and mins 63, codes 15 (Q5_K: 31)
+        else:
+            w[top, :192] = 0       # codes 0: q - 32 = -32
+            w[top, 192:208] = 0x80  # scales -128
+        w = w.ravel()
+        x = (rng.standard_normal((T, cols)) * rng.uniform(0.01, 100)).astype(np.float32)
+        x[0, :256] = 0.0   # an all-zero block (dx = 0)
+        x[1] = 3.0         # every value at +127
+        want = _core.matmul(w, typ, rows, cols, x, isa="scalar")
+        got = _core.backend_matmul("cuda", w, typ, rows, cols, x)
+        np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{typ} {rows}x{cols} T={T}")
+
+
+@pytest.mark.parametrize("typ", ["Q4_K", "Q5_K", "Q6_K"])
 def test_kquant_windows_equal_one_row(typ):
-    """Small K-quant matrices over prompt pieces on the 16-row kernel (the default) give each row's
-    one-row product bit for bit, as a block per activation row does (cuda_prefer_kquant_windows(False)): 17..40 rows, 300 and 64 weight rows."""
+    """Small K-quant matrices over prompt pieces on the 16-row kernel (the default without the tensor cores: cards
+    before sm_80, cuda_prefer_mma(False)) give each row's one-row product bit for bit, as a block per activation row
+    does (cuda_prefer_kquant_windows(False)): 17..40 rows, 300 and 64 weight rows."""
     rng = np.random.default_rng()
     for rows in (300, 64):
         w = weights(rng, typ, rows, 2048)
         x = rng.standard_normal((40, 2048)).astype(np.float32)
         one = np.stack([_core.backend_matmul("cuda", w, typ, rows, 2048, x[t:t + 1])[0] for t in range(40)])
         for on in (True, False):
-            with switched(_core.cuda_prefer_kquant_windows, on, True):
+            with tensor_cores(False), switched(_core.cuda_prefer_kquant_windows, on, True):
                 for T in (17, 32, 40):
                     got = _core.backend_matmul("cuda", w, typ, rows, 2048, x[:T])
                     np.testing.assert_array_equal(bits(got), bits(one[:T]), err_msg=f"{typ} {rows} rows T={T} on={on}")

@@ -595,7 +595,7 @@ bool g_tile_prefetch = true;
 // one MoE layer of a 512-row piece of the 80B's shapes 1423 -> 1335 us (ncu, H100, docs/BENCHMARKS.md session 32)
 bool g_tile_stage = true;
 bool mma_available() { return g_mma_card && g_mma_on; }
-int g_mma_min_t = 5;  // rows from which the dense IQ2_XXS products take k_iq2xxs_mma (2..4: k_iq2xxs_warp)
+int g_mma_min_t = 5;  // rows from which the dense IQ2_XXS products take k_mma<Iq2Mma> (2..4: k_iq2xxs_warp)
 
 constexpr int kIq2U = 4;   // k_iq2xxs_warp: blocks of a row per step at T = 1 (2 for more rows: registers)
 
@@ -1016,7 +1016,9 @@ __global__ void __launch_bounds__(256, 2) k_iq2xxs_tiles(const uint8_t* __restri
   });
 }
 
-#include "kernels/cuda/iq2_mma.cuh"  // needs iq2_tables, over_tiles (above)
+#include "kernels/cuda/mma.cuh"      // needs over_tiles, prefetch_rows, tree16 (above)
+#include "kernels/cuda/iq2_mma.cuh"  // needs iq2_tables (above), mma.cuh
+#include "kernels/cuda/kq_mma.cuh"   // needs mma.cuh, mma_available (above)
 
 // The card's limit on the shared memory a block may opt in to (init_tables: 227 KB on the H100 / H200, 163 KB on the
 // A100, 99 KB on sm_86 / 89 / 120 cards), and the dynamic shared memory each staging kernel was allowed under it
@@ -1061,6 +1063,27 @@ void over_tile_pieces(const int32_t* sel, int n, int xdiv, const TileBufs& tb, c
   }
 }
 
+// The products over one piece's expert tiles (gy blocks in y) on the tensor cores, MMA source S (mma.cuh
+// k_tiles_mma): a warp per 16 weight rows of the tile's expert; kPair: W2 (up) beside W (gate), then SwiGLU.
+template <class S, bool kPair>
+void launch_tiles_mma(const MatView& W, const uint8_t* W2, size_t eb, size_t eb2, int xdiv, const int8_t* q,
+                      const float* dx, float* y, float* y2, int64_t ldy, const TileBufs& tb, int gy, cudaStream_t st) {
+  const int64_t nb = W.cols / QK_K, g16 = (W.rows + 15) / 16;
+  const int64_t gx = std::max<int64_t>(1, std::min<int64_t>((g16 + kMmaWarps - 1) / kMmaWarps, (2048 + gy - 1) / gy));
+  const dim3 grid((unsigned)gx, (unsigned)gy);
+  auto go = [&](auto kern, size_t smem) {
+    launch(kern, grid, 32 * kMmaWarps, smem, st, W.data, W2, W.row_bytes, W.rows, nb, q, dx, y, y2, ldy, eb, eb2, xdiv,
+           tb.e, tb.n, tb.slot, tb.count, g_tile_prefetch);
+  };
+  if (g_tile_stage && tile_stage_bytes(2, nb) <= g_tile_stage_max) {  // the activations staged a tile
+    go(k_tiles_mma<S, 1, kPair, true>, tile_stage_bytes(1, nb));
+    go(k_tiles_mma<S, 2, kPair, true>, tile_stage_bytes(2, nb));
+  } else {
+    go(k_tiles_mma<S, 1, kPair, false>, 0);
+    go(k_tiles_mma<S, 2, kPair, false>, 0);
+  }
+}
+
 // Expert products of n slots over IQ2_XXS (kPair: gate and up, then SwiGLU): a warp per (slot, weight row), or
 // from kTileMinSlots slots on over tiles (tb: the tile scratch), in pieces of at most kTileMaxSlots whole rows.
 template <bool kPair>
@@ -1073,21 +1096,8 @@ void launch_iq2_sel(const MatView& W, const uint8_t* W2, size_t eb, size_t eb2, 
     return;
   }
   over_tile_pieces(sel, n, xdiv, tb, st, [&](int gy) {
-    if (mma_available()) {  // the tensor cores (iq2_mma.cuh): a warp per 16 weight rows of the tile's expert
-      const int64_t g16 = (W.rows + 15) / 16;
-      const int64_t gx = std::max<int64_t>(1, std::min<int64_t>((g16 + kMmaWarps - 1) / kMmaWarps, (2048 + gy - 1) / gy));
-      const dim3 grid((unsigned)gx, (unsigned)gy);
-      auto go = [&](auto kern, size_t smem) {
-        launch(kern, grid, 32 * kMmaWarps, smem, st, W.data, W2, W.row_bytes, W.rows, nb, q, dx, y, y2, ldy, eb, eb2,
-               xdiv, tb.e, tb.n, tb.slot, tb.count, g_tile_prefetch);
-      };
-      if (g_tile_stage && tile_stage_bytes(2, nb) <= g_tile_stage_max) {  // the activations staged a tile
-        go(k_iq2xxs_tiles_mma<1, kPair, true>, tile_stage_bytes(1, nb));
-        go(k_iq2xxs_tiles_mma<2, kPair, true>, tile_stage_bytes(2, nb));
-      } else {
-        go(k_iq2xxs_tiles_mma<1, kPair, false>, 0);
-        go(k_iq2xxs_tiles_mma<2, kPair, false>, 0);
-      }
+    if (mma_available()) {  // the tensor cores (mma.cuh): a warp per 16 weight rows of the tile's expert
+      launch_tiles_mma<Iq2Mma, kPair>(W, W2, eb, eb2, xdiv, q, dx, y, y2, ldy, tb, gy, st);
       return;
     }
     auto go = [&](auto kern, int R) {  // ~2048 blocks in all (8 an SM), at most a warp per R weight rows
@@ -1424,7 +1434,8 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
   const int64_t nb = W.cols / QK_K;
   const int64_t g16 = (W.rows + kRowsPerBlock - 1) / kRowsPerBlock;
   // prefer_kquant_windows: a small K-quant matrix over a prompt piece (T > kMaxT) on k_int<D, kMaxT> in 256-thread
-  // blocks (16 weight rows sharing each staged activation tile), not a block per (row group, activation row)
+  // blocks (16 weight rows sharing each staged activation tile), not a block per (row group, activation row); on
+  // cards with the int8 tensor cores Q4_K / Q5_K / Q6_K prompt pieces take k_mma first (below)
   const bool kq_windows = g_kquant_windows && T > kMaxT && (std::is_same_v<D, Q4_K> || std::is_same_v<D, Q5_K> ||
                                                             std::is_same_v<D, Q6_K>);
   const int threads = kq_windows ? 256 : threads_for(g16);
@@ -1456,9 +1467,17 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
     }
     if (T >= g_mma_min_t && mma_available()) {  // the tensor cores, a warp per 16 weight rows (iq2_mma.cuh)
       const unsigned gx = (unsigned)((g16 + kMmaWarps - 1) / kMmaWarps);
-      if (T <= 8) launch(k_iq2xxs_mma<1>, gx, 32 * kMmaWarps, 0, st, W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy);
-      else launch(k_iq2xxs_mma<2>, dim3(gx, (unsigned)((T + 15) / 16)), 32 * kMmaWarps, 0, st, W.data, W.row_bytes,
+      if (T <= 8) launch(k_mma<Iq2Mma, 1>, gx, 32 * kMmaWarps, 0, st, W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy);
+      else launch(k_mma<Iq2Mma, 2>, dim3(gx, (unsigned)((T + 15) / 16)), 32 * kMmaWarps, 0, st, W.data, W.row_bytes,
                   W.rows, nb, q, dx, T, y, ldy);
+      return;
+    }
+  }
+  if constexpr (kHasKqMma<D>) {
+    if (T > kMaxT && kq_mma_fit<D>(W.data, W.row_bytes, 0)) {  // prompt pieces on the tensor cores (kq_mma.cuh)
+      const unsigned gx = (unsigned)((g16 + kMmaWarps - 1) / kMmaWarps);
+      launch(k_mma<typename KqMmaOf<D>::type, 2>, dim3(gx, (unsigned)((T + 15) / 16)), 32 * kMmaWarps, 0, st, W.data,
+             W.row_bytes, W.rows, nb, q, dx, T, y, ldy);
       return;
     }
   }
@@ -1623,14 +1642,21 @@ void init_tables() {
   g_panel_staged_smem_max = allow_dyn_smem(k_iq2xxs_panel_staged, kPanelStagedMaxSmem,
                                            "allow the staged IQ2_XXS panel kernel its shared memory");
   g_tile_stage_max = kTileStageMax;
-  auto allow_stage = [](auto kern) {
-    g_tile_stage_max = std::min(g_tile_stage_max, allow_dyn_smem(kern, kTileStageMax,
-                                                                 "allow the IQ2_XXS expert tiles their staged activations"));
+  auto allow_stage = [](auto src) {
+    using S = decltype(src);
+    auto allow = [](auto kern) {
+      g_tile_stage_max = std::min(g_tile_stage_max, allow_dyn_smem(kern, kTileStageMax,
+                                                                   "allow the expert tiles their staged activations"));
+    };
+    allow(k_tiles_mma<S, 1, false, true>);
+    allow(k_tiles_mma<S, 2, false, true>);
+    allow(k_tiles_mma<S, 1, true, true>);
+    allow(k_tiles_mma<S, 2, true, true>);
   };
-  allow_stage(k_iq2xxs_tiles_mma<1, false, true>);
-  allow_stage(k_iq2xxs_tiles_mma<2, false, true>);
-  allow_stage(k_iq2xxs_tiles_mma<1, true, true>);
-  allow_stage(k_iq2xxs_tiles_mma<2, true, true>);
+  allow_stage(Iq2Mma{});
+  allow_stage(Q4kMma{});
+  allow_stage(Q5kMma{});
+  allow_stage(Q6kMma{});
   for (uint32_t type = 0; type < 64; type++)  // every type with_decoder knows
     with_decoder(type, [](auto dec, auto kind) {
       if constexpr (decltype(kind)::value == ActKind::Q8_256) allow_int_smem<decltype(dec)>();
@@ -1769,6 +1795,15 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
         launch_iq2_sel<false>(W0, nullptr, ebytes, 0, sel, n, xdiv, q, dx, y, nullptr, ldy, tb, st);
         return;
       }
+      if constexpr (kHasKqMma<D>) {
+        if (use_tiles(n, xdiv) && kq_mma_fit<D>(W0.data, W0.row_bytes, ebytes)) {  // tiles on the tensor cores
+          over_tile_pieces(sel, n, xdiv, tb, st, [&](int gy) {
+            launch_tiles_mma<typename KqMmaOf<D>::type, false>(W0, nullptr, ebytes, 0, xdiv, q, dx, y, nullptr, ldy, tb,
+                                                                gy, st);
+          });
+          return;
+        }
+      }
       if (use_tiles(n, xdiv)) {  // over tiles of one expert's slots, 16 rows at a time
         const int64_t groups = (W0.rows + 15) / 16;
         over_tile_pieces(sel, n, xdiv, tb, st, [&](int gy) {
@@ -1805,9 +1840,16 @@ void matmul_sel(const MatView& W0, size_t ebytes, const int32_t* sel, int n, int
 bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, size_t up_bytes, const int32_t* sel,
                        int n, int xdiv, const float* x, int64_t ldx, float* g, float* u, void* scratch, void* stream,
                        const QRows* pre) {
-  if (Wg.type != GGML_IQ2_XXS || Wu.type != GGML_IQ2_XXS || Wg.rows != Wu.rows || Wg.cols != Wu.cols ||
-      Wg.row_bytes != Wu.row_bytes)
-    return false;
+  if (Wg.type != Wu.type || Wg.rows != Wu.rows || Wg.cols != Wu.cols || Wg.row_bytes != Wu.row_bytes) return false;
+  // IQ2_XXS always; Q4_K / Q5_K / Q6_K over tiles on the tensor cores (else the two products and silu_mul)
+  auto kq_pair = [&](auto dec) {
+    using D = decltype(dec);
+    return use_tiles(n, xdiv) && kq_mma_fit<D>(Wg.data, Wg.row_bytes, gate_bytes) &&
+           kq_mma_fit<D>(Wu.data, Wu.row_bytes, up_bytes);
+  };
+  const bool kq = (Wg.type == GGML_Q4_K && kq_pair(Q4_K{})) || (Wg.type == GGML_Q5_K && kq_pair(Q5_K{})) ||
+                  (Wg.type == GGML_Q6_K && kq_pair(Q6_K{}));
+  if (Wg.type != GGML_IQ2_XXS && !kq) return false;
   STRATA_CHECK(n >= 1 && n <= 65535 && xdiv >= 1 && Wg.cols % QK_K == 0, "cuda matmul_sel_swiglu: n = ", n,
                ", xdiv = ", xdiv, ", cols = ", Wg.cols);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
@@ -1815,8 +1857,19 @@ bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, 
   const QRows qr = rows_for(pre, ActKind::Q8_256, x, ldx, n_x, Wg.cols, scratch, st);
   const int8_t* q = qr.q;
   const float* dx = qr.dx;
-  launch_iq2_sel<true>(Wg, Wu.data, gate_bytes, up_bytes, sel, n, xdiv, q, dx, g, u, Wg.rows,
-                       TileBufs(scratch, act_bytes(Wg.type, n_x, Wg.cols)), st);
+  const TileBufs tb(scratch, act_bytes(Wg.type, n_x, Wg.cols));
+  if (Wg.type == GGML_IQ2_XXS) {
+    launch_iq2_sel<true>(Wg, Wu.data, gate_bytes, up_bytes, sel, n, xdiv, q, dx, g, u, Wg.rows, tb, st);
+  } else {
+    over_tile_pieces(sel, n, xdiv, tb, st, [&](int gy) {
+      auto go = [&](auto src) {
+        launch_tiles_mma<decltype(src), true>(Wg, Wu.data, gate_bytes, up_bytes, xdiv, q, dx, g, u, Wg.rows, tb, gy, st);
+      };
+      if (Wg.type == GGML_Q4_K) go(Q4kMma{});
+      else if (Wg.type == GGML_Q5_K) go(Q5kMma{});
+      else go(Q6kMma{});
+    });
+  }
   check(cudaGetLastError(), "launch of the fused expert gate / up kernel");
   return true;
 }

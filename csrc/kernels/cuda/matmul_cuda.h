@@ -87,7 +87,7 @@ void prefer_iq2_rows(int dense, int sel, int pair);
 // step (default off: 2). The same bits either way (tested).
 void prefer_iq2_window_u4(bool on);
 // Tests and benches: whether the dense IQ2_XXS products of 32+ rows (prompt pieces) decode a block's weight rows once
-// into shared memory (k_iq2xxs_panel, default on) or take k_iq2xxs_mma; the same bits either way.
+// into shared memory (k_iq2xxs_panel, default on) or take k_mma<Iq2Mma>; the same bits either way.
 void prefer_iq2_panel(bool on);
 // Tests and benches: whether that panel's activation rows are staged in shared memory, 16 a warp (k_iq2xxs_panel_staged,
 // default on) or read from L2 word by word, 8 a warp; the same bits either way.
