@@ -71,6 +71,24 @@ struct Head4Words {
   }
 };
 struct NoHead4Words {};
+
+// Q4_K / Q5_K at T = 1: the block's M = sum_j m[j] bsum[j] of row 0 (the same integer as Head4Words::mins' lane 0),
+// then Lm = fma(dmin dx, M, Lm) as one float: a quarter of the T = 1 kernel's time went to the 8-row form (Q4_K
+// 2048 x 2048, one thread, --isa avx2: 153 -> 115 us without any mins). Row 0's pair p sits at words 16 p, 16 p + 1
+// of bs and the words of rows 1..7 are 0 in a one-row QAct (QActBuf::view zeroes bsum), so the 128-bit loads at
+// words 0, 14, 28 and 42 hold it at words 2 p, 2 p + 1 and zeros elsewhere: their OR is the eight sums in
+// sub-block order, m16's order.
+inline float mins_row0(__m128i m16, const int16_t* bs, float dmin, float dx, float Lm) {
+  __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bs));
+  v = _mm_or_si128(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(bs + 14)));
+  v = _mm_or_si128(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(bs + 28)));
+  v = _mm_or_si128(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(bs + 42)));
+  __m128i s = _mm_madd_epi16(m16, v);
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  const __m128 f = _mm_mul_ss(_mm_set_ss(dmin), _mm_set_ss(dx));  // dmin dx rounded, as the 8-row form's multiply
+  return _mm_cvtss_f32(_mm_fmadd_ss(f, _mm_cvtepi32_ps(s), _mm_set_ss(Lm)));
+}
 template <class Dec>
 inline auto head4_words(const Blk8& k) {
   if constexpr (Dec::kHead4) return Head4Words(k);
@@ -337,6 +355,7 @@ void rows_kq8_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r
     __m256 La[T], Lb[T];  // lanes 0-3 | 8-11 and 4-7 | 12-15 (A / B's order)
     for (int t = 0; t < T; t++) La[t] = Lb[t] = _mm256_setzero_ps();
     __m256 Lm = _mm256_setzero_ps();
+    float lm1 = 0.f;  // T = 1: the mins' sum (mins_row0)
     for (int64_t b = 0; b < nb; b++) {
       Blk8 k;
       prefetch_ahead<Dec::kBytes>(row + b * Dec::kBytes);
@@ -375,10 +394,12 @@ void rows_kq8_t(const MatView& W, const Act& a, float* y, int64_t ldy, int64_t r
         La[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(A), La[t]);
         Lb[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(B), Lb[t]);
       }
-      if constexpr (Dec::kHasMin) Lm = hw.mins(a.q.bsum + b * 64, k.dmin, dx, Lm);  // (kHasMin: kHead4)
+      if constexpr (Dec::kHasMin && T == 1) lm1 = mins_row0(k.m16, a.q.bsum + b * 64, k.dmin, dx[0], lm1);
+      else if constexpr (Dec::kHasMin) Lm = hw.mins(a.q.bsum + b * 64, k.dmin, dx, Lm);  // (kHasMin: kHead4)
     }
     alignas(32) float lm[8];
     _mm256_store_ps(lm, Lm);
+    if constexpr (T == 1) lm[0] = lm1;
     for (int t = 0; t < T; t++) y[t * ldy + r] = reduce16(canonical_lo(La[t], Lb[t]), canonical_hi(La[t], Lb[t])) - lm[t];
   }
 }

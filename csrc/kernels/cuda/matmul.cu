@@ -1465,7 +1465,7 @@ void launch_int_q(const MatView& W, const int8_t* q, const float* dx, int T, flo
              W.data, W.row_bytes, W.rows, nb, q, dx, T, per_y, y, ldy);
       return;
     }
-    if (T >= g_mma_min_t && mma_available()) {  // the tensor cores, a warp per 16 weight rows (iq2_mma.cuh)
+    if (T >= g_mma_min_t && mma_available()) {  // the tensor cores, a warp per 16 weight rows (mma.cuh)
       const unsigned gx = (unsigned)((g16 + kMmaWarps - 1) / kMmaWarps);
       if (T <= 8) launch(k_mma<Iq2Mma, 1>, gx, 32 * kMmaWarps, 0, st, W.data, W.row_bytes, W.rows, nb, q, dx, T, y, ldy);
       else launch(k_mma<Iq2Mma, 2>, dim3(gx, (unsigned)((T + 15) / 16)), 32 * kMmaWarps, 0, st, W.data, W.row_bytes,
