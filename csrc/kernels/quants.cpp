@@ -261,6 +261,8 @@ QAct QActBuf::view(int T, int64_t cols) {
   if ((int64_t)d.size() < a.nb * 8) d.resize(a.nb * 8);
   if ((int64_t)bsum.size() < a.nb * 64) bsum.resize(a.nb * 64);
   std::memset(d.data(), 0, a.nb * 8 * sizeof(float));
+  // zero past row T: the kernels read the pair sums of all 8 rows (cpu/kquants8_avx2.cpp mins_row0 gathers row 0's
+  // by ORing loads that span rows 1..7 of a one-row QAct; test_rows_independent_of_T quantizes 8 rows, then 1)
   std::memset(bsum.data(), 0, a.nb * 64 * sizeof(int16_t));
   a.q = q.data();
   a.d = d.data();
