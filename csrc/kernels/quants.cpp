@@ -272,9 +272,11 @@ QAct QActBuf::view(int T, int64_t cols) {
 
 void QActBuf::fill_q8(QAct& a, bool pairs) {
   const int64_t n = (int64_t)a.T * a.ldq;
-  if ((int64_t)q8.size() < n + 32) q8.resize(n + 32);
-  for (int64_t i = 0; i < n; i++) q8[i] = (int8_t)q[i];
-  a.q8 = q8.data();
+  if (!a.q8) {  // (quantize_act_avx2 writes it itself)
+    if ((int64_t)q8.size() < n + 32) q8.resize(n + 32);
+    for (int64_t i = 0; i < n; i++) q8[i] = (int8_t)q[i];
+    a.q8 = q8.data();
+  }
   a.q8p = nullptr;
   if (!pairs) return;
   if ((int64_t)q8p.size() < n / 2 + 16) q8p.resize(n / 2 + 16);

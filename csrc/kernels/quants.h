@@ -114,7 +114,7 @@ inline void k4_scale_min(const uint8_t* s, int j, uint8_t* sc, uint8_t* m) {
 //   d[b*8 + t]                        dx of block b of row t (rows >= T are 0)
 //   bsum[(b*4 + p)*16 + 2*t + i]      sum of q over sub-block 2p+i (32 values) of block b, row t
 //   q8[t*ldq + c]                     the same values as int8, for the AVX2 vpmaddubsw kernels (null unless
-//                                     prepared for them: fill_q8)
+//                                     prepared for them: quantize_act_avx2, fill_q8)
 struct QAct {
   int T = 0;
   int64_t cols = 0, nb = 0, ldq = 0;
@@ -137,7 +137,8 @@ struct QActBuf {
   std::vector<int8_t, Align64<int8_t>> q8, il;
   std::vector<int16_t, Align64<int16_t>> q8p;
   QAct view(int T, int64_t cols);  // sizes the buffers, returns a view to fill
-  // q8 from q (every |q| <= 127) and a.q8 pointing at it; with pairs also q8p / a.q8p (else a.q8p = nullptr)
+  // q8 from q (every |q| <= 127) and a.q8 pointing at it, unless a.q8 is set already (quantize_act_avx2 writes
+  // it); with pairs also q8p / a.q8p (else a.q8p = nullptr)
   void fill_q8(QAct& a, bool pairs);
 };
 using QuantizeFn = void (*)(const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf, QAct& out);

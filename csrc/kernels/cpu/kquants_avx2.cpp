@@ -434,14 +434,18 @@ RowsFn rows_fn_kq_avx2(uint32_t type) {
   }
 }
 
-// Same bytes as quantize_act_ref (see quantize_act_avx512).
+// Same bytes as quantize_act_ref (see quantize_act_avx512); also the int8 copy QAct::q8 that the AVX2 vpmaddubsw
+// kernels read (QActBuf::fill_q8's bytes, written here while the values are in registers: fill_q8's separate pass
+// was 1.4 % of a 128-token Q4_K prefill at --isa avx2).
 void quantize_act_avx2(const float* x, int64_t ldx, int T, int64_t cols, QActBuf& buf, QAct& out) {
   out = buf.view(T, cols);
+  if ((int64_t)buf.q8.size() < T * out.ldq + 32) buf.q8.resize(T * out.ldq + 32);
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (int t = 0; t < T; t++)
     for (int64_t b = 0; b < out.nb; b++) {
       const float* xb = x + t * ldx + b * QK_K;
       int16_t* qb = buf.q.data() + t * out.ldq + b * QK_K;
+      int8_t* q8b = buf.q8.data() + t * out.ldq + b * QK_K;
       __m256 mx = _mm256_setzero_ps();
       for (int i = 0; i < QK_K; i += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(xb + i), absmask));
       __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
@@ -450,15 +454,18 @@ void quantize_act_avx2(const float* x, int64_t ldx, int T, int64_t cols, QActBuf
       const float amax = _mm_cvtss_f32(m4);
       const __m256 is = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
       for (int j = 0; j < 8; j++) {
-        __m256i s = _mm256_setzero_si256();
+        __m256i s = _mm256_setzero_si256(), p[2];
         for (int h = 0; h < 2; h++) {
           const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(is, _mm256_loadu_ps(xb + 32 * j + 16 * h)));
           const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(is, _mm256_loadu_ps(xb + 32 * j + 16 * h + 8)));
           s = _mm256_add_epi32(s, _mm256_add_epi32(q0, q1));
           // packs interleaves 128-bit halves; permute restores column order
-          const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xD8);
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 32 * j + 16 * h), p);
+          p[h] = _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xD8);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 32 * j + 16 * h), p[h]);
         }
+        // |q| <= 127: packs is the plain narrowing (fill_q8's (int8_t) cast)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8b + 32 * j),
+                            _mm256_permute4x64_epi64(_mm256_packs_epi16(p[0], p[1]), 0xD8));
         __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
@@ -466,6 +473,7 @@ void quantize_act_avx2(const float* x, int64_t ldx, int T, int64_t cols, QActBuf
       }
       buf.d[b * 8 + t] = amax / 127.f;
     }
+  out.q8 = buf.q8.data();
 }
 
 }  // namespace strata
