@@ -168,6 +168,17 @@ struct Q4_K {
     return half_at(b + 2);
   }
 };
+// A Q4_K / Q5_K block's 16-byte header h read as words (the one-row lane kernel and the tensor-core source read it so):
+// d, dmin, and the 6-bit scales (or mins) of sub-blocks 4 half .. 4 half + 3 as the bytes of a word (Q4_K::scale_min's
+// bits).
+__device__ __forceinline__ float k4_d(uint4 h) { return __half2float(__ushort_as_half((unsigned short)(h.x & 0xffffu))); }
+__device__ __forceinline__ float k4_dmin(uint4 h) { return __half2float(__ushort_as_half((unsigned short)(h.x >> 16))); }
+__device__ __forceinline__ uint32_t k4_word(uint4 h, int half, bool mins) {
+  const uint32_t s0 = h.y, s1 = h.z, s2 = h.w;
+  return half == 0 ? (mins ? s1 : s0) & 0x3f3f3f3fu
+         : mins    ? ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u)  // bits 6, 7 of bytes 0..3 above
+                   : (s2 & 0x0f0f0f0fu) | ((s0 >> 2) & 0x30303030u);
+}
 struct Q5_K {
   static constexpr int kBytes = 176;
   static constexpr bool kTables = false;

@@ -23,7 +23,7 @@
 #pragma once
 
 // prefer_kq_lanes: Q4_K's and Q6_K's one-row products on k_kq_lanes (the default), else k_int<D, 1> (tests, launch
-// mode "kqlanes" off). Same bits either way (tests/test_cuda_matmul.py, on an H100 in session 35)
+// mode "nokqlanes"). Same bits either way (tests/test_cuda_matmul.py, on an H100 in session 35)
 bool g_kq_lanes = true;
 
 // One Q4_K block's share of lane k: the header (d, dmin, the 12 scale bytes), the lane's 4 code words, its 16
@@ -45,10 +45,8 @@ struct Q4kPart {
   }
   // the lane's P and its share of M (summed over the 16 lanes by the caller)
   __device__ __forceinline__ void sums(int& P, int& M) const {
-    const uint32_t s0 = h.y, s1 = h.z, s2 = h.w;
-    const uint32_t sc_lo = s0 & 0x3f3f3f3fu, m_lo = s1 & 0x3f3f3f3fu;  // sub-blocks 0..3
-    const uint32_t sc_hi = (s2 & 0x0f0f0f0fu) | ((s0 >> 2) & 0x30303030u);  // 4..7: bits 6, 7 of bytes 0..3 above
-    const uint32_t m_hi = ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u);
+    const uint32_t sc_lo = k4_word(h, 0, false), m_lo = k4_word(h, 0, true);  // sub-blocks 0..3
+    const uint32_t sc_hi = k4_word(h, 1, false), m_hi = k4_word(h, 1, true);  // 4..7
     const int xw[4] = {x.x, x.y, x.z, x.w};
     P = 0;
     M = 0;
@@ -63,8 +61,8 @@ struct Q4kPart {
       M = __dp4a((int)__byte_perm(mw, 0, (i & 1) ? 0x3322u : 0x1100u), xw[i], M);
     }
   }
-  __device__ __forceinline__ float d() const { return __half2float(__ushort_as_half((unsigned short)(h.x & 0xffffu))); }
-  __device__ __forceinline__ float dmin() const { return __half2float(__ushort_as_half((unsigned short)(h.x >> 16))); }
+  __device__ __forceinline__ float d() const { return k4_d(h); }
+  __device__ __forceinline__ float dmin() const { return k4_dmin(h); }
 };
 
 // One Q6_K block's share of lane k: its 4 low-bit words (h, j), 2 high-bit words (h), its 8 scales (sub-block s:
@@ -173,14 +171,19 @@ __global__ void __launch_bounds__(256) k_kq_lanes(const uint8_t* __restrict__ W,
 template <class D>
 constexpr bool kHasKqLanes = std::is_same_v<D, Q4_K> || std::is_same_v<D, Q6_K>;
 
+// A matrix, its rows and (with sel) each expert's matrix on 16 bytes: the 16-byte loads of the Q4_K / Q5_K kernels
+// (here and kq_mma.cuh).
+inline bool aligned16(const uint8_t* W, size_t row_bytes, size_t ebytes) {
+  return reinterpret_cast<uintptr_t>(W) % 16 == 0 && row_bytes % 16 == 0 && ebytes % 16 == 0;
+}
+
 // Whether k_kq_lanes takes a product of type D (one of kHasKqLanes): on (prefer_kq_lanes), and Q4_K's 16-byte header
 // loads aligned (the matrix, its rows and, with sel, each expert's matrix on 16 bytes; a GGUF's tensors are at its
 // default alignment of 32; else k_int<Q4_K, 1>, which reads 16-bit words). Q6_K reads 16-bit words and bytes.
 template <class D>
 bool kq_lanes_fit(const uint8_t* W, size_t row_bytes, size_t ebytes) {
   static_assert(kHasKqLanes<D>);
-  if constexpr (std::is_same_v<D, Q4_K>)
-    return g_kq_lanes && reinterpret_cast<uintptr_t>(W) % 16 == 0 && row_bytes % 16 == 0 && ebytes % 16 == 0;
+  if constexpr (std::is_same_v<D, Q4_K>) return g_kq_lanes && aligned16(W, row_bytes, ebytes);
   return g_kq_lanes;
 }
 

@@ -34,16 +34,12 @@ __device__ __forceinline__ uint32_t kq_pair16(uint32_t w, int m) { return __byte
 // Q4_K's and Q5_K's 16-byte block header of rows g, g + 8 (i): d, dmin and the 12 scale bytes.
 struct KqHeader {
   uint4 h[2];
-  __device__ __forceinline__ float d(int i) const { return __half2float(__ushort_as_half((unsigned short)(h[i].x & 0xffffu))); }
-  __device__ __forceinline__ float dmin(int i) const { return __half2float(__ushort_as_half((unsigned short)(h[i].x >> 16))); }
-  // sub-blocks 2 c4 and 2 c4 + 1's scales (or mins) as bytes 0 and 1 (Q4_K::scale_min's bits, 4 sub-blocks a word)
+  __device__ __forceinline__ float d(int i) const { return k4_d(h[i]); }
+  __device__ __forceinline__ float dmin(int i) const { return k4_dmin(h[i]); }
+  // sub-blocks 2 c4 and 2 c4 + 1's scales (or mins) as bytes 0 and 1
   __device__ __forceinline__ uint32_t scm(int i, bool mins) const {
     const int c4 = threadIdx.x & 3;
-    const uint32_t s0 = h[i].y, s1 = h[i].z, s2 = h[i].w;
-    const uint32_t w = c4 < 2 ? (mins ? s1 : s0) & 0x3f3f3f3fu
-                       : mins ? ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u)
-                              : (s2 & 0x0f0f0f0fu) | ((s0 >> 2) & 0x30303030u);
-    return (w >> (16 * (c4 & 1))) & 0xffffu;
+    return (k4_word(h[i], c4 >> 1, mins) >> (16 * (c4 & 1))) & 0xffffu;
   }
   // the m16n8k32 A word of row i: (m_2c4, m_2c4, m_2c4+1, m_2c4+1)
   __device__ __forceinline__ uint32_t mins(int i) const { return __byte_perm(scm(i, true), 0, 0x1100); }
@@ -180,7 +176,6 @@ template <class D>
 bool kq_mma_fit(const uint8_t* W, size_t row_bytes, size_t ebytes) {
   static_assert(kHasKqMma<D>);
   if (!mma_available()) return false;
-  if constexpr (!std::is_same_v<D, Q6_K>)
-    return reinterpret_cast<uintptr_t>(W) % 16 == 0 && row_bytes % 16 == 0 && ebytes % 16 == 0;
+  if constexpr (!std::is_same_v<D, Q6_K>) return aligned16(W, row_bytes, ebytes);
   return true;
 }

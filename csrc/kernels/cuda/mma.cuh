@@ -173,8 +173,8 @@ __device__ __forceinline__ void mma_rows(const uint8_t* __restrict__ W, size_t r
 #pragma unroll
   for (int n = 0; n < NT; n++)
 #pragma unroll
-    for (int e = 0; e < 4; e++)  // reduce16's tree, then k_int's y = s - Lm (Lm = 0 without mins)
-      out[n][e] = __fsub_rn(tree16(L[n][e]), S::kMins ? Lm[S::kMins ? n : 0][e] : 0.f);
+    for (int e = 0; e < 4; e++)  // reduce16's tree, then k_int's y = s - Lm (Lm stays 0 without mins)
+      out[n][e] = __fsub_rn(tree16(L[n][e]), Lm[S::kMins ? n : 0][e]);
 }
 
 constexpr int kMmaWarps = 4;  // warps a block: each 16 weight rows
