@@ -18,8 +18,8 @@ A comma list (512,4096) times each length: prefill_tok_s is the first's, prefill
 weight prefetch, csrc/kernels/cuda/launch.cuh) on the same loaded model, the modes alternating in every round, each
 on its own sessions (recorded steps keep the mode they were recorded in): a row per mode.
 
---stream FILE:FRAC[:on|off] (repeatable): the same file with the routed experts streamed from pinned host memory into
-a GPU budget of FRAC of their bytes (Model.load(cache_mib=...), csrc/model/backend_experts.h), prefetch on and off
+--stream FILE:FRAC[:on|off] (repeatable): the same file with the routed experts streamed (from pinned host memory or
+the file: --expert-source, default auto) into a GPU budget of FRAC of their bytes (Model.load(cache_mib=...), csrc/model/backend_experts.h), prefetch on and off
 (or only the one named): T = 1
 decode tok/s (after a 64-token prompt and 32 warm-up steps, so the cache is in its steady state), C(4) / C(1), the
 bytes copied to the card per token, hit rate and prefetch precision / recall (rows under "streamed").
@@ -149,10 +149,11 @@ def bench_model(path: str, reps: int, bw: float, prompts: tuple[int, ...] = (), 
     return rows
 
 
-def bench_streamed(path: str, frac: float, prefetch: bool, reps: int, backend: str = "cuda") -> dict:
+def bench_streamed(path: str, frac: float, prefetch: bool, reps: int, backend: str = "cuda",
+                   source: str = "auto") -> dict:
     t0 = time.perf_counter()
     mib = max(1, int(frac * tensor_bytes(path)[1] / 2**20))
-    m = Model.load(path, backend=backend, cache_mib=mib, prefetch=prefetch)
+    m = Model.load(path, backend=backend, cache_mib=mib, prefetch=prefetch, expert_source=source)
     V = m.n_vocab
     rng = np.random.default_rng(0)
     s = prompted_session(m, rng)
@@ -171,8 +172,10 @@ def bench_streamed(path: str, frac: float, prefetch: bool, reps: int, backend: s
            "load_and_prompt_s": load_s, "decode_tok_s": 1 / c1, "step_s": {"1": c1, "4": c4}, "c4_over_c1": c4 / c1,
            "copied_bytes_per_row": st["bytes_read"] / tokens, "hit_rate": st["hit_rate"],
            "prefetch_precision": st["prefetch_precision"], "prefetch_recall": st["prefetch_recall"],
-           "union_mean": st["union_mean"], "slots": st["slots"], "experts_total": st["experts_total"]}
-    print(f"{res['model']} streamed at {100 * frac:.0f} % ({mib} MiB, prefetch {'on' if prefetch else 'off'}): "
+           "union_mean": st["union_mean"], "slots": st["slots"], "experts_total": st["experts_total"],
+           "source": st["source"]}
+    print(f"{res['model']} streamed at {100 * frac:.0f} % ({mib} MiB from {st['source']}, prefetch "
+          f"{'on' if prefetch else 'off'}): "
           f"decode {res['decode_tok_s']:.1f} tok/s, C(4)/C(1) {res['c4_over_c1']:.2f}, "
           f"{res['copied_bytes_per_row'] / 1e6:.1f} MB copied a row, hit rate {res['hit_rate']:.2f}, prefetch "
           f"precision {res['prefetch_precision']:.2f} recall {res['prefetch_recall']:.2f}", flush=True)
@@ -188,6 +191,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stream", action="append", default=[], metavar="FILE:FRAC")
     ap.add_argument("--prompt", default="512", help="prefill prompt tokens, a comma list (0: no prefill row)")
     ap.add_argument("--backend", default="cuda", choices=("cuda", "cpu-backend"))
+    ap.add_argument("--expert-source", default="auto", choices=("auto", "host", "file"),
+                    help="--stream rows: where missing experts are copied from (Model.load's expert_source)")
     ap.add_argument("--dp4a", action="store_true",
                     help="IQ2_XXS products of 5+ rows and expert tiles on the dp4a kernels, not the tensor cores "
                          "(the same bits; for A/B runs)")
@@ -243,7 +248,7 @@ def main(argv=None) -> int:
     for p, frac, pf in streams:
         for prefetch in pf:
             try:
-                res["streamed"].append(bench_streamed(p, frac, prefetch, a.reps, a.backend))
+                res["streamed"].append(bench_streamed(p, frac, prefetch, a.reps, a.backend, a.expert_source))
             except Exception as e:
                 print(f"{p} streamed: {type(e).__name__}: {e}", flush=True)
                 res["streamed"].append({"model": Path(p).name, "cache_frac": frac, "prefetch": prefetch,

@@ -104,6 +104,12 @@ class Backend {
   virtual void host_release(void* p) { std::free(p); }
   virtual void upload_async(void* dst, const void* host_src, size_t bytes) { upload(dst, host_src, bytes); }
   virtual void fence_uploads() {}
+  // Host memory reused for copies (backend_experts.h's staging of experts read from the file): mark_uploads(i) marks
+  // the copy lane after every copy issued so far (mark i, i >= 0, replacing an earlier mark i); wait_uploads(i)
+  // blocks the host until the copies before mark i have finished (at once if mark i was never made), so that their
+  // source memory may be rewritten. The default copies at once: nothing to wait for.
+  virtual void mark_uploads(int i) {}
+  virtual void wait_uploads(int i) {}
   // A download in stream order (host_dst: host_alloc memory), allowed inside a recording; the host may read it after
   // the next sync(). The default downloads at once.
   virtual void download_async(void* host_dst, const void* src, size_t bytes) { download(host_dst, src, bytes); }

@@ -57,6 +57,8 @@ class CudaBackend final : public Backend {
     if (forked_ev_) cudaEventDestroy(forked_ev_);
     if (copy_) cudaStreamSynchronize(copy_), cudaStreamDestroy(copy_);
     if (copied_) cudaEventDestroy(copied_);
+    for (cudaEvent_t e : marks_)
+      if (e) cudaEventDestroy(e);
     for (auto& g : graphs_)
       if (g.exec) cudaGraphExecDestroy(g.exec);
     cudaStreamDestroy(main_);
@@ -232,6 +234,21 @@ class CudaBackend final : public Backend {
     }
     if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_), "upload_async");
     copies_ = true;
+  }
+  void mark_uploads(int i) override {
+    STRATA_CHECK(i >= 0, "cuda backend: mark_uploads(", i, ")");
+    STRATA_CHECK(!capturing_, "cuda backend: mark_uploads inside a recording");
+    use();
+    if (!copy_) return;  // no copy issued yet: nothing to wait for
+    if ((size_t)i >= marks_.size()) marks_.resize((size_t)i + 1, nullptr);
+    if (!marks_[i]) check(cudaEventCreateWithFlags(&marks_[i], cudaEventDisableTiming), "cudaEventCreate");
+    check(cudaEventRecord(marks_[i], copy_), "cudaEventRecord");
+  }
+  void wait_uploads(int i) override {
+    STRATA_CHECK(!capturing_, "cuda backend: wait_uploads inside a recording");
+    if (i < 0 || (size_t)i >= marks_.size() || !marks_[i]) return;
+    use();
+    check(cudaEventSynchronize(marks_[i]), "cudaEventSynchronize");
   }
   void download_async(void* dst, const void* src, size_t bytes) override {
     use();
@@ -521,6 +538,7 @@ class CudaBackend final : public Backend {
   cudaStream_t lanes_[kLanes] = {};
   cudaStream_t copy_ = nullptr;  // upload_async's copies (expert streaming)
   cudaEvent_t copied_ = nullptr;
+  std::vector<cudaEvent_t> marks_;  // mark_uploads' events on copy_, by mark number
   bool copies_ = false;          // copies issued since the last fence
   cudaEvent_t lane_done_[kLanes] = {}, forked_ev_ = nullptr;
   int n_forked_ = 0, cur_ = 0;

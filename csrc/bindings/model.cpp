@@ -156,6 +156,7 @@ static nb::dict expert_stats_dict(const Model& mo) {
   d["experts_total"] = s.experts_total;
   d["resident_frac"] = ratio((double)s.slots, (double)s.experts_total);
   d["o_direct"] = o.o_direct;
+  if (dev) d["source"] = BackendExperts::reads_file(mo, o) ? "file" : "host";  // where the missing experts come from
   d["lookups"] = s.cache.lookups;
   d["hits"] = s.cache.hits;
   d["hits_inflight"] = s.cache.hits_inflight;
@@ -425,6 +426,9 @@ void init_model(nb::module_& m) {
       nb::arg("regions"), nb::arg("wide") = false, nb::arg("chunk_us") = 0.0,
       "An adaptive pool told which way a region kind is faster (tests only): (worker chunks, serial, parallel).");
 
+  m.def("backend_expert_staging_cap", &BackendExperts::set_staging_cap, nb::arg("slots"),
+        "Tests: the staging ring of backend expert streams from the file made later has at most this many slots (0: the\n"
+        "default), so that small models wrap it within one window.");
   m.def("expert_cache_stress", &cache_stress, nb::arg("slots"), nb::arg("keys"), nb::arg("threads"), nb::arg("iters"),
         nb::arg("max_n"), nb::arg("fail_every") = 0, nb::arg("seed") = 1,
         "Test: many threads acquire/load/verify/release on an ExpertCache; throws on a broken invariant.");
@@ -433,7 +437,8 @@ void init_model(nb::module_& m) {
           "load",
           [](const std::string& path, int threads, const std::string& mtp_path, int64_t cache_mib, bool o_direct,
              int io_threads, bool prefetch, bool prefetch_root_only, bool approximate, int protect, float bonus,
-             int draft_protect, float draft_bonus, int64_t ple_map_mib, bool dense_attention, bool device_experts) {
+             int draft_protect, float draft_bonus, int64_t ple_map_mib, bool dense_attention, bool device_experts,
+             int expert_source) {
             ModelOptions o;
             o.threads = threads;
             o.mtp_path = mtp_path;
@@ -451,6 +456,9 @@ void init_model(nb::module_& m) {
             e.draft_protect = draft_protect;
             e.draft_bonus = draft_bonus;
             e.device = device_experts;
+            STRATA_CHECK(expert_source >= 0 && expert_source <= 2, "bad option expert_source=", expert_source,
+                         ": expected 0 (auto), 1 (host) or 2 (file)");
+            e.source = (ExpertOptions::Source)expert_source;
             nb::gil_scoped_release rel;
             return Model::load(path, o);
           },
@@ -459,9 +467,11 @@ void init_model(nb::module_& m) {
           nb::arg("prefetch_root_only") = false, nb::arg("approximate") = false, nb::arg("protect") = -1,
           nb::arg("bonus") = 0.85f, nb::arg("draft_protect") = -1, nb::arg("draft_bonus") = -1.f,
           nb::arg("ple_map_mib") = 4096, nb::arg("dense_attention") = false, nb::arg("device_experts") = false,
+          nb::arg("expert_source") = 0,
           "Open, validate and map a qwen3next / qwen35moe / qwen4exp GGUF (and optionally a separate MTP-only GGUF). cache_mib >= 0\n"
           "streams experts through a cache of that size (-1: all resident); see csrc/experts/expert_stream.h. device_experts:\n"
-          "cache_mib is the budget of backend sessions' memory instead (csrc/model/backend_experts.h).")
+          "cache_mib is the budget of backend sessions' memory instead (csrc/model/backend_experts.h); expert_source: where\n"
+          "their missing experts are copied from: 0 auto, 1 pinned host memory, 2 the file.")
       .def_prop_ro("config", [](const Model& mo) { return config_dict(mo.hp()); })
       .def_prop_ro("threads", &Model::threads)
       .def_prop_ro("pool_sleeps", [](const Model& m) { return m.pool().sleeps(); },
@@ -513,11 +523,14 @@ void init_model(nb::module_& m) {
       .def(
           "_inject_io_fault",
           [](const Model& mo, int kind, int count) {
-            if (!mo.experts()) throw std::invalid_argument("_inject_io_fault: this model does not stream experts");
-            mo.experts()->inject_fault(kind, count);
+            if (mo.experts()) return mo.experts()->inject_fault(kind, count);
+            if (mo.streams_on_backend() && backend_expert_fault(&mo, kind, count)) return;
+            throw std::invalid_argument("_inject_io_fault: this model does not read experts from its file (no cache_mib, "
+                                        "or a backend session whose experts come from pinned host memory, or none open)");
           },
           nb::arg("kind"), nb::arg("count") = 1,
-          "Test hook: the next `count` expert reads fail (kind 1: short read, 2: EIO, 0: clear).")
+          "Test hook: the next `count` expert reads fail (kind 1: short read, 2: EIO, 0: clear); with backend streaming,\n"
+          "of the open backend sessions reading from the file.")
       .def(
           "_touch_mapping",
           [](const Model& mo) {

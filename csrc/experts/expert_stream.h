@@ -37,6 +37,12 @@ struct ExpertOptions {
   // cache_mib is the budget of a backend session's memory (the GPU's: model/backend_experts.h), not a host cache:
   // the Model opens no ExpertStream, and backend='cpu' sessions of it keep every expert in the mapping
   bool device = false;
+  // (device) where a backend's missing experts are copied from (model/backend_experts.h): every routed expert once in
+  // pinned host memory (Host: the fastest copies, RAM for all of them), or read from the GGUF for each copy by the
+  // io_threads readers into a small pinned staging ring (File: RAM for the page cache only); Auto: Host when that
+  // copy fits the machine's memory with room to spare (BackendExperts::reads_file), else File
+  enum class Source : int { Auto = 0, Host = 1, File = 2 };
+  Source source = Source::Auto;
   bool o_direct = false;           // read with O_DIRECT (bypass the page cache; aligned reads)
   int io_threads = 4;              // reader threads
   bool prefetch = true;            // predict layer+1's experts and read them at low priority

@@ -1,11 +1,16 @@
 // Routed experts streamed into a bounded cache in backend memory: backend_experts.h.
 #include "model/backend_experts.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <thread>
 
 #include "strata.h"
+#include "util/memory.h"
 
 namespace strata {
 
@@ -45,6 +50,29 @@ int64_t BackendExperts::slots_for(const Model& m, int64_t cache_mib) {
   return want;
 }
 
+namespace {
+std::atomic<int> g_staging_cap{0};
+}  // namespace
+
+void BackendExperts::set_staging_cap(int slots) {
+  STRATA_CHECK(slots >= 0, "staging cap ", slots, ": must be >= 0");
+  g_staging_cap = slots;
+}
+
+bool BackendExperts::reads_file(const Model& m, const ExpertOptions& o) {
+  if (o.source == ExpertOptions::Source::File) return true;
+  const HParams& hp = m.hp();
+  const uint64_t host = (uint64_t)(hp.n_layer * hp.n_expert) * (uint64_t)slot_bytes_for(m.weights());
+  if (o.source == ExpertOptions::Source::Host) {
+    check_fits_in_memory(host, cat("bad option expert_source='host': ", m.file().path(), "'s routed experts in pinned "
+                                   "host memory (", hp.n_layer * hp.n_expert, " experts)"));
+    return false;
+  }
+  const uint64_t lim = memory_limit_bytes();
+  const uint64_t spare = std::max<uint64_t>(8ull << 30, lim / 4);
+  return lim < spare || host > lim - spare;
+}
+
 BackendExperts::BackendExperts(Backend& be, const Model& m, const ExpertOptions& o, int max_rows)
     : be_(be), opt_(o), max_rows_(max_rows) {
   const HParams& hp = m.hp();
@@ -67,6 +95,29 @@ BackendExperts::BackendExperts(Backend& be, const Model& m, const ExpertOptions&
     }
     copy_bytes_[l] = region_[2] + w.layers[l].moe.down_exps.expert_bytes();
   }
+  stage_ = static_cast<int32_t*>(be_.host_alloc((size_t)max_rows_ * k_ * sizeof(int32_t)));
+  selbuf_ = static_cast<int32_t*>(be_.host_alloc((size_t)2 * max_rows_ * k_ * sizeof(int32_t)));
+  st_.slots = (uint64_t)n_slots;
+  st_.slot_bytes = slot_bytes_;
+  st_.experts_total = (uint64_t)(L_ * E_);
+  if (reads_file(m, o)) {
+    STRATA_CHECK(o.io_threads >= 1 && o.io_threads <= 64, "bad option io_threads=", o.io_threads, ": must be 1..64");
+    path_ = m.file().path();
+    for (int64_t l = 0; l < L_; l++)
+      for (int p = 0; p < 3; p++) {
+        file_off_.push_back(part_of(w.layers[l].moe, p).file_offset);
+        part_bytes_.push_back(part_of(w.layers[l].moe, p).expert_bytes());
+      }
+    // about 64 MiB of staging, at least a slot per reader (and 2), at most 64 slots
+    n_stage_ = (int)std::clamp<int64_t>((int64_t)(64u << 20) / (int64_t)slot_bytes_, std::max(2, o.io_threads), 64);
+    if (g_staging_cap > 0) n_stage_ = std::min(n_stage_, g_staging_cap.load());
+    staging_ = static_cast<uint8_t*>(be_.host_alloc((size_t)n_stage_ * slot_bytes_));
+    std::memset(staging_, 0, (size_t)n_stage_ * slot_bytes_);  // the gaps between parts stay zero
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) fail<std::invalid_argument>(path_, ": cannot open for expert reads: ", std::strerror(errno));
+    io_ = std::make_unique<IoPool>(o.io_threads, [this](const IoPool::Task& t) { read_expert(t); });
+    return;
+  }
   // the host copy in slot format, filled from the mapping by a few threads of its own, layers split between them
   // (not the model's pool: another session may be running a forward on it)
   host_ = static_cast<uint8_t*>(be_.host_alloc((size_t)L_ * E_ * slot_bytes_));
@@ -86,28 +137,122 @@ BackendExperts::BackendExperts(Backend& be, const Model& m, const ExpertOptions&
         }
     });
   for (auto& x : th) x.join();
-  stage_ = static_cast<int32_t*>(be_.host_alloc((size_t)max_rows_ * k_ * sizeof(int32_t)));
-  selbuf_ = static_cast<int32_t*>(be_.host_alloc((size_t)2 * max_rows_ * k_ * sizeof(int32_t)));
-  st_.slots = (uint64_t)n_slots;
-  st_.slot_bytes = slot_bytes_;
-  st_.experts_total = (uint64_t)(L_ * E_);
 }
 
 BackendExperts::~BackendExperts() {
+  io_.reset();  // the readers finish what they were given (nothing is queued between two calls: finish)
   be_.fence_uploads();  // no copy still reads the host memory or writes the pool
   be_.sync();
+  if (fd_ >= 0) ::close(fd_);
+  be_.host_release(staging_);
   be_.host_release(selbuf_);
   be_.host_release(stage_);
   be_.host_release(host_);
   be_.release(pool_);
 }
 
-void BackendExperts::copy_in(int64_t l, int32_t e, int slot) {
-  const size_t n = copy_bytes_[l];
-  be_.upload_async(static_cast<uint8_t*>(pool_) + (size_t)slot * slot_bytes_, host_ + (size_t)(l * E_ + e) * slot_bytes_, n);
-  cache_->finish_load(slot, true);  // the copy is ordered before every product that reads it (fence_uploads)
-  st_.bytes_read += n;
-  st_.experts_read++;
+void BackendExperts::copy_in(int64_t l, int32_t e, int slot, bool demand) {
+  if (fd_ < 0) {
+    const size_t n = copy_bytes_[l];
+    be_.upload_async(static_cast<uint8_t*>(pool_) + (size_t)slot * slot_bytes_, host_ + (size_t)(l * E_ + e) * slot_bytes_, n);
+    copied_.push_back(slot);
+    st_.bytes_read += n;
+    st_.experts_read++;
+    return;
+  }
+  if ((int)queued_.size() == n_stage_) flush(demand);
+  const int stage = next_stage_;
+  next_stage_ = (next_stage_ + 1) % n_stage_;
+  be_.wait_uploads(stage);  // its last copy has read it
+  queued_.push_back({l, e, slot, stage});
+  {
+    std::lock_guard<std::mutex> lk(io_mu_);
+    io_pending_++;
+  }
+  io_->submit({stage, key(l, e)}, true);
+}
+
+std::string BackendExperts::what(int64_t l, int32_t e, int p) const {
+  static const char* const kPart[3] = {"gate", "up", "down"};
+  const uint64_t off = file_off_[(size_t)l * 3 + p] + (uint64_t)e * part_bytes_[(size_t)l * 3 + p];
+  return cat(path_, ": expert ", e, " of layer ", l, " (tensor 'blk.", l, ".ffn_", kPart[p], "_exps.weight', file bytes [",
+             off, ", ", off + part_bytes_[(size_t)l * 3 + p], "))");
+}
+
+void BackendExperts::read_expert(const IoPool::Task& t) {
+  const int64_t l = t.key / (uint32_t)E_;
+  const int32_t e = (int32_t)(t.key % (uint32_t)E_);
+  uint8_t* dst = staging_ + (size_t)t.slot * slot_bytes_;
+  std::string err;
+  for (int p = 0; p < 3 && err.empty(); p++) {
+    const size_t n = part_bytes_[(size_t)l * 3 + p], end = p < 2 ? region_[p + 1] : slot_bytes_;
+    const uint64_t off = file_off_[(size_t)l * 3 + p] + (uint64_t)e * n;
+    int64_t r;
+    int fk = 0;
+    if (fault_count_.load() > 0 && fault_count_.fetch_sub(1) > 0) fk = fault_kind_.load();
+    if (fk == 2) {
+      r = -1;
+      errno = EIO;
+    } else {
+      r = pread_full(fd_, dst + region_[p], n, off);
+      if (fk == 1 && r > 0) r = (int64_t)n / 2;
+    }
+    if (r < 0) err = cat(what(l, e, p), ": I/O error: ", std::strerror(errno));
+    else if ((size_t)r < n)
+      err = cat(what(l, e, p), ": short read (", r, " of ", n, " bytes): the file was truncated or changed since it was loaded");
+    std::memset(dst + region_[p] + n, 0, end - region_[p] - n);  // another layer's larger part may have been here
+  }
+  {
+    std::lock_guard<std::mutex> lk(io_mu_);
+    if (!err.empty() && io_err_.empty()) io_err_ = err;
+    io_pending_--;
+  }
+  io_cv_.notify_all();
+}
+
+void BackendExperts::flush(bool demand) {
+  if (queued_.empty()) return;
+  std::string err;
+  {
+    std::unique_lock<std::mutex> lk(io_mu_);
+    io_cv_.wait(lk, [&] { return io_pending_ == 0; });
+    err.swap(io_err_);
+  }
+  if (!err.empty()) {
+    st_.read_errors++;
+    abandon(err);
+    if (demand) fail(err);
+    return;
+  }
+  for (const Queued& q : queued_) {
+    be_.upload_async(static_cast<uint8_t*>(pool_) + (size_t)q.slot * slot_bytes_, staging_ + (size_t)q.stage * slot_bytes_,
+                     copy_bytes_[q.l]);
+    be_.mark_uploads(q.stage);
+    copied_.push_back(q.slot);
+    st_.bytes_read += copy_bytes_[q.l];  // the bytes copied to the backend, as Host's
+    st_.experts_read++;
+  }
+  queued_.clear();
+}
+
+void BackendExperts::finish(bool demand) {
+  flush(demand);
+  for (int slot : copied_) cache_->finish_load(slot, true);  // ordered before every product that reads it (fence_uploads)
+  copied_.clear();
+}
+
+void BackendExperts::abandon(const std::string& err) {
+  {
+    std::unique_lock<std::mutex> lk(io_mu_);  // no reader writes a staging slot after this
+    io_cv_.wait(lk, [&] { return io_pending_ == 0; });
+    io_err_.clear();
+  }
+  // Failed: unmapped, so the next acquire reads the key again (a copy still in flight into such a slot is ordered
+  // before any later copy into it: the same copy lane)
+  for (const Queued& q : queued_) cache_->finish_load(q.slot, false, err);
+  for (int slot : copied_) cache_->finish_load(slot, false, err);
+  queued_.clear();
+  copied_.clear();
 }
 
 int BackendExperts::group_end(const int32_t* sel, int r0, int T, int k) const {
@@ -139,9 +284,18 @@ BackendExperts::Pins::Pins(BackendExperts& x, int64_t layer, const int32_t* sel,
   keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
   std::vector<ExpertCache::Pin> pins(keys.size());
   x.cache_->acquire(keys.data(), (int)keys.size(), pins.data());  // n <= slots (group_end); nothing else holds pins
-  for (size_t i = 0; i < keys.size(); i++) {
-    held_.push_back(pins[i].slot);
-    if (pins[i].load) x.copy_in(layer, (int32_t)(keys[i] - (uint32_t)(layer * x.E_)), pins[i].slot);
+  for (size_t i = 0; i < keys.size(); i++) held_.push_back(pins[i].slot);
+  size_t h = 0;  // pins before h were handed to copy_in
+  try {
+    for (; h < keys.size(); h++)
+      if (pins[h].load) x.copy_in(layer, (int32_t)(keys[h] - (uint32_t)(layer * x.E_)), pins[h].slot, true);
+    x.finish(true);
+  } catch (const std::exception& ex) {  // a read failed: every slot still to load Failed, every pin released (the
+    x.abandon(ex.what());               // destructor does not run), so that nothing waits on them
+    for (; h < keys.size(); h++)
+      if (pins[h].load) x.cache_->finish_load(pins[h].slot, false, ex.what());
+    for (int s : held_) x.cache_->release(s);
+    throw;
   }
   for (int i = 0; i < n; i++) {
     const uint32_t kk = x.key(layer, sel[off + i]);
@@ -180,9 +334,10 @@ void BackendExperts::prefetch(int64_t l, const int32_t* sel, int n) {
     if (e < 0 || e >= E_ || issued >= cap) continue;
     const int s = cache_->try_prefetch(key(l, e));
     if (s < 0) continue;
-    copy_in(l, e, s);
+    copy_in(l, e, s, false);  // (File: a read error is counted, not thrown: the demand read of it reports it)
     issued++;
   }
+  finish(false);
   st_.pred_size += uni.size();
   pred_layer_ = l;
   pred_.swap(uni);

@@ -3,9 +3,13 @@
 // (ExpertOptions::device), cache_mib is the budget of the backend's memory (the GPU's, on CUDA) for routed experts;
 // every other weight stays resident there.
 //
-//   host:    every routed expert once, in pinned host memory (Backend::host_alloc), in slot format: expert e of
-//            layer l at (l * E + e) * slot_bytes, its gate, up and down bytes at the regions below (a copy of the
-//            file's bytes, made at load)
+//   host:    (source Host) every routed expert once, in pinned host memory (Backend::host_alloc), in slot format:
+//            expert e of layer l at (l * E + e) * slot_bytes, its gate, up and down bytes at the regions below (a
+//            copy of the file's bytes, made at load);
+//            (source File) none: a missing expert's three parts are read from the GGUF (pread by io_threads reader
+//            threads) into a slot of a pinned staging ring in slot format and copied from there. A staging slot is
+//            rewritten only after the copy that read it finished (Backend::mark_uploads / wait_uploads). Needs RAM for
+//            the page cache only, where Host needs all the experts' bytes (an 80B Q4_K_M: 44 GiB) pinned.
 //   backend: `slots` slots of slot_bytes; gate / up / down of slot s at pool + s * slot_bytes + region[part], so one
 //            MatView per part and layer with stride slot_bytes is matmul_sel's W0 over slot numbers
 //
@@ -28,8 +32,12 @@
 // while the layer's own are pinned. The slot numbers' staging and the selection buffer are reused only after the
 // sync that follows their last use.
 #pragma once
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -50,6 +58,14 @@ class BackendExperts {
   // Slots for a budget of cache_mib MiB (at most every expert); std::invalid_argument naming the file and the least
   // budget when it is below one row's k experts.
   static int64_t slots_for(const Model& m, int64_t cache_mib);
+  // Whether o.source reads the experts from the file: File, or Auto when the Host copy (L * E slots) would take
+  // more than memory_limit_bytes() less max(8 GiB, a quarter of it). Host whose copy exceeds memory_limit_bytes()
+  // is refused (std::invalid_argument naming the option, the file and the bytes).
+  static bool reads_file(const Model& m, const ExpertOptions& o);
+
+  // Tests: source File's staging ring in BackendExperts made later has at most this many slots (0: the default, about
+  // 64 MiB), so that small models wrap it within one window's reads.
+  static void set_staging_cap(int slots);
 
   // max_rows: the most rows a window hands moe at once (the slot-number staging).
   BackendExperts(Backend& be, const Model& m, const ExpertOptions& o, int max_rows);
@@ -58,6 +74,7 @@ class BackendExperts {
   BackendExperts& operator=(const BackendExperts&) = delete;
 
   size_t slot_bytes() const { return slot_bytes_; }
+  bool from_file() const { return fd_ >= 0; }
   int slots() const { return cache_->slots(); }
   bool prefetch_on() const { return opt_.prefetch; }
   // part 0 / 1 / 2 (gate / up / down) of layer l over the slot pool (data: slot 0's part; stride slot_bytes()).
@@ -93,10 +110,35 @@ class BackendExperts {
 
   ExpertStats stats() const;
   void reset_stats();
+  // Test hook (source File): the next `count` expert reads fail (kind 1: short read, 2: EIO; 0 clears). Never set by
+  // the engine itself.
+  void inject_fault(int kind, int count) {
+    fault_kind_ = kind;
+    fault_count_ = kind ? count : 0;
+  }
 
  private:
   uint32_t key(int64_t l, int32_t e) const { return (uint32_t)(l * E_ + e); }
-  void copy_in(int64_t l, int32_t e, int slot);
+  // Expert e of layer l into backend slot `slot` (the cache made it Loading), Ready at the next finish(), so that a
+  // prefetch never evicts the experts it predicted just before and both sources take the same cache decisions: Host
+  // issues the copy at once; File queues the read into a staging slot (flush(demand) first when every staging slot
+  // is taken).
+  void copy_in(int64_t l, int32_t e, int slot, bool demand);
+  // File: waits for the queued reads, then issues their copies in order, marking each staging slot. After a read
+  // error, abandon(): `demand` throws the first error (naming the file, tensor and expert); a prefetch only counts it.
+  void flush(bool demand);
+  // flush(demand), then every slot copied since the last finish Ready.
+  void finish(bool demand);
+  // Waits for the readers, then every slot queued or copied since the last finish Failed (read again when asked).
+  void abandon(const std::string& err);
+  void read_expert(const IoPool::Task& t);  // (a reader thread) the expert's parts into staging slot t.slot
+  std::string what(int64_t l, int32_t e, int part) const;
+
+  struct Queued {
+    int64_t l;
+    int32_t e;
+    int slot, stage;
+  };
 
   Backend& be_;
   ExpertOptions opt_;
@@ -109,6 +151,21 @@ class BackendExperts {
   void* pool_ = nullptr;         // [slots] slots (backend memory)
   int32_t* stage_ = nullptr;     // [max_rows * k] slot numbers (host_alloc)
   int32_t* selbuf_ = nullptr;    // [2 * max_rows * k] the selection and the prediction, downloaded (host_alloc)
+  // source File
+  int fd_ = -1;
+  std::string path_;
+  std::vector<uint64_t> file_off_;  // [L][3] of expert 0's part
+  std::vector<size_t> part_bytes_;  // [L][3] an expert's part
+  uint8_t* staging_ = nullptr;      // [n_stage_] slots (host_alloc)
+  int n_stage_ = 0, next_stage_ = 0;
+  std::vector<Queued> queued_;      // reads issued, not yet copied
+  std::vector<int> copied_;         // slots whose copies were issued, not yet Ready (finish)
+  std::unique_ptr<IoPool> io_;
+  std::mutex io_mu_;                // io_pending_, io_err_ (the readers')
+  std::condition_variable io_cv_;
+  int io_pending_ = 0;
+  std::string io_err_;
+  std::atomic<int> fault_kind_{0}, fault_count_{0};
   int max_rows_ = 0;
   std::unique_ptr<ExpertCache> cache_;
   ExpertStats st_;

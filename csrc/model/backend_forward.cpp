@@ -284,6 +284,15 @@ bool backend_expert_stats(const Model* m, ExpertStats* out, bool reset) {
   return any;
 }
 
+bool backend_expert_fault(const Model* m, int kind, int count) {
+  bool any = false;
+  std::lock_guard<std::mutex> lk(g_live_mu);
+  for (auto& [key, w] : g_live)
+    if (key.first == m)
+      if (auto p = w.lock(); p && p->experts && p->experts->from_file()) p->experts->inject_fault(kind, count), any = true;
+  return any;
+}
+
 bool is_backend_name(const std::string& name) { return name == "cpu" || name == "cuda" || name == "cpu-backend"; }
 
 struct BackendSession::Impl {

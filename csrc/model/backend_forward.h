@@ -42,6 +42,9 @@ int64_t recorded_step_replays();
 // The expert-streaming counters (experts/expert_stream.h ExpertStats) of the model's live backend sessions that
 // stream experts (backend_experts.h; the first such backend's); false when none is open. reset: zero them instead.
 bool backend_expert_stats(const Model* m, ExpertStats* out, bool reset = false);
+// Test hook: BackendExperts::inject_fault on the model's live backend sessions that read experts from the file; false
+// when none is open.
+bool backend_expert_fault(const Model* m, int kind, int count);
 
 // How many backend sessions took over a closed session's buffers and recorded steps (BackendModel::parked).
 int64_t adopted_backend_sessions();

@@ -60,8 +60,10 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   STRATA_CHECK(!opt.experts.device || !opt.experts.approximate,
                "approximate (cache-aware) routing runs only on backend='cpu' (with a host expert cache)");
   m->expert_opt_ = opt.experts;
-  if (m->streams_on_backend())
+  if (m->streams_on_backend()) {
     BackendExperts::slots_for(*m, opt.experts.cache_mib);  // a budget below one row's experts fails here, at load
+    BackendExperts::reads_file(*m, opt.experts);           // and a pinned copy larger than the machine's memory
+  }
   else if (opt.experts.cache_mib != -1)
     m->experts_ = std::make_unique<ExpertStream>(*m->file_, m->hp_, m->w_, opt.experts);
   m->fingerprint_ = model_fingerprint(*m->file_, m->hp_, m->mtp_file_.get());  // model/fingerprint.h: weights too

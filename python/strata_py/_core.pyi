@@ -193,6 +193,12 @@ def sample_rows(logits: Annotated[NDArray[numpy.float32], dict(shape=(None, None
     Window finish: int32 [T]; row i predicts position pos0+i+1 with penalty history committed ++ inputs[:i+1]. logits [T, V] float32 is not modified.
     """
 
+def backend_expert_staging_cap(slots: int) -> None:
+    """
+    Tests: the staging ring of backend expert streams from the file made later has at most this many slots (0: the
+    default), so that small models wrap it within one window.
+    """
+
 def expert_cache_stress(slots: int, keys: int, threads: int, iters: int, max_n: int, fail_every: int = 0, seed: int = 1) -> dict:
     """
     Test: many threads acquire/load/verify/release on an ExpertCache; throws on a broken invariant.
@@ -200,11 +206,12 @@ def expert_cache_stress(slots: int, keys: int, threads: int, iters: int, max_n: 
 
 class Model:
     @staticmethod
-    def load(path: str, threads: int = 0, mtp_path: str = '', cache_mib: int = -1, o_direct: bool = False, io_threads: int = 4, prefetch: bool = True, prefetch_root_only: bool = False, approximate: bool = False, protect: int = -1, bonus: float = 0.8500000238418579, draft_protect: int = -1, draft_bonus: float = -1.0, ple_map_mib: int = 4096, dense_attention: bool = False, device_experts: bool = False) -> Model:
+    def load(path: str, threads: int = 0, mtp_path: str = '', cache_mib: int = -1, o_direct: bool = False, io_threads: int = 4, prefetch: bool = True, prefetch_root_only: bool = False, approximate: bool = False, protect: int = -1, bonus: float = 0.8500000238418579, draft_protect: int = -1, draft_bonus: float = -1.0, ple_map_mib: int = 4096, dense_attention: bool = False, device_experts: bool = False, expert_source: int = 0) -> Model:
         """
         Open, validate and map a qwen3next / qwen35moe / qwen4exp GGUF (and optionally a separate MTP-only GGUF). cache_mib >= 0
         streams experts through a cache of that size (-1: all resident); see csrc/experts/expert_stream.h. device_experts:
-        cache_mib is the budget of backend sessions' memory instead (csrc/model/backend_experts.h).
+        cache_mib is the budget of backend sessions' memory instead (csrc/model/backend_experts.h); expert_source: where
+        their missing experts are copied from: 0 auto, 1 pinned host memory, 2 the file.
         """
 
     @property

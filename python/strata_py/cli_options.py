@@ -1,6 +1,6 @@
 """Command-line options shared by generate, serve, chat and the benches: one spelling per option.
 
-    add_model_args(ap)        --model --mtp --threads --cache-mib (routed experts) --o-direct --io-threads ...
+    add_model_args(ap)        --model --mtp --threads --cache-mib (routed experts) --expert-source --o-direct ...
     load_model(a)             Model.load(...) from those
     add_generation_args(ap)   GenerationConfig's fields as flags, with its defaults (or the given ones)
     add_constraint_args(ap)   --json-schema --regex --grammar (one generation's output constraint)
@@ -21,8 +21,12 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", "-t", type=int, default=None, help="default: physical cores")
     ap.add_argument("--cache-mib", default=None, metavar="N|full",
                     help="stream routed experts from the file through a cache of N MiB (default: full = all "
-                         "resident); with --backend cuda: the GPU's budget for routed experts, the rest copied from "
-                         "pinned host memory as windows route to them")
+                         "resident); with --backend cuda: the GPU's budget for routed experts, the rest copied in "
+                         "as windows route to them (from --expert-source)")
+    ap.add_argument("--expert-source", default="auto", choices=("auto", "host", "file"),
+                    help="with --backend cuda and --cache-mib: copy missing experts from pinned host memory holding "
+                         "all of them (host: fastest, needs RAM for every expert) or read them from the file (file: "
+                         "RAM for the page cache only); auto: host when that leaves max(8 GiB, 1/4 of RAM) free")
     ap.add_argument("--o-direct", action="store_true", help="expert reads with O_DIRECT (bypass the page cache)")
     ap.add_argument("--io-threads", type=int, default=4, help="expert reader threads (with --cache-mib)")
     ap.add_argument("--no-prefetch", action="store_true", help="do not read the next layer's predicted experts ahead")
@@ -59,7 +63,7 @@ def load_model(a: argparse.Namespace):
                       routing="approximate" if a.approximate_routing else "natural",
                       approx_protect=a.approx_protect, approx_bonus=a.approx_bonus,
                       approx_draft_protect=a.approx_draft_protect, approx_draft_bonus=a.approx_draft_bonus,
-                      backend=a.backend)
+                      backend=a.backend, expert_source=a.expert_source)
 
 
 def add_generation_args(ap: argparse.ArgumentParser, defaults: GenerationConfig | None = None) -> None:

@@ -86,7 +86,8 @@ class Model:
              io_threads: int = 4, prefetch: bool = True, prefetch_root_only: bool = False,
              routing: str = "natural", approx_protect: int | None = None, approx_bonus: float = 0.85,
              approx_draft_protect: int | None = None, approx_draft_bonus: float | None = None,
-             ple_map_mib: int = 4096, _dense_attention: bool = False, backend: str = "cpu") -> "Model":
+             ple_map_mib: int = 4096, _dense_attention: bool = False, backend: str = "cpu",
+             expert_source: str = "auto") -> "Model":
         """Open a GGUF (default: the shipped model, checksum-verified). threads=None uses the physical cores (at
         most the CPUs this process may run on) and adapts to a busy machine (pool_stats()); an int is used as is.
         mtp: a separate MTP-only GGUF for the model (checked to fit: hidden size, vocabulary, expert shapes).
@@ -112,10 +113,14 @@ class Model:
         forward), "cuda" (the GPU: a RuntimeError here when strata was built without CUDA or no device is usable)
         or "cpu-backend" (the backend forward over the CPU backend, for tests). With backend "cuda" (or
         "cpu-backend"), cache_mib is the budget of the GPU's memory for routed experts (csrc/model/backend_experts.h):
-        every expert is held once in pinned host memory and the missing ones are copied to the card as windows route
-        to them (prefetch: layer+1's predicted experts too), with the same counters in expert_stats() ("where":
-        "backend"); o_direct and io_threads do not apply, and sessions of such a model on backend "cpu" keep every
-        expert in the mapping. Output is bit-identical to full residency at every budget.
+        the missing ones are copied to the card as windows route to them (prefetch: layer+1's predicted experts too),
+        with the same counters in expert_stats() ("where": "backend"), from where expert_source says:
+        "host" holds every routed expert once in pinned host memory (the fastest copies; RAM for all of them, copied
+        at load: a ValueError when they exceed the machine's memory), "file" reads each missing expert from the GGUF
+        (io_threads readers, through the page cache) into a small pinned staging ring (RAM for the page cache only),
+        "auto" (the default) takes "host" when that copy leaves max(8 GiB, a quarter of the machine's memory) free,
+        else "file" (expert_stats()["source"] says which). o_direct does not apply, and sessions of such a model on
+        backend "cpu" keep every expert in the mapping. Output is bit-identical to full residency at every budget.
 
         Raises ValueError naming the file, tensor or key for a malformed or unsupported file.
         """
@@ -131,6 +136,9 @@ class Model:
             raise ValueError(f"bad option ple_map_mib={ple_map_mib!r}: expected an int >= 0 (MiB)")
         if routing not in ("natural", "approximate"):
             raise ValueError(f"bad option routing={routing!r}: expected 'natural' or 'approximate'")
+        sources = ("auto", "host", "file")
+        if expert_source not in sources:
+            raise ValueError(f"bad option expert_source={expert_source!r}: expected 'auto', 'host' or 'file'")
         if backend not in ("cpu", "cuda", "cpu-backend"):
             raise ValueError(f"bad option backend={backend!r}: expected 'cpu', 'cuda' or 'cpu-backend'")
         if backend != "cpu" and mib != -1 and routing == "approximate":
@@ -154,7 +162,8 @@ class Model:
                                 -1 if approx_protect is None else int(approx_protect), float(approx_bonus),
                                 -1 if approx_draft_protect is None else int(approx_draft_protect),
                                 -1.0 if approx_draft_bonus is None else float(approx_draft_bonus),
-                                int(ple_map_mib), bool(_dense_attention), backend != "cpu")
+                                int(ple_map_mib), bool(_dense_attention), backend != "cpu",
+                                sources.index(expert_source))
         try:  # the vocabulary is bounded by the model's token_embd before the tokenizer is built from it
             tok = Tokenizer.from_metadata(_core.gguf_metadata(str(path)), max_vocab=core.config["n_vocab"])
         except ValueError as e:
