@@ -18,8 +18,8 @@ A comma list (512,4096) times each length: prefill_tok_s is the first's, prefill
 weight prefetch, csrc/kernels/cuda/launch.cuh) on the same loaded model, the modes alternating in every round, each
 on its own sessions (recorded steps keep the mode they were recorded in): a row per mode.
 
---stream FILE:FRAC[:on|off] (repeatable): the same file with the routed experts streamed (from pinned host memory or
-the file: --expert-source, default auto) into a GPU budget of FRAC of their bytes (Model.load(cache_mib=...), csrc/model/backend_experts.h), prefetch on and off
+--stream FILE:FRAC[:on|off][:auto|host|file] (repeatable): the same file with the routed experts streamed (from
+pinned host memory or the file: the spec's source, else --expert-source, default auto) into a GPU budget of FRAC of their bytes (Model.load(cache_mib=...), csrc/model/backend_experts.h), prefetch on and off
 (or only the one named): T = 1
 decode tok/s (after a 64-token prompt and 32 warm-up steps, so the cache is in its steady state), C(4) / C(1), the
 bytes copied to the card per token, hit rate and prefetch precision / recall (rows under "streamed").
@@ -216,14 +216,19 @@ def main(argv=None) -> int:
     streams = []
     for spec in a.stream:
         f, _, frac = spec.rpartition(":")
+        source = a.expert_source
+        if frac in ("auto", "host", "file"):
+            source = frac
+            f, _, frac = f.rpartition(":")
         pf = (True, False)
         if frac in ("on", "off"):
             pf = (frac == "on",)
             f, _, frac = f.rpartition(":")
         try:
-            streams.append((f, float(frac), pf))
+            streams.append((f, float(frac), pf, source))
         except ValueError:
-            ap.error(f"bad option --stream {spec!r}: expected FILE:FRACTION[:on|off] (e.g. model.gguf:0.25)")
+            ap.error(f"bad option --stream {spec!r}: expected FILE:FRACTION[:on|off][:auto|host|file] (e.g. "
+                     "model.gguf:0.25)")
     if a.backend == "cuda" and not _core.cuda_available():
         print(f"bench_gpu_forward: no CUDA device ({_core.cuda_info()})", file=sys.stderr)
         return 2
@@ -245,10 +250,10 @@ def main(argv=None) -> int:
             print(f"{p}: {type(e).__name__}: {e}", flush=True)
             res["models"].append({"model": Path(p).name, "error": f"{type(e).__name__}: {e}"})
         write_json(a.json, res)
-    for p, frac, pf in streams:
+    for p, frac, pf, source in streams:
         for prefetch in pf:
             try:
-                res["streamed"].append(bench_streamed(p, frac, prefetch, a.reps, a.backend, a.expert_source))
+                res["streamed"].append(bench_streamed(p, frac, prefetch, a.reps, a.backend, source))
             except Exception as e:
                 print(f"{p} streamed: {type(e).__name__}: {e}", flush=True)
                 res["streamed"].append({"model": Path(p).name, "cache_frac": frac, "prefetch": prefetch,

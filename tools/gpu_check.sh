@@ -156,13 +156,14 @@ fi
 tests_s=$(( $(date +%s) - t0 ))
 
 models=()
-streams=()  # the 80B file also with its experts streamed from host memory into a GPU budget of 25 % (prefetch on)
+streams=()  # the 80B file also with its experts streamed into a GPU budget of 25 % (prefetch on), from pinned host
+            # memory and from the file
 for f in ${FORWARD//,/ }; do
   case $f in
     default) models+=("$ROOT/python/strata_py/data/strata-default-q8_0.gguf") ;;
     bench) $PY -m strata_py.synth bench /tmp/synth-bench-q4_k.gguf --type q4_k >/dev/null && models+=(/tmp/synth-bench-q4_k.gguf) ;;
-    80b) { [ -z "$SYNTH_PID" ] || wait $SYNTH_PID; } && models+=($SYNTH80) && streams+=(--stream $SYNTH80:0.25:on); tail -1 "$OUT/synth80b.log" ;;
-    80bq4km) { [ -z "$SYNTH_PID" ] || wait $SYNTH_PID; } && models+=($SYNTHQ) && streams+=(--stream $SYNTHQ:0.25:on)
+    80b) { [ -z "$SYNTH_PID" ] || wait $SYNTH_PID; } && models+=($SYNTH80) && streams+=(--stream $SYNTH80:0.25:on:host --stream $SYNTH80:0.25:on:file); tail -1 "$OUT/synth80b.log" ;;
+    80bq4km) { [ -z "$SYNTH_PID" ] || wait $SYNTH_PID; } && models+=($SYNTHQ) && streams+=(--stream $SYNTHQ:0.25:on:host --stream $SYNTHQ:0.25:on:file)
              tail -1 "$OUT/synth80bq.log" ;;
   esac
 done
@@ -246,10 +247,10 @@ mtpb = {r["draft"]: r for r in load("bench_mtp.json").get("results", []) if r["w
 fm = {r["model"]: r for r in fwd.get("models", []) if "error" not in r}  # every expert resident
 # the experts streamed from pinned host memory into a GPU budget of 25 % of their bytes (bench_gpu_forward.py
 # --stream FILE:0.25 rows; prefetch on, the default, where both ways ran)
-stream25 = {}
+stream25, stream25_file = {}, {}  # (the experts read from the GGUF through the staging ring: a row of its own)
 for r in sorted(fwd.get("streamed", []), key=lambda r: r.get("prefetch") is True):
     if r.get("cache_frac") == 0.25 and "decode_tok_s" in r:
-        stream25[r["model"]] = r
+        (stream25_file if r.get("source") == "file" else stream25)[r["model"]] = r
 def fwd_key(model, key, t=None):
     r = fm.get(model)
     if r is None or key not in r:
@@ -340,6 +341,9 @@ res = {
                                                 "prefill_tokens", "prefill_tok_s") if k in r} for r in fm.values()},
     "stream25_decode_tok_s": s25,
     "stream25_decode_tok_s_80b_q4km": s25q,
+    # the same budget with the experts read from the GGUF per copy (expert_source='file': no pinned copy of them all)
+    "stream25_file_decode_tok_s": stream25_file.get(R80, {}).get("decode_tok_s"),
+    "stream25_file_decode_tok_s_80b_q4km": stream25_file.get(RQ, {}).get("decode_tok_s"),
     "edit": {d: {k: r[k] for k in ("decode_tok_s", "speedup", "acceptance", "e_keep", "identical")}
              for d, r in edit.items()},
     # llama.cpp's figures: this call's llama-bench (runs) or, where it did not run, nothing here (the anchors above)
@@ -401,7 +405,8 @@ if mtpb:
                    if res["mtp_speedup"] is not None else ""))
 for r in fwd.get("streamed", []):
     if "error" not in r:
-        tail.append(f"streamed {r['model']} at {100 * r['cache_frac']:.0f} % (prefetch {'on' if r['prefetch'] else 'off'}): "
+        tail.append(f"streamed {r['model']} at {100 * r['cache_frac']:.0f} % from {r.get('source', 'host')} "
+                    f"(prefetch {'on' if r['prefetch'] else 'off'}): "
                     f"{r['decode_tok_s']:.1f} tok/s, {r['copied_bytes_per_row'] / 1e6:.0f} MB copied a row, hit rate "
                     f"{r['hit_rate']:.2f}")
 if lb:
