@@ -140,14 +140,15 @@ static nb::dict expert_stats_dict(const Model& mo) {
   if (!es && !dev) return d;
   d["where"] = dev ? "backend" : "host";
   ExpertStats s;
+  const ExpertOptions& o = es ? es->options() : mo.expert_options();
   if (es) {
     s = es->stats();
   } else if (!backend_expert_stats(&mo, &s)) {
     s.slots = (uint64_t)BackendExperts::slots_for(mo, mo.expert_options().cache_mib);
     s.slot_bytes = (uint64_t)BackendExperts::slot_bytes_for(mo.weights());
     s.experts_total = (uint64_t)(mo.hp().n_layer * mo.hp().n_expert);
+    s.from_file = BackendExperts::reads_file(mo, o);  // (a CPU backend's session may still choose the file: its slots)
   }
-  const ExpertOptions& o = es ? es->options() : mo.expert_options();
   const int64_t k = mo.hp().n_expert_used;
   auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
   d["slots"] = s.slots;
@@ -156,7 +157,7 @@ static nb::dict expert_stats_dict(const Model& mo) {
   d["experts_total"] = s.experts_total;
   d["resident_frac"] = ratio((double)s.slots, (double)s.experts_total);
   d["o_direct"] = o.o_direct;
-  if (dev) d["source"] = BackendExperts::reads_file(mo, o) ? "file" : "host";  // where the missing experts come from
+  if (dev) d["source"] = s.from_file ? "file" : "host";  // where the missing experts come from
   d["lookups"] = s.cache.lookups;
   d["hits"] = s.cache.hits;
   d["hits_inflight"] = s.cache.hits_inflight;

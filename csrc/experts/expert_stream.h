@@ -64,6 +64,7 @@ struct ExpertStats {
   uint64_t union_sum = 0, union_layers = 0, degraded_groups = 0;
   uint64_t pred_size = 0, pred_hit = 0, pred_actual = 0;  // predictor: |P|, |P & U|, |U|
   uint64_t moce_changed = 0, moce_rows = 0;  // approximate routing: (row, slot) choices that differ
+  bool from_file = false;  // (backend streaming) the missing experts are read from the file, not a pinned copy
 };
 
 class ExpertStream {

@@ -58,10 +58,11 @@ class BackendExperts {
   // Slots for a budget of cache_mib MiB (at most every expert); std::invalid_argument naming the file and the least
   // budget when it is below one row's k experts.
   static int64_t slots_for(const Model& m, int64_t cache_mib);
-  // Whether o.source reads the experts from the file: File, or Auto when the Host copy (L * E slots) would take
-  // more than memory_limit_bytes() less max(8 GiB, a quarter of it). Host whose copy exceeds memory_limit_bytes()
-  // is refused (std::invalid_argument naming the option, the file and the bytes).
-  static bool reads_file(const Model& m, const ExpertOptions& o);
+  // Whether o.source reads the experts from the file: File, or Auto when the Host copy (L * E slots, plus `also`:
+  // other host memory the backend takes, the CPU backend's slot pool) would take more than memory_limit_bytes() less
+  // max(8 GiB, a quarter of it). Host whose copy and `also` leave less than 2 GiB of memory_limit_bytes() is refused
+  // (std::invalid_argument naming the option, the file and the bytes).
+  static bool reads_file(const Model& m, const ExpertOptions& o, uint64_t also = 0);
 
   // Tests: source File's staging ring in BackendExperts made later has at most this many slots (0: the default, about
   // 64 MiB), so that small models wrap it within one window's reads.
