@@ -30,7 +30,9 @@ model's in-layer Q8_0 products) on the T-row kernels for windows, not the 1-row 
 its halves' sums in turn), not the kernel with a column's two halves on two warps, pipelined (cuda_prefer_dn_duo(False));
 "nokqlanes" = "on" with Q4_K's and Q6_K's one-row products on the generic int8 kernel k_int, not the dp4a lane kernel
 (cuda_prefer_kq_lanes(False)); "nokqwindows" = "on" with small Q4_K / Q5_K / Q6_K matrices over prompt pieces as the
-1-row kernel per activation row, not the 16-row kernel (cuda_prefer_kquant_windows(False)).
+1-row kernel per activation row, not the 16-row kernel (cuda_prefer_kquant_windows(False)); "kqpair" = "on" with the
+experts' Q4_K / Q6_K gate / up / SwiGLU over a few slots as one dp4a lane kernel launch, not the two products and silu_mul
+(cuda_prefer_kq_pair(True); off by default until measured on a card).
 Shared by bench_gpu_forward.py, bench_spec.py and profile_gpu_forward.py. A recorded step keeps the mode
 it was recorded in, so a mode applies to the sessions made after it is set."""
 from __future__ import annotations
@@ -38,7 +40,8 @@ from __future__ import annotations
 LAUNCH_MODES = ("on", "all", "no-prefetch", "off", "unfused", "iq2-rows1", "iq2-rows2", "iq2-rows4", "pieces64",
                 "nopanel", "rowgroups", "noattntiles", "notileahead", "nofloattiles", "floattiles16", "noheadtiles",
                 "notilestage", "nopanelstage", "iq2-wu4",
-                "iq2-pair2", "iq2-pair4", "nodnconv", "nofloatsplit", "nob32qsplit", "nodnduo", "nokqlanes", "nokqwindows")
+                "iq2-pair2", "iq2-pair4", "nodnconv", "nofloatsplit", "nob32qsplit", "nodnduo", "nokqlanes", "nokqwindows",
+                "kqpair")
 
 
 def set_launches(mode: str) -> None:
@@ -66,3 +69,4 @@ def set_launches(mode: str) -> None:
     _core.cuda_prefer_b32q_split(mode != "nob32qsplit")
     _core.cuda_prefer_kq_lanes(mode != "nokqlanes")
     _core.cuda_prefer_kquant_windows(mode != "nokqwindows")
+    _core.cuda_prefer_kq_pair(mode == "kqpair")

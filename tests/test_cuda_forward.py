@@ -383,10 +383,14 @@ def test_matmul_sel_equals_cpu_and_one_row_products(typ):
         assert np.array_equal(bits(want[0]), bits(y[s])), f"slot {s}"
 
 
-@pytest.mark.parametrize("typ", ["IQ2_XXS", "Q4_K", "Q8_0"])
+@pytest.mark.parametrize("typ", ["IQ2_XXS", "Q4_K", "Q8_0", "Q4_K-pair", "Q6_K-pair"])
 def test_matmul_sel_swiglu_equals_cpu_and_its_parts(typ):
     """The experts' gate, up and SwiGLU over one selection (one kernel on the GPU for IQ2_XXS, the three operations
-    for the other types) equal the CPU backend's, and the GPU's own matmul_sel + matmul_sel + silu_mul."""
+    for the other types; "-pair": Q4_K / Q6_K's dp4a lane kernel taking gate and up in one launch,
+    cuda_prefer_kq_pair(True)) equal the CPU backend's, and the GPU's own matmul_sel + matmul_sel + silu_mul."""
+    if typ.endswith("-pair"):
+        with switched(_core.cuda_prefer_kq_pair, True, False):
+            return test_matmul_sel_swiglu_equals_cpu_and_its_parts(typ.split("-")[0])
     rng = fresh_rng()
     E, rows, k = 6, int(rng.integers(1, 40)), 4
     cols = 256 * int(rng.integers(1, 4))
@@ -538,6 +542,16 @@ def test_gpu_session_windows(request, which):
     m = request.getfixturevalue(which)
     for _ in range(2):
         windows_equal(m, "cuda", fresh_rng(), n_windows=16, label=which)
+
+
+def test_gpu_kq_pair_windows_equal_cpu(q4k_model):
+    """The experts' Q4_K gate / up / SwiGLU of decode steps and verify windows as one dp4a lane kernel launch
+    (cuda_prefer_kq_pair(True); recorded steps included): the CPU session's logits and hidden rows bit for bit. A model
+    loaded inside the switch: its backend copy records its steps with the pair (another's parked session would bring
+    recordings made without it)."""
+    with switched(_core.cuda_prefer_kq_pair, True, False):
+        m = Model.load(q4k_model.path, threads=4)
+        windows_equal(m, "cuda", fresh_rng(), n_windows=16, label="q4k, gate / up pair")
 
 
 def test_gpu_recorded_steps_equal_cpu(tiny_q8_model, default_model, iq2_model):

@@ -57,8 +57,11 @@ void cuda_prefer_float_split(int64_t bytes);
 // Tests and benches: cuda::prefer_b32q_split (the int8-activation 32-value block types' small matrices take windows
 // as the 1-row kernel per activation row; default on).
 void cuda_prefer_b32q_split(bool on);
-// Tests and benches: cuda::prefer_kq_lanes (Q4_K's and Q6_K's one-row products on the dp4a lane kernel; default off).
+// Tests and benches: cuda::prefer_kq_lanes (Q4_K's and Q6_K's one-row products on the dp4a lane kernel; default on).
 void cuda_prefer_kq_lanes(bool on);
+// Tests and benches: cuda::prefer_kq_pair (the experts' Q4_K / Q6_K gate / up / SwiGLU over a few slots in one lane
+// kernel launch; default off until run on a card).
+void cuda_prefer_kq_pair(bool on);
 // Tests and benches: cuda::prefer_kquant_windows (small K-quant matrices over prompt pieces on the 16-row kernel;
 // default off).
 void cuda_prefer_kquant_windows(bool on);

@@ -105,19 +105,60 @@ struct Q6kPart {
   __device__ __forceinline__ float d() const { return __half2float(__ushort_as_half(dh)); }
 };
 
+// One weight row's running sums over its blocks (lane k's L, and the row's Lm for types with mins): the blocks of a
+// step's parts p[0..kU) in order, as k_int<D, 1>.
+template <class Part, int kU>
+struct KqRowSums {
+  float L = 0.f, Lm = 0.f;
+  int P[kU], M[kU];
+  float dd[kU], dm[kU];
+  // this step's integer sums and scales (before the next step's loads are issued)
+  __device__ __forceinline__ void sums(const Part (&p)[kU]) {
+#pragma unroll
+    for (int u = 0; u < kU; u++) {
+      p[u].sums(P[u], M[u]);
+      dd[u] = __fmul_rn(p[u].d(), p[u].dx);
+      if constexpr (Part::kMins) dm[u] = __fmul_rn(p[u].dmin(), p[u].dx);
+    }
+  }
+  // then the block's mins summed over the row's 16 lanes (k_int's shuffles: integers) and the fma chains
+  __device__ __forceinline__ void accumulate(int64_t b0, int64_t nb) {
+#pragma unroll
+    for (int u = 0; u < kU; u++) {
+      if constexpr (Part::kMins) {
+        M[u] += __shfl_xor_sync(0xffffffffu, M[u], 8, 16);
+        M[u] += __shfl_xor_sync(0xffffffffu, M[u], 4, 16);
+        M[u] += __shfl_xor_sync(0xffffffffu, M[u], 2, 16);
+        M[u] += __shfl_xor_sync(0xffffffffu, M[u], 1, 16);
+      }
+      if (b0 + u < nb) {
+        L = fmaf(dd[u], (float)P[u], L);
+        if constexpr (Part::kMins) Lm = fmaf(dm[u], (float)M[u], Lm);
+      }
+    }
+  }
+  // the row's value on lane 0 of the 16 (Q6_K: Lm = 0, k_int's y = s - 0)
+  __device__ __forceinline__ float value() const { return __fsub_rn(reduce16(L), Lm); }
+};
+
 // k_int<D, 1>'s grid and its values: 16 lanes a weight row, blockDim.x / 16 rows a block, grid-stride over the row
 // groups; with sel, grid row y is slot y (its expert's matrix, activation row y / xdiv, output row y); without,
 // activation row y (the row split). kU blocks of a row in flight.
-template <class Part, int kU>
+// kPair (matmul_sel_swiglu, with sel): the 16 lanes also take row r of W2 (the up matrix, same shape; expert e's at
+// W2 + e * ebytes2) over the same activations, write it to y2 and silu(y) * y2 to y: layers.cu's silu_mul, the same
+// operations, so the same bits as the two products and silu_mul.
+template <class Part, int kU, bool kPair = false>
 __global__ void __launch_bounds__(256) k_kq_lanes(const uint8_t* __restrict__ W, size_t row_bytes, int64_t rows,
                                                   int64_t nb, const int8_t* __restrict__ q, const float* __restrict__ dx,
                                                   float* __restrict__ y, int64_t ldy, const int32_t* __restrict__ sel,
-                                                  size_t ebytes, int xdiv) {
+                                                  size_t ebytes, int xdiv, const uint8_t* __restrict__ W2,
+                                                  size_t ebytes2, float* __restrict__ y2) {
   if (!sel) prefetch_rows(W, row_bytes, rows, (int64_t)blockIdx.x * (blockDim.x >> 4), blockDim.x >> 4);
   pdl_wait();
   {
     const int slot = blockIdx.y;
     if (sel) W += (size_t)sel[slot] * ebytes;
+    if constexpr (kPair) W2 += (size_t)sel[slot] * ebytes2, y2 += (int64_t)slot * ldy;
     const int64_t xr = sel ? slot / xdiv : slot;
     q += xr * nb * QK_K;
     dx += xr * nb;
@@ -126,44 +167,38 @@ __global__ void __launch_bounds__(256) k_kq_lanes(const uint8_t* __restrict__ W,
   const int k = threadIdx.x & 15, rpb = blockDim.x >> 4;
   const int64_t groups = (rows + rpb - 1) / rpb;
   for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
-    const int64_t r = g * rpb + (threadIdx.x >> 4);
-    const uint8_t* row = W + (r < rows ? r : rows - 1) * row_bytes;
-    Part p[kU];
+    const int64_t r = g * rpb + (threadIdx.x >> 4), rc = r < rows ? r : rows - 1;
+    const uint8_t* row = W + rc * row_bytes;
+    const uint8_t* row2 = kPair ? W2 + rc * row_bytes : nullptr;
+    Part p[kU], p2[kPair ? kU : 1];
     auto load = [&](int64_t b0) {
 #pragma unroll
       for (int u = 0; u < kU; u++) {
         const int64_t b = b0 + u < nb ? b0 + u : nb - 1;
         p[u].load(row + b * Part::kBytes, q + b * QK_K, dx + b, k);
+        if constexpr (kPair) p2[u].load(row2 + b * Part::kBytes, q + b * QK_K, dx + b, k);
       }
     };
     load(0);
-    float L = 0.f, Lm = 0.f;
+    KqRowSums<Part, kU> a;
+    [[maybe_unused]] KqRowSums<Part, kU> a2;
     for (int64_t b0 = 0; b0 < nb; b0 += kU) {
-      int P[kU], M[kU];
-      float dd[kU], dm[kU];
-#pragma unroll
-      for (int u = 0; u < kU; u++) {
-        p[u].sums(P[u], M[u]);
-        dd[u] = __fmul_rn(p[u].d(), p[u].dx);
-        if constexpr (Part::kMins) dm[u] = __fmul_rn(p[u].dmin(), p[u].dx);
-      }
+      a.sums(p);
+      if constexpr (kPair) a2.sums(p2);
       if (b0 + kU < nb) load(b0 + kU);  // in flight while this step's sums finish
-#pragma unroll
-      for (int u = 0; u < kU; u++) {
-        if constexpr (Part::kMins) {  // the block's mins sum over the row's 16 lanes (k_int's shuffles: integers)
-          M[u] += __shfl_xor_sync(0xffffffffu, M[u], 8, 16);
-          M[u] += __shfl_xor_sync(0xffffffffu, M[u], 4, 16);
-          M[u] += __shfl_xor_sync(0xffffffffu, M[u], 2, 16);
-          M[u] += __shfl_xor_sync(0xffffffffu, M[u], 1, 16);
-        }
-        if (b0 + u < nb) {
-          L = fmaf(dd[u], (float)P[u], L);
-          if constexpr (Part::kMins) Lm = fmaf(dm[u], (float)M[u], Lm);
-        }
-      }
+      a.accumulate(b0, nb);
+      if constexpr (kPair) a2.accumulate(b0, nb);
     }
-    const float s = reduce16(L);
-    if (k == 0 && r < rows) y[r] = __fsub_rn(s, Lm);  // (Q6_K: Lm = 0, k_int's y = s - 0)
+    const float v = a.value();
+    if constexpr (kPair) {
+      const float up = a2.value();
+      if (k == 0 && r < rows) {
+        y2[r] = up;
+        y[r] = __fmul_rn(silu_of(v), up);
+      }
+    } else {
+      if (k == 0 && r < rows) y[r] = v;
+    }
   }
 }
 
@@ -189,17 +224,25 @@ bool kq_lanes_fit(const uint8_t* W, size_t row_bytes, size_t ebytes) {
 
 // k_kq_lanes for type D over n grid rows (slots with sel, else activation rows) in k_int<D, 1>'s grid: gx blocks of
 // `threads` (16 lanes a weight row). Rows of at most 2 blocks (the experts' down products of 512 columns) 2 blocks a
-// step, else 4.
+// step, else 4. With W2 (and sel): the gate / up pair (k_kq_lanes' kPair; y2 the up rows), 2 blocks a step (twice the
+// parts in registers).
 template <class D>
 void launch_kq_lanes(const MatView& W, size_t ebytes, const int32_t* sel, int n, int xdiv, const int8_t* q,
-                     const float* dx, float* y, int64_t ldy, int threads, int64_t gx, cudaStream_t st) {
+                     const float* dx, float* y, int64_t ldy, int threads, int64_t gx, cudaStream_t st,
+                     const uint8_t* W2 = nullptr, size_t ebytes2 = 0, float* y2 = nullptr) {
   static_assert(kHasKqLanes<D>);
   using Part = std::conditional_t<std::is_same_v<D, Q4_K>, Q4kPart, Q6kPart>;
+  STRATA_CHECK(!W2 || (sel && y2), "cuda launch_kq_lanes: the gate / up pair needs a selection and the up rows");
   const int64_t nb = W.cols / QK_K;
   auto go = [&](auto kern) {
     launch(kern, dim3((unsigned)gx, (unsigned)n), threads, 0, st, W.data, W.row_bytes, W.rows, nb, q, dx, y, ldy, sel,
-           ebytes, xdiv);
+           ebytes, xdiv, W2, ebytes2, y2);
   };
-  if (nb <= 2) go(k_kq_lanes<Part, 2>);
+  if (W2) go(k_kq_lanes<Part, 2, true>);
+  else if (nb <= 2) go(k_kq_lanes<Part, 2>);
   else go(k_kq_lanes<Part, 4>);
 }
+
+// Tests and benches (prefer_kq_pair): the experts' Q4_K / Q6_K gate / up / SwiGLU of a few slots (not tiles) as one
+// k_kq_lanes pair launch, or (the default until it has run on a card) the two products and silu_mul. Same bits.
+bool g_kq_pair = false;

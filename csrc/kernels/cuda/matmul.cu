@@ -1669,6 +1669,7 @@ void prefer_row_groups(bool on) { g_row_groups = on; }
 void prefer_float_split(int64_t bytes) { g_float_split_bytes = bytes; }
 void prefer_b32q_split(bool on) { g_b32q_split = on; }
 void prefer_kq_lanes(bool on) { g_kq_lanes = on; }
+void prefer_kq_pair(bool on) { g_kq_pair = on; }
 void prefer_kquant_windows(bool on) { g_kquant_windows = on; }
 void prefer_tile_prefetch(bool on) { g_tile_prefetch = on; }
 void prefer_float_tiles(bool on, int min_rows, int64_t min_weight_rows) {
@@ -1841,7 +1842,8 @@ bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, 
                        int n, int xdiv, const float* x, int64_t ldx, float* g, float* u, void* scratch, void* stream,
                        const QRows* pre) {
   if (Wg.type != Wu.type || Wg.rows != Wu.rows || Wg.cols != Wu.cols || Wg.row_bytes != Wu.row_bytes) return false;
-  // IQ2_XXS always; Q4_K / Q5_K / Q6_K over tiles on the tensor cores (else the two products and silu_mul)
+  // IQ2_XXS always; Q4_K / Q5_K / Q6_K over tiles on the tensor cores, Q4_K / Q6_K over a few slots with prefer_kq_pair
+  // (else the two products and silu_mul)
   auto kq_pair = [&](auto dec) {
     using D = decltype(dec);
     return use_tiles(n, xdiv) && kq_mma_fit<D>(Wg.data, Wg.row_bytes, gate_bytes) &&
@@ -1849,7 +1851,14 @@ bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, 
   };
   const bool kq = (Wg.type == GGML_Q4_K && kq_pair(Q4_K{})) || (Wg.type == GGML_Q5_K && kq_pair(Q5_K{})) ||
                   (Wg.type == GGML_Q6_K && kq_pair(Q6_K{}));
-  if (Wg.type != GGML_IQ2_XXS && !kq) return false;
+  // Q4_K / Q6_K over a few slots: the dp4a lane kernel's gate / up pair (prefer_kq_pair)
+  auto lanes_pair = [&](auto dec) {
+    using D = decltype(dec);
+    return g_kq_pair && !use_tiles(n, xdiv) && kq_lanes_fit<D>(Wg.data, Wg.row_bytes, gate_bytes) &&
+           kq_lanes_fit<D>(Wu.data, Wu.row_bytes, up_bytes);
+  };
+  const bool lanes = (Wg.type == GGML_Q4_K && lanes_pair(Q4_K{})) || (Wg.type == GGML_Q6_K && lanes_pair(Q6_K{}));
+  if (Wg.type != GGML_IQ2_XXS && !kq && !lanes) return false;
   STRATA_CHECK(n >= 1 && n <= 65535 && xdiv >= 1 && Wg.cols % QK_K == 0, "cuda matmul_sel_swiglu: n = ", n,
                ", xdiv = ", xdiv, ", cols = ", Wg.cols);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
@@ -1860,6 +1869,14 @@ bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, 
   const TileBufs tb(scratch, act_bytes(Wg.type, n_x, Wg.cols));
   if (Wg.type == GGML_IQ2_XXS) {
     launch_iq2_sel<true>(Wg, Wu.data, gate_bytes, up_bytes, sel, n, xdiv, q, dx, g, u, Wg.rows, tb, st);
+  } else if (lanes) {  // matmul_sel's one-row grid (threads, blocks) for the pair
+    const int threads = threads_for((Wg.rows + kRowsPerBlock - 1) / kRowsPerBlock * n);
+    const int64_t groups = (Wg.rows + threads / 16 - 1) / (threads / 16);
+    const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, kMaxIntBlocks / n));
+    if (Wg.type == GGML_Q4_K)
+      launch_kq_lanes<Q4_K>(Wg, gate_bytes, sel, n, xdiv, q, dx, g, Wg.rows, threads, gx, st, Wu.data, up_bytes, u);
+    else
+      launch_kq_lanes<Q6_K>(Wg, gate_bytes, sel, n, xdiv, q, dx, g, Wg.rows, threads, gx, st, Wu.data, up_bytes, u);
   } else {
     over_tile_pieces(sel, n, xdiv, tb, st, [&](int gy) {
       auto go = [&](auto src) {
