@@ -193,16 +193,7 @@ void ExpertStream::load(const IoPool::Task& t) {
       fd = dfd_;
     }
     const size_t need = (size_t)(off - roff) + P.bytes;
-    int64_t r;
-    int fk = 0;
-    if (fault_count_.load() > 0 && fault_count_.fetch_sub(1) > 0) fk = fault_kind_.load();
-    if (fk == 2) {
-      r = -1;
-      errno = EIO;
-    } else {
-      r = pread_full(fd, dst, len, roff);
-      if (fk == 1 && r > 0) r = (int64_t)need / 2;
-    }
+    const int64_t r = faults_.pread(fd, dst, len, roff, need);
     if (r < 0) {
       err = cat(what(layer, e, p), ": I/O error: ", std::strerror(errno));
     } else if ((size_t)r < need) {
@@ -357,10 +348,6 @@ void ExpertStream::reset_stats() {
   cache_->reset_counters();
 }
 
-void ExpertStream::inject_fault(int kind, int count) {
-  STRATA_CHECK(kind >= 0 && kind <= 2, "inject_fault: kind ", kind, " (0 none, 1 short read, 2 EIO)");
-  fault_kind_.store(kind);
-  fault_count_.store(kind ? count : 0);
-}
+void ExpertStream::inject_fault(int kind, int count) { faults_.inject(kind, count); }
 
 }  // namespace strata

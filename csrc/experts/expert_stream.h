@@ -141,7 +141,7 @@ class ExpertStream {
   std::vector<uint8_t> head_;               // sampled header bytes
   std::unique_ptr<ExpertCache> cache_;
   std::unique_ptr<IoPool> io_;
-  std::atomic<int> fault_kind_{0}, fault_count_{0};
+  ReadFaults faults_;
   mutable std::mutex mu_;                   // the counters below
   ExpertStats st_;
 };

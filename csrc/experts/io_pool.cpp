@@ -4,6 +4,8 @@
 
 #include <cerrno>
 
+#include "util/common.h"
+
 namespace strata {
 
 IoPool::IoPool(int threads, std::function<void(const Task&)> handler) : handler_(std::move(handler)) {
@@ -65,6 +67,22 @@ int64_t pread_full(int fd, void* dst, size_t len, uint64_t off) {
     got += (size_t)r;
   }
   return (int64_t)got;
+}
+
+void ReadFaults::inject(int kind, int count) {
+  STRATA_CHECK(kind >= 0 && kind <= 2, "inject_fault: kind ", kind, " (0 none, 1 short read, 2 EIO)");
+  kind_.store(kind);
+  count_.store(kind ? count : 0);
+}
+
+int64_t ReadFaults::pread(int fd, void* dst, size_t len, uint64_t off, size_t need) {
+  const int fk = count_.load() > 0 && count_.fetch_sub(1) > 0 ? kind_.load() : 0;
+  if (fk == 2) {
+    errno = EIO;
+    return -1;
+  }
+  const int64_t r = pread_full(fd, dst, len, off);
+  return fk == 1 && r > 0 ? (int64_t)need / 2 : r;
 }
 
 }  // namespace strata

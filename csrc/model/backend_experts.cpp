@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -193,16 +194,7 @@ void BackendExperts::read_expert(const IoPool::Task& t) {
   for (int p = 0; p < 3 && err.empty(); p++) {
     const size_t n = part_bytes_[(size_t)l * 3 + p], end = p < 2 ? region_[p + 1] : slot_bytes_;
     const uint64_t off = file_off_[(size_t)l * 3 + p] + (uint64_t)e * n;
-    int64_t r;
-    int fk = 0;
-    if (fault_count_.load() > 0 && fault_count_.fetch_sub(1) > 0) fk = fault_kind_.load();
-    if (fk == 2) {
-      r = -1;
-      errno = EIO;
-    } else {
-      r = pread_full(fd_, dst + region_[p], n, off);
-      if (fk == 1 && r > 0) r = (int64_t)n / 2;
-    }
+    const int64_t r = faults_.pread(fd_, dst + region_[p], n, off, n);
     if (r < 0) err = cat(what(l, e, p), ": I/O error: ", std::strerror(errno));
     else if ((size_t)r < n)
       err = cat(what(l, e, p), ": short read (", r, " of ", n, " bytes): the file was truncated or changed since it was loaded");

@@ -32,7 +32,6 @@
 // while the layer's own are pinned. The slot numbers' staging and the selection buffer are reused only after the
 // sync that follows their last use.
 #pragma once
-#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -113,10 +112,7 @@ class BackendExperts {
   void reset_stats();
   // Test hook (source File): the next `count` expert reads fail (kind 1: short read, 2: EIO; 0 clears). Never set by
   // the engine itself.
-  void inject_fault(int kind, int count) {
-    fault_kind_ = kind;
-    fault_count_ = kind ? count : 0;
-  }
+  void inject_fault(int kind, int count) { faults_.inject(kind, count); }
 
  private:
   uint32_t key(int64_t l, int32_t e) const { return (uint32_t)(l * E_ + e); }
@@ -166,7 +162,7 @@ class BackendExperts {
   std::condition_variable io_cv_;
   int io_pending_ = 0;
   std::string io_err_;
-  std::atomic<int> fault_kind_{0}, fault_count_{0};
+  ReadFaults faults_;
   int max_rows_ = 0;
   std::unique_ptr<ExpertCache> cache_;
   ExpertStats st_;
