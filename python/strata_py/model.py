@@ -116,7 +116,7 @@ class Model:
         the missing ones are copied to the card as windows route to them (prefetch: layer+1's predicted experts too),
         with the same counters in expert_stats() ("where": "backend"), from where expert_source says:
         "host" holds every routed expert once in pinned host memory (the fastest copies; RAM for all of them, copied
-        at load: a ValueError when they exceed the machine's memory), "file" reads each missing expert from the GGUF
+        at load: a ValueError when they would leave less than 2 GiB of the machine's memory), "file" reads each missing expert from the GGUF
         (io_threads readers, through the page cache) into a small pinned staging ring (RAM for the page cache only),
         "auto" (the default) takes "host" when that copy leaves max(8 GiB, a quarter of the machine's memory) free,
         else "file" (expert_stats()["source"] says which). o_direct does not apply, and sessions of such a model on
