@@ -32,7 +32,9 @@ its halves' sums in turn), not the kernel with a column's two halves on two warp
 (cuda_prefer_kq_lanes(False)); "nokqwindows" = "on" with small Q4_K / Q5_K / Q6_K matrices over prompt pieces as the
 1-row kernel per activation row, not the 16-row kernel (cuda_prefer_kquant_windows(False)); "kqpair" = "on" with the
 experts' Q4_K / Q6_K gate / up / SwiGLU over a few slots as one dp4a lane kernel launch, not the two products and silu_mul
-(cuda_prefer_kq_pair(True); off by default until measured on a card).
+(cuda_prefer_kq_pair(True); off by default until measured on a card); "q5klanes" = "on" with Q5_K's one-row products on the
+dp4a lane kernel as Q4_K's, not k_int (cuda_prefer_q5k_lanes(True); off by default until run on a card); "kqpair+q5k":
+both.
 Shared by bench_gpu_forward.py, bench_spec.py and profile_gpu_forward.py. A recorded step keeps the mode
 it was recorded in, so a mode applies to the sessions made after it is set."""
 from __future__ import annotations
@@ -41,7 +43,7 @@ LAUNCH_MODES = ("on", "all", "no-prefetch", "off", "unfused", "iq2-rows1", "iq2-
                 "nopanel", "rowgroups", "noattntiles", "notileahead", "nofloattiles", "floattiles16", "noheadtiles",
                 "notilestage", "nopanelstage", "iq2-wu4",
                 "iq2-pair2", "iq2-pair4", "nodnconv", "nofloatsplit", "nob32qsplit", "nodnduo", "nokqlanes", "nokqwindows",
-                "kqpair")
+                "kqpair", "q5klanes", "kqpair+q5k")
 
 
 def set_launches(mode: str) -> None:
@@ -69,4 +71,5 @@ def set_launches(mode: str) -> None:
     _core.cuda_prefer_b32q_split(mode != "nob32qsplit")
     _core.cuda_prefer_kq_lanes(mode != "nokqlanes")
     _core.cuda_prefer_kquant_windows(mode != "nokqwindows")
-    _core.cuda_prefer_kq_pair(mode == "kqpair")
+    _core.cuda_prefer_kq_pair(mode in ("kqpair", "kqpair+q5k"))
+    _core.cuda_prefer_q5k_lanes(mode in ("q5klanes", "kqpair+q5k"))

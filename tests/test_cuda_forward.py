@@ -358,13 +358,16 @@ def test_dn_untile_retile_equal_cpu():
     np.testing.assert_array_equal(bits(back), bits(f[2].astype(np.float32).ravel()))  # z untiled, retiled = z
 
 
-@pytest.mark.parametrize("typ", CUDA_TYPES + ["Q4_K-generic", "Q6_K-generic"])
+@pytest.mark.parametrize("typ", CUDA_TYPES + ["Q4_K-generic", "Q6_K-generic", "Q5_K-lanes"])
 def test_matmul_sel_equals_cpu_and_one_row_products(typ):
     """Expert products over a device selection equal the CPU backend's and each slot's one-row product ("-generic": the
     type on the generic int8 kernel k_int, cuda_prefer_kq_lanes(False), not the default dp4a lane kernel, slots and
-    one-row products both)."""
+    one-row products both; "Q5_K-lanes": Q5_K on the lane kernel, cuda_prefer_q5k_lanes(True))."""
     if typ.endswith("-generic"):
         with switched(_core.cuda_prefer_kq_lanes, False, True):
+            return test_matmul_sel_equals_cpu_and_one_row_products(typ.split("-")[0])
+    if typ.endswith("-lanes"):
+        with switched(_core.cuda_prefer_q5k_lanes, True, False):
             return test_matmul_sel_equals_cpu_and_one_row_products(typ.split("-")[0])
     rng = fresh_rng()
     E, rows, cols, k = 5, int(rng.integers(1, 40)), 512, 3
@@ -383,13 +386,14 @@ def test_matmul_sel_equals_cpu_and_one_row_products(typ):
         assert np.array_equal(bits(want[0]), bits(y[s])), f"slot {s}"
 
 
-@pytest.mark.parametrize("typ", ["IQ2_XXS", "Q4_K", "Q8_0", "Q4_K-pair", "Q6_K-pair"])
+@pytest.mark.parametrize("typ", ["IQ2_XXS", "Q4_K", "Q8_0", "Q4_K-pair", "Q5_K-pair", "Q6_K-pair"])
 def test_matmul_sel_swiglu_equals_cpu_and_its_parts(typ):
     """The experts' gate, up and SwiGLU over one selection (one kernel on the GPU for IQ2_XXS, the three operations
-    for the other types; "-pair": Q4_K / Q6_K's dp4a lane kernel taking gate and up in one launch,
-    cuda_prefer_kq_pair(True)) equal the CPU backend's, and the GPU's own matmul_sel + matmul_sel + silu_mul."""
+    for the other types; "-pair": Q4_K / Q5_K / Q6_K's dp4a lane kernel taking gate and up in one launch,
+    cuda_prefer_kq_pair(True), Q5_K's with cuda_prefer_q5k_lanes(True)) equal the CPU backend's, and the GPU's own
+    matmul_sel + matmul_sel + silu_mul."""
     if typ.endswith("-pair"):
-        with switched(_core.cuda_prefer_kq_pair, True, False):
+        with switched(_core.cuda_prefer_kq_pair, True, False), switched(_core.cuda_prefer_q5k_lanes, True, False):
             return test_matmul_sel_swiglu_equals_cpu_and_its_parts(typ.split("-")[0])
     rng = fresh_rng()
     E, rows, k = 6, int(rng.integers(1, 40)), 4
@@ -552,6 +556,16 @@ def test_gpu_kq_pair_windows_equal_cpu(q4k_model):
     with switched(_core.cuda_prefer_kq_pair, True, False):
         m = Model.load(q4k_model.path, threads=4)
         windows_equal(m, "cuda", fresh_rng(), n_windows=16, label="q4k, gate / up pair")
+
+
+def test_gpu_q5k_lanes_windows_equal_cpu(tmp_path):
+    """A Q5_K model (every matrix) with Q5_K's one-row products on the dp4a lane kernel and the experts' gate / up pair
+    (cuda_prefer_q5k_lanes, cuda_prefer_kq_pair): prompt, decode steps and verify windows give the CPU session's
+    logits and hidden rows bit for bit."""
+    from strata_py import synth
+    path = synth.write("tiny", tmp_path / "tiny-q5_k.gguf", "q5_k", seed=7)
+    with switched(_core.cuda_prefer_q5k_lanes, True, False), switched(_core.cuda_prefer_kq_pair, True, False):
+        windows_equal(Model.load(path, threads=4), "cuda", fresh_rng(), n_windows=16, label="q5k, lanes + pair")
 
 
 def test_gpu_recorded_steps_equal_cpu(tiny_q8_model, default_model, iq2_model):

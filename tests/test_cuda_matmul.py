@@ -171,21 +171,23 @@ def test_iq2xxs_panel_equals_tensor_cores_and_cpu_ref(staged):
                               lambda: switched(_core.cuda_prefer_iq2_panel, False, True))
 
 
-@pytest.mark.parametrize("typ", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("typ", ["Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("lanes", [True, False])
 def test_kquant_one_row_products_equal_cpu_ref(typ, lanes):
-    """Q4_K's and Q6_K's one-row products on the dp4a lane kernel (k_kq_lanes, the default) and on k_int
-    (cuda_prefer_kq_lanes(False)): the CPU's scalar kernel's bits for 1 and 2 blocks a row (2
-    a step), 3 (a partial step of 4) and 8; small matrices (64-thread blocks; a window of them is the 1-row kernel per
-    activation row), 256-thread blocks and 70001 rows (grid-stride over the row groups); codes and scales (Q4_K: and
-    mins) at their extremes in some blocks."""
+    """Q4_K's, Q5_K's and Q6_K's one-row products on the dp4a lane kernel (k_kq_lanes, the default; Q5_K with
+    cuda_prefer_q5k_lanes(True)) and on k_int (cuda_prefer_kq_lanes(False)): the CPU's scalar kernel's bits for 1 and 2
+    blocks a row (2 a step), 3 (a partial step of 4) and 8; small matrices (64-thread blocks; a window of them is the
+    1-row kernel per activation row), 256-thread blocks and 70001 rows (grid-stride over the row groups); codes and
+    scales (Q4_K / Q5_K: and mins; Q5_K: the high bits) at their extremes in some blocks."""
     rng = np.random.default_rng()
-    nbytes = {"Q4_K": 144, "Q6_K": 210}[typ]
+    nbytes = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[typ]
     for rows, cols, T in ((37, 256, 1), (300, 512, 1), (1000, 768, 1), (4100, 2048, 1), (70001, 256, 1), (50, 768, 3)):
         w = weights(rng, typ, rows, cols).reshape(-1, nbytes)
-        if typ == "Q4_K":
+        if typ in ("Q4_K", "Q5_K"):
             w[::7, 4:16] = 0xFF  # every 6-bit scale and min at 63
-            w[::5, 16:] = 0xFF   # every code at 15
+            w[::5, 16:] = 0xFF   # every code at 15 (Q5_K: 31, every high bit set)
+            if typ == "Q5_K":
+                w[::3, 16:48] = 0  # no high bit
         else:
             w[::5, :192] = 0xFF  # every code at 63
             w[::7, :192] = 0     # every code at 0 (q - 32 = -32)
@@ -194,7 +196,7 @@ def test_kquant_one_row_products_equal_cpu_ref(typ, lanes):
         x = (rng.standard_normal((T, cols)) * rng.uniform(0.01, 100)).astype(np.float32)
         x[0, :256] = 0.0  # an all-zero block (dx = 0)
         want = _core.matmul(w, typ, rows, cols, x, isa="scalar")
-        with switched(_core.cuda_prefer_kq_lanes, lanes, True):
+        with switched(_core.cuda_prefer_kq_lanes, lanes, True), switched(_core.cuda_prefer_q5k_lanes, True, False):
             got = _core.backend_matmul("cuda", w, typ, rows, cols, x)
         np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{typ} {rows}x{cols} T={T} lanes={lanes}")
 

@@ -656,6 +656,7 @@ void cuda_prefer_float_split(int64_t bytes) { cuda::prefer_float_split(bytes); }
 void cuda_prefer_b32q_split(bool on) { cuda::prefer_b32q_split(on); }
 void cuda_prefer_kq_lanes(bool on) { cuda::prefer_kq_lanes(on); }
 void cuda_prefer_kq_pair(bool on) { cuda::prefer_kq_pair(on); }
+void cuda_prefer_q5k_lanes(bool on) { cuda::prefer_q5k_lanes(on); }
 void cuda_prefer_kquant_windows(bool on) { cuda::prefer_kquant_windows(on); }
 void cuda_prefer_attn_tiles(bool on, int64_t min_queries) { cuda::prefer_attn_tiles(on, min_queries); }
 void cuda_prefer_tile_prefetch(bool on) { cuda::prefer_tile_prefetch(on); }

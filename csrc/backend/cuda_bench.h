@@ -59,9 +59,12 @@ void cuda_prefer_float_split(int64_t bytes);
 void cuda_prefer_b32q_split(bool on);
 // Tests and benches: cuda::prefer_kq_lanes (Q4_K's and Q6_K's one-row products on the dp4a lane kernel; default on).
 void cuda_prefer_kq_lanes(bool on);
-// Tests and benches: cuda::prefer_kq_pair (the experts' Q4_K / Q6_K gate / up / SwiGLU over a few slots in one lane
+// Tests and benches: cuda::prefer_kq_pair (the experts' Q4_K / Q5_K / Q6_K gate / up / SwiGLU over a few slots in one lane
 // kernel launch; default off until run on a card).
 void cuda_prefer_kq_pair(bool on);
+// Tests and benches: cuda::prefer_q5k_lanes (Q5_K's one-row products on the dp4a lane kernel; default off until run on
+// a card).
+void cuda_prefer_q5k_lanes(bool on);
 // Tests and benches: cuda::prefer_kquant_windows (small K-quant matrices over prompt pieces on the 16-row kernel;
 // default off).
 void cuda_prefer_kquant_windows(bool on);

@@ -37,6 +37,7 @@ void cuda_prefer_float_split(int64_t) { no_cuda(); }
 void cuda_prefer_b32q_split(bool) { no_cuda(); }
 void cuda_prefer_kq_lanes(bool) { no_cuda(); }
 void cuda_prefer_kq_pair(bool) { no_cuda(); }
+void cuda_prefer_q5k_lanes(bool) { no_cuda(); }
 void cuda_prefer_kquant_windows(bool) { no_cuda(); }
 void cuda_prefer_attn_tiles(bool, int64_t) { no_cuda(); }
 void cuda_prefer_tile_prefetch(bool) { no_cuda(); }

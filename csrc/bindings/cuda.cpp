@@ -394,8 +394,11 @@ void init_cuda(nb::module_& m) {
         "Tests and benches: whether Q4_K's and Q6_K's one-row products (decode steps, the experts' slots, small "
         "matrices' row split) take the dp4a lane kernel (default) or the generic int8 kernel; the same bits either way.");
   m.def("cuda_prefer_kq_pair", &cuda_prefer_kq_pair, nb::arg("on"),
-        "Tests and benches: whether the experts' Q4_K / Q6_K gate / up / SwiGLU over a few slots (fewer than the tiles') "
+        "Tests and benches: whether the experts' Q4_K / Q5_K / Q6_K gate / up / SwiGLU over a few slots (fewer than the tiles') "
         "is one dp4a lane kernel launch or (default) the two products and silu_mul; the same bits either way.");
+  m.def("cuda_prefer_q5k_lanes", &cuda_prefer_q5k_lanes, nb::arg("on"),
+        "Tests and benches: whether Q5_K's one-row products take the dp4a lane kernel as Q4_K's do (with "
+        "cuda_prefer_kq_lanes) or (default) the generic int8 kernel; the same bits either way.");
   m.def("cuda_prefer_kquant_windows", &cuda_prefer_kquant_windows, nb::arg("on"),
         "Tests and benches: whether small Q4_K / Q5_K / Q6_K matrices over a prompt piece (more than 16 rows) take the "
         "16-row kernel in 256-thread blocks (default) or the 1-row kernel per activation row; the same bits either way.");

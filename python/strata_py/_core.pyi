@@ -672,9 +672,14 @@ def cuda_prefer_b32q_split(on: bool) -> None:
     Tests and benches: whether the int8-activation 32-value block types' (Q4_0, Q4_1, Q5_*, IQ4_NL, MXFP4) small matrices take windows as the 1-row kernel per activation row (default on) or the T-row kernels; the same bits either way.
     """
 
+def cuda_prefer_q5k_lanes(on: bool) -> None:
+    """
+    Tests and benches: whether Q5_K's one-row products take the dp4a lane kernel as Q4_K's do (with cuda_prefer_kq_lanes) or (default) the generic int8 kernel; the same bits either way.
+    """
+
 def cuda_prefer_kq_pair(on: bool) -> None:
     """
-    Tests and benches: whether the experts' Q4_K / Q6_K gate / up / SwiGLU over a few slots (fewer than the tiles') is one dp4a lane kernel launch or (default) the two products and silu_mul; the same bits either way.
+    Tests and benches: whether the experts' Q4_K / Q5_K / Q6_K gate / up / SwiGLU over a few slots (fewer than the tiles') is one dp4a lane kernel launch or (default) the two products and silu_mul; the same bits either way.
     """
 
 def cuda_prefer_kq_lanes(on: bool) -> None:

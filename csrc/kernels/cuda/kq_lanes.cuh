@@ -1,4 +1,4 @@
-// Q4_K and Q6_K products of one activation row (decode steps, the experts' slots, the row split of small matrices)
+// Q4_K, Q5_K and Q6_K products of one activation row (decode steps, the experts' slots, the row split of small matrices)
 // with each lane's integer sums on dp4a. Included by matmul.cu after reduce16, prefetch_rows and k_int (whose T = 1
 // path it replaces for these types when on). No namespace of its own: it is included inside matmul.cu's (anonymous,
 // in strata::cuda). On by default (g_kq_lanes): on an H100 (session 35) the Q4_K_M 80B's decode 6.88 -> 5.51 ms a step.
@@ -26,20 +26,33 @@
 // mode "nokqlanes"). Same bits either way (tests/test_cuda_matmul.py, on an H100 in session 35)
 bool g_kq_lanes = true;
 
-// One Q4_K block's share of lane k: the header (d, dmin, the 12 scale bytes), the lane's 4 code words, its 16
-// activation bytes and the block's activation scale.
-struct Q4kPart {
-  static constexpr int kBytes = 144;
+// prefer_q5k_lanes: Q5_K's one-row products on k_kq_lanes too (with prefer_kq_lanes), else k_int<Q5_K, 1>: off until
+// it has run on a card (launch mode "q5klanes")
+bool g_q5k_lanes = false;
+
+// One Q4_K (kBits 4) or Q5_K (5) block's share of lane k: the header (d, dmin, the 12 scale bytes), the lane's 4 code
+// words (Q5_K: and its word of the 32 high-bit bytes), its 16 activation bytes and the block's activation scale.
+// Q5_K (decode.cuh Q5_K::lane): code bytes at 48, value l of sub-block s has bit s of high-bit byte 16 + l as its bit 4,
+// so the lane's word hb = bytes 16 + 2 k, + 1 gives sub-block s's pair its high bits as bits 0 and 8 of hb >> s (the
+// integer steps checked against Q5_K::lane in a numpy emulation of dp4a / byte_perm: 3000 random and extreme blocks x
+// 16 lanes, 0 mismatches in P and M, session 36).
+template <int kBits>
+struct Q45kPart {
+  static_assert(kBits == 4 || kBits == 5);
+  static constexpr int kBytes = kBits == 4 ? 144 : 176;
+  static constexpr int kCodes = kBits == 4 ? 16 : 48;  // the code bytes' offset
   static constexpr bool kMins = true;
   uint4 h;
   uint32_t c[4];
+  uint32_t hb;  // (Q5_K) the lane's high-bit bytes 2 k, 2 k + 1
   int4 x;
   float dx;
   __device__ __forceinline__ void load(const uint8_t* blk, const int8_t* q, const float* dxp, int k) {
-    h = __ldg(reinterpret_cast<const uint4*>(blk));  // 144-byte blocks of a 16-byte aligned matrix (kq_lanes_fit)
-    const uint16_t* codes = reinterpret_cast<const uint16_t*>(blk + 16) + k;
+    h = __ldg(reinterpret_cast<const uint4*>(blk));  // 144 / 176-byte blocks of a 16-byte aligned matrix (kq_lanes_fit)
+    const uint16_t* codes = reinterpret_cast<const uint16_t*>(blk + kCodes) + k;
 #pragma unroll
     for (int i = 0; i < 4; i++) c[i] = __ldg(codes + 16 * i);
+    if constexpr (kBits == 5) hb = __ldg(reinterpret_cast<const uint16_t*>(blk + 16) + k);
     x = __ldg(reinterpret_cast<const int4*>(q + 16 * k));
     dx = __ldg(dxp);
   }
@@ -55,8 +68,13 @@ struct Q4kPart {
       const uint32_t scw = i < 2 ? sc_lo : sc_hi, mw = i < 2 ? m_lo : m_hi;
       const int sh = 16 * (i & 1);  // their scales' bytes in scw / mw: 2 (i & 1), + 1
       const int sa = (int)((scw >> sh) & 0xffu), sb = (int)((scw >> (sh + 8)) & 0xffu);
-      const int lo = __dp4a((int)(c[i] & 0x0f0fu), xw[i], 0);             // sub-block 2i's pair
-      const int hi = __dp4a((int)((c[i] << 12) & 0x0f0f0000u), xw[i], 0);  // 2i + 1's
+      uint32_t lw = c[i] & 0x0f0fu, hw = (c[i] << 12) & 0x0f0f0000u;  // sub-block 2i's pair (bytes 0, 1), 2i + 1's (2, 3)
+      if constexpr (kBits == 5) {
+        lw |= ((hb >> (2 * i)) & 0x0101u) << 4;
+        hw |= ((hb >> (2 * i + 1)) & 0x0101u) << 20;
+      }
+      const int lo = __dp4a((int)lw, xw[i], 0);
+      const int hi = __dp4a((int)hw, xw[i], 0);
       P += sa * lo + sb * hi;
       M = __dp4a((int)__byte_perm(mw, 0, (i & 1) ? 0x3322u : 0x1100u), xw[i], M);
     }
@@ -64,6 +82,8 @@ struct Q4kPart {
   __device__ __forceinline__ float d() const { return k4_d(h); }
   __device__ __forceinline__ float dmin() const { return k4_dmin(h); }
 };
+using Q4kPart = Q45kPart<4>;
+using Q5kPart = Q45kPart<5>;
 
 // One Q6_K block's share of lane k: its 4 low-bit words (h, j), 2 high-bit words (h), its 8 scales (sub-block s:
 // byte 2 s + k / 8 of the 16), d, its 16 activation bytes and the block's activation scale. 210-byte blocks: 16-bit
@@ -204,7 +224,7 @@ __global__ void __launch_bounds__(256) k_kq_lanes(const uint8_t* __restrict__ W,
 
 // The types k_kq_lanes has (the callers' launches are compiled for these alone).
 template <class D>
-constexpr bool kHasKqLanes = std::is_same_v<D, Q4_K> || std::is_same_v<D, Q6_K>;
+constexpr bool kHasKqLanes = std::is_same_v<D, Q4_K> || std::is_same_v<D, Q5_K> || std::is_same_v<D, Q6_K>;
 
 // A matrix, its rows and (with sel) each expert's matrix on 16 bytes: the 16-byte loads of the Q4_K / Q5_K kernels
 // (here and kq_mma.cuh).
@@ -219,6 +239,7 @@ template <class D>
 bool kq_lanes_fit(const uint8_t* W, size_t row_bytes, size_t ebytes) {
   static_assert(kHasKqLanes<D>);
   if constexpr (std::is_same_v<D, Q4_K>) return g_kq_lanes && aligned16(W, row_bytes, ebytes);
+  if constexpr (std::is_same_v<D, Q5_K>) return g_kq_lanes && g_q5k_lanes && aligned16(W, row_bytes, ebytes);
   return g_kq_lanes;
 }
 
@@ -231,7 +252,7 @@ void launch_kq_lanes(const MatView& W, size_t ebytes, const int32_t* sel, int n,
                      const float* dx, float* y, int64_t ldy, int threads, int64_t gx, cudaStream_t st,
                      const uint8_t* W2 = nullptr, size_t ebytes2 = 0, float* y2 = nullptr) {
   static_assert(kHasKqLanes<D>);
-  using Part = std::conditional_t<std::is_same_v<D, Q4_K>, Q4kPart, Q6kPart>;
+  using Part = std::conditional_t<std::is_same_v<D, Q4_K>, Q4kPart, std::conditional_t<std::is_same_v<D, Q5_K>, Q5kPart, Q6kPart>>;
   STRATA_CHECK(!W2 || (sel && y2), "cuda launch_kq_lanes: the gate / up pair needs a selection and the up rows");
   const int64_t nb = W.cols / QK_K;
   auto go = [&](auto kern) {
@@ -243,6 +264,6 @@ void launch_kq_lanes(const MatView& W, size_t ebytes, const int32_t* sel, int n,
   else go(k_kq_lanes<Part, 4>);
 }
 
-// Tests and benches (prefer_kq_pair): the experts' Q4_K / Q6_K gate / up / SwiGLU of a few slots (not tiles) as one
+// Tests and benches (prefer_kq_pair): the experts' Q4_K / Q5_K / Q6_K gate / up / SwiGLU of a few slots (not tiles) as one
 // k_kq_lanes pair launch, or (the default until it has run on a card) the two products and silu_mul. Same bits.
 bool g_kq_pair = false;

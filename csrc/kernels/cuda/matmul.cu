@@ -1670,6 +1670,7 @@ void prefer_float_split(int64_t bytes) { g_float_split_bytes = bytes; }
 void prefer_b32q_split(bool on) { g_b32q_split = on; }
 void prefer_kq_lanes(bool on) { g_kq_lanes = on; }
 void prefer_kq_pair(bool on) { g_kq_pair = on; }
+void prefer_q5k_lanes(bool on) { g_q5k_lanes = on; }
 void prefer_kquant_windows(bool on) { g_kquant_windows = on; }
 void prefer_tile_prefetch(bool on) { g_tile_prefetch = on; }
 void prefer_float_tiles(bool on, int min_rows, int64_t min_weight_rows) {
@@ -1842,7 +1843,7 @@ bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, 
                        int n, int xdiv, const float* x, int64_t ldx, float* g, float* u, void* scratch, void* stream,
                        const QRows* pre) {
   if (Wg.type != Wu.type || Wg.rows != Wu.rows || Wg.cols != Wu.cols || Wg.row_bytes != Wu.row_bytes) return false;
-  // IQ2_XXS always; Q4_K / Q5_K / Q6_K over tiles on the tensor cores, Q4_K / Q6_K over a few slots with prefer_kq_pair
+  // IQ2_XXS always; Q4_K / Q5_K / Q6_K over tiles on the tensor cores, and over a few slots with prefer_kq_pair
   // (else the two products and silu_mul)
   auto kq_pair = [&](auto dec) {
     using D = decltype(dec);
@@ -1851,13 +1852,14 @@ bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, 
   };
   const bool kq = (Wg.type == GGML_Q4_K && kq_pair(Q4_K{})) || (Wg.type == GGML_Q5_K && kq_pair(Q5_K{})) ||
                   (Wg.type == GGML_Q6_K && kq_pair(Q6_K{}));
-  // Q4_K / Q6_K over a few slots: the dp4a lane kernel's gate / up pair (prefer_kq_pair)
+  // Q4_K / Q5_K / Q6_K over a few slots: the dp4a lane kernel's gate / up pair (prefer_kq_pair; Q5_K's lanes: kq_lanes_fit)
   auto lanes_pair = [&](auto dec) {
     using D = decltype(dec);
     return g_kq_pair && !use_tiles(n, xdiv) && kq_lanes_fit<D>(Wg.data, Wg.row_bytes, gate_bytes) &&
            kq_lanes_fit<D>(Wu.data, Wu.row_bytes, up_bytes);
   };
-  const bool lanes = (Wg.type == GGML_Q4_K && lanes_pair(Q4_K{})) || (Wg.type == GGML_Q6_K && lanes_pair(Q6_K{}));
+  const bool lanes = (Wg.type == GGML_Q4_K && lanes_pair(Q4_K{})) || (Wg.type == GGML_Q5_K && lanes_pair(Q5_K{})) ||
+                     (Wg.type == GGML_Q6_K && lanes_pair(Q6_K{}));
   if (Wg.type != GGML_IQ2_XXS && !kq && !lanes) return false;
   STRATA_CHECK(n >= 1 && n <= 65535 && xdiv >= 1 && Wg.cols % QK_K == 0, "cuda matmul_sel_swiglu: n = ", n,
                ", xdiv = ", xdiv, ", cols = ", Wg.cols);
@@ -1875,6 +1877,8 @@ bool matmul_sel_swiglu(const MatView& Wg, size_t gate_bytes, const MatView& Wu, 
     const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, kMaxIntBlocks / n));
     if (Wg.type == GGML_Q4_K)
       launch_kq_lanes<Q4_K>(Wg, gate_bytes, sel, n, xdiv, q, dx, g, Wg.rows, threads, gx, st, Wu.data, up_bytes, u);
+    else if (Wg.type == GGML_Q5_K)
+      launch_kq_lanes<Q5_K>(Wg, gate_bytes, sel, n, xdiv, q, dx, g, Wg.rows, threads, gx, st, Wu.data, up_bytes, u);
     else
       launch_kq_lanes<Q6_K>(Wg, gate_bytes, sel, n, xdiv, q, dx, g, Wg.rows, threads, gx, st, Wu.data, up_bytes, u);
   } else {

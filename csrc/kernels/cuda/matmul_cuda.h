@@ -104,10 +104,13 @@ void prefer_b32q_split(bool on);
 // Tests and benches: whether Q4_K's and Q6_K's one-row products (decode steps, the experts' slots, small matrices' row
 // split) take k_kq_lanes (dp4a, the default) or k_int<D, 1>; the same bits either way.
 void prefer_kq_lanes(bool on);
-// Tests and benches: whether the experts' Q4_K / Q6_K gate / up / SwiGLU over a few slots (decode steps, verify windows:
+// Tests and benches: whether the experts' Q4_K / Q5_K / Q6_K gate / up / SwiGLU over a few slots (decode steps, verify windows:
 // fewer than the tiles' 64) is one k_kq_lanes pair launch or (the default until it has run on a card) the two one-row
 // products and silu_mul; the same bits either way.
 void prefer_kq_pair(bool on);
+// Tests and benches: whether Q5_K's one-row products take k_kq_lanes as Q4_K's do (with prefer_kq_lanes) or (the
+// default until it has run on a card) k_int<Q5_K, 1>; the same bits either way.
+void prefer_q5k_lanes(bool on);
 // Tests and benches: whether small Q4_K / Q5_K / Q6_K matrices over a prompt piece (more than 16 rows) take the 16-row
 // kernel in 256-thread blocks or (default) the 1-row kernel per activation row; the same bits either way.
 void prefer_kquant_windows(bool on);
