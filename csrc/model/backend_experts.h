@@ -15,11 +15,12 @@
 //
 // Per layer and window (backend_forward.cpp route_part / host_part / expert_part), as expert_stream.h's steps:
 //   1. route every row on the backend; the selection comes back to the host (one small download into pinned memory)
-//   2. acquire(): pin the union's slots (ExpertCache, bookkeeping only), copy each missing expert from host memory
-//      (Backend::upload_async, the copy lane) and the window's slot numbers, then fence: the expert products that
-//      follow wait for those copies only
+//   2. acquire(): pin the union's slots (ExpertCache, bookkeeping only), copy each missing expert from its source
+//      (Backend::upload_async, the copy lane: from the host copy, or from the staging ring once read) and the
+//      window's slot numbers, then fence: the expert products that follow wait for those copies only
 //   3. prefetch(): layer+1's router on this layer's rows predicts its union; missing experts are copied behind
 //      the demand copies, while this layer's products and the next layer's mixer run
+//   (a batch's slots become Ready together at its end: a prefetch never evicts what it predicted just before)
 //   4. the pins are released (slots stay cached, least recently used first out)
 // A window whose union is larger than the cache runs in groups of rows whose union fits (degraded: more copies,
 // same output).
