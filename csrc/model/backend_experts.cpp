@@ -110,16 +110,11 @@ BackendExperts::BackendExperts(Backend& be, const Model& m, const ExpertOptions&
   if (reads_file(m, o, pool_on_host)) {
     STRATA_CHECK(o.io_threads >= 1 && o.io_threads <= 64, "bad option io_threads=", o.io_threads, ": must be 1..64");
     path_ = m.file().path();
-    for (int64_t l = 0; l < L_; l++)
-      for (int p = 0; p < 3; p++) {
-        file_off_.push_back(part_of(w.layers[l].moe, p).file_offset);
-        part_bytes_.push_back(part_of(w.layers[l].moe, p).expert_bytes());
-      }
+    w_ = &w;
     // about 64 MiB of staging, at least a slot per reader (and 2), at most 64 slots
     n_stage_ = (int)std::clamp<int64_t>((int64_t)(64u << 20) / (int64_t)slot_bytes_, std::max(2, o.io_threads), 64);
     if (g_staging_cap > 0) n_stage_ = std::min(n_stage_, g_staging_cap.load());
-    staging_ = static_cast<uint8_t*>(be_.host_alloc((size_t)n_stage_ * slot_bytes_));
-    std::memset(staging_, 0, (size_t)n_stage_ * slot_bytes_);  // the gaps between parts stay zero
+    staging_ = static_cast<uint8_t*>(be_.host_alloc((size_t)n_stage_ * slot_bytes_));  // (read_expert writes all of a slot)
     fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) fail<std::invalid_argument>(path_, ": cannot open for expert reads: ", std::strerror(errno));
     io_ = std::make_unique<IoPool>(o.io_threads, [this](const IoPool::Task& t) { read_expert(t); });
@@ -181,9 +176,10 @@ void BackendExperts::copy_in(int64_t l, int32_t e, int slot, bool demand) {
 
 std::string BackendExperts::what(int64_t l, int32_t e, int p) const {
   static const char* const kPart[3] = {"gate", "up", "down"};
-  const uint64_t off = file_off_[(size_t)l * 3 + p] + (uint64_t)e * part_bytes_[(size_t)l * 3 + p];
+  const ExpertMat& em = part_of(w_->layers[l].moe, p);
+  const uint64_t off = em.file_offset + (uint64_t)e * em.expert_bytes();
   return cat(path_, ": expert ", e, " of layer ", l, " (tensor 'blk.", l, ".ffn_", kPart[p], "_exps.weight', file bytes [",
-             off, ", ", off + part_bytes_[(size_t)l * 3 + p], "))");
+             off, ", ", off + em.expert_bytes(), "))");
 }
 
 void BackendExperts::read_expert(const IoPool::Task& t) {
@@ -192,8 +188,9 @@ void BackendExperts::read_expert(const IoPool::Task& t) {
   uint8_t* dst = staging_ + (size_t)t.slot * slot_bytes_;
   std::string err;
   for (int p = 0; p < 3 && err.empty(); p++) {
-    const size_t n = part_bytes_[(size_t)l * 3 + p], end = p < 2 ? region_[p + 1] : slot_bytes_;
-    const uint64_t off = file_off_[(size_t)l * 3 + p] + (uint64_t)e * n;
+    const ExpertMat& em = part_of(w_->layers[l].moe, p);
+    const size_t n = em.expert_bytes(), end = p < 2 ? region_[p + 1] : slot_bytes_;
+    const uint64_t off = em.file_offset + (uint64_t)e * n;
     const int64_t r = faults_.pread(fd_, dst + region_[p], n, off, n);
     if (r < 0) err = cat(what(l, e, p), ": I/O error: ", std::strerror(errno));
     else if ((size_t)r < n)

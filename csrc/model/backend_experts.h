@@ -152,8 +152,7 @@ class BackendExperts {
   // source File
   int fd_ = -1;
   std::string path_;
-  std::vector<uint64_t> file_off_;  // [L][3] of expert 0's part
-  std::vector<size_t> part_bytes_;  // [L][3] an expert's part
+  const Weights* w_ = nullptr;      // the model's: each part's file offset and bytes (the Model outlives its backends)
   uint8_t* staging_ = nullptr;      // [n_stage_] slots (host_alloc)
   int n_stage_ = 0, next_stage_ = 0;
   std::vector<Queued> queued_;      // reads issued, not yet copied

@@ -263,16 +263,21 @@ std::atomic<int64_t> g_replays{0};
 std::atomic<int64_t> g_adopted{0};
 int64_t recorded_step_replays() { return g_replays.load(); }
 
-bool backend_expert_stats(const Model* m, ExpertStats* out, bool reset) {
+namespace {
+// The model's live backend copies that stream experts (held: they stay alive while the caller uses them).
+std::vector<std::shared_ptr<BackendModel>> streaming_backends(const Model* m) {
   std::vector<std::shared_ptr<BackendModel>> bms;
-  {
-    std::lock_guard<std::mutex> lk(g_live_mu);
-    for (auto& [key, w] : g_live)
-      if (key.first == m)
-        if (auto p = w.lock(); p && p->experts) bms.push_back(p);
-  }
+  std::lock_guard<std::mutex> lk(g_live_mu);
+  for (auto& [key, w] : g_live)
+    if (key.first == m)
+      if (auto p = w.lock(); p && p->experts) bms.push_back(p);
+  return bms;
+}
+}  // namespace
+
+bool backend_expert_stats(const Model* m, ExpertStats* out, bool reset) {
   bool any = false;
-  for (auto& p : bms) {
+  for (auto& p : streaming_backends(m)) {
     std::lock_guard<std::mutex> lk(p->mu);  // no forward is changing the counters
     if (reset) {
       p->experts->reset_stats();
@@ -286,10 +291,8 @@ bool backend_expert_stats(const Model* m, ExpertStats* out, bool reset) {
 
 bool backend_expert_fault(const Model* m, int kind, int count) {
   bool any = false;
-  std::lock_guard<std::mutex> lk(g_live_mu);
-  for (auto& [key, w] : g_live)
-    if (key.first == m)
-      if (auto p = w.lock(); p && p->experts && p->experts->from_file()) p->experts->inject_fault(kind, count), any = true;
+  for (auto& p : streaming_backends(m))
+    if (p->experts->from_file()) p->experts->inject_fault(kind, count), any = true;  // (atomics: no lock needed)
   return any;
 }
 
